@@ -1,0 +1,191 @@
+// Typed parameter structs, one per kernel family. The front ends in tensor/ validate inputs,
+// promote dtypes, allocate outputs and fill these; kernels assume they are valid.
+// Conventions: "contiguous" below means the front end guarantees a row-major dense view.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/view.h"
+
+namespace mt {
+
+// ---- creation ---------------------------------------------------------------------------------
+struct FillParams {
+  KView out;
+  double value = 0;       // used for floating dtypes
+  int64_t int_value = 0;  // used for integral dtypes (exact for all of i64)
+};
+
+struct ArangeParams {  // out[i] = start + i * step, out 1-D
+  KView out;
+  double start = 0, step = 1;
+};
+
+// out = src converted to out's dtype; same sizes, any strides (src strides may be 0).
+struct CopyParams {
+  KView src, out;
+};
+
+// ---- pointwise --------------------------------------------------------------------------------
+enum class UnaryOp : uint8_t {
+  kNeg, kExp, kLog, kSqrt, kRsqrt, kAbs, kRelu, kGelu, kGeluTanh, kSilu, kSigmoid, kTanh,
+  kPowScalar,  // x ** alpha
+  kClamp,      // clamp(x, alpha, beta); a missing bound is +-inf
+  kAffine,     // alpha * x + beta (scalar add/mul/sub on any dtype)
+  kSign, kSin, kCos, kReciprocal,
+  kGeluGrad, kGeluTanhGrad, kSiluGrad,  // derivatives, used by backward formulas
+  kLogicalNot,
+};
+// in and out have the same sizes and dtype (kLogicalNot: out is bool).
+struct UnaryParams {
+  UnaryOp op;
+  KView in, out;
+  double alpha = 0, beta = 0;
+};
+
+enum class BinaryOp : uint8_t {
+  kAdd, kSub, kMul, kDiv, kMaximum, kMinimum, kPow,
+  kEq, kNe, kLt, kLe, kGt, kGe,  // out is bool
+  kLogicalAnd, kLogicalOr,       // out is bool
+};
+// a, b, out have the same sizes (broadcast by zero strides); a and b share a dtype.
+struct BinaryParams {
+  BinaryOp op;
+  KView a, b, out;
+};
+
+// out = cond ? a : b; all same sizes (broadcast strides), cond bool, a/b/out one dtype.
+struct WhereParams {
+  KView cond, a, b, out;
+};
+
+// ---- reductions -------------------------------------------------------------------------------
+enum class ReduceOp : uint8_t { kSum, kMean, kMax, kMin, kArgmax, kArgmin, kVar, kProd };
+// Reduces the last `n_reduce` dims of `in`; out has in's leading dims (any strides).
+// kArgmax/kArgmin: n_reduce == 1, out is i64. kVar: divides by (count - correction).
+// Floating sums accumulate in double.
+struct ReduceParams {
+  ReduceOp op;
+  KView in, out;
+  int n_reduce = 1;
+  int64_t correction = 1;
+};
+
+// ---- linear algebra ---------------------------------------------------------------------------
+// out[..., M, N] = alpha * a[..., M, K] @ b[..., K, N] + beta * out. Batch dims equal in all three
+// (broadcast via zero strides in a and b). Each matrix of a and b has unit stride in one of its
+// last two dims; out is contiguous. dtypes f32 or f64 (the front end casts 16-bit floats).
+struct MatmulParams {
+  KView a, b, out;
+  double alpha = 1, beta = 0;
+};
+
+// ---- normalization, softmax -------------------------------------------------------------------
+// Row-wise over the last dim; x contiguous [rows, H]. weight/bias [H] may be empty views.
+// rstd (and mean) are f32/f64 [rows] (same dtype as x if x is f64, else f32), saved for backward.
+struct RmsNormParams {
+  KView x, weight, out, rstd;
+  double eps = 1e-6;
+};
+struct RmsNormBwdParams {
+  KView gy, x, weight, rstd, gx, gw;  // gw [H] is written (not accumulated) when non-empty
+};
+struct LayerNormParams {
+  KView x, weight, bias, out, mean, rstd;
+  double eps = 1e-5;
+};
+struct LayerNormBwdParams {
+  KView gy, x, weight, mean, rstd, gx, gw, gb;  // gw/gb written when non-empty
+};
+
+// Row-wise softmax or log-softmax over the last dim; in/out contiguous.
+struct SoftmaxParams {
+  KView in, out;
+  bool log = false;
+};
+
+// ---- positional -------------------------------------------------------------------------------
+// Rotary embedding over the last dim D of x (contiguous). cos/sin are views with x's leading dims
+// (broadcast strides allowed) and last dim D/2. Rotate-half pairs (i, i + D/2); interleaved pairs
+// (2i, 2i+1). inverse rotates by -angle (the backward).
+enum class RopeStyle : uint8_t { kHalf, kInterleaved };
+struct RopeParams {
+  KView x, cos, sin, out;
+  RopeStyle style = RopeStyle::kHalf;
+  bool inverse = false;
+};
+
+// ---- indexing ---------------------------------------------------------------------------------
+// All index views are i64 or i32 and contiguous; in/src/out contiguous.
+struct IndexSelectParams {  // out = in.index_select(dim, index)
+  KView in, index, out;
+  int dim = 0;
+};
+struct IndexAddParams {  // out.index_add_(dim, index, src * alpha), in place
+  KView out, index, src;
+  int dim = 0;
+  double alpha = 1;
+};
+struct GatherParams {  // out[..i..] = in[..index[..i..] at dim..]
+  KView in, index, out;
+  int dim = 0;
+};
+struct ScatterAddParams {  // out[..index[..i..] at dim..] += src[..i..], in place
+  KView out, index, src;
+  int dim = 0;
+};
+struct TopkParams {  // over the last dim of contiguous in; values/indices [..., k]
+  KView in, values, indices;
+  int64_t k = 1;
+  bool largest = true;
+};
+
+// ---- losses -----------------------------------------------------------------------------------
+// logits [N, V] contiguous, target [N] (i64/i32). loss and lse [N] f32 (f64 for f64 logits);
+// ignored rows get loss 0.
+struct CrossEntropyParams {
+  KView logits, target, loss, lse;
+  int64_t ignore_index = -100;
+};
+// grad_logits[n, :] = grad_loss[n] * (softmax(logits[n]) - onehot(target[n])), 0 for ignored rows.
+struct CrossEntropyBwdParams {
+  KView logits, target, lse, grad_loss, grad_logits;
+  int64_t ignore_index = -100;
+};
+
+// ---- attention --------------------------------------------------------------------------------
+// q [B, Hq, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv], out [B, Hq, T, Dv], all contiguous;
+// Hq % Hkv == 0 (query head h reads kv head h / (Hq / Hkv)). lse [B, Hq, T] f32 (f64 for f64).
+// causal: query t attends to keys s <= t + (S - T).
+struct AttentionParams {
+  KView q, k, v, out, lse;
+  double scale = 1;
+  bool causal = true;
+};
+struct AttentionBwdParams {
+  KView q, k, v, out, lse, gout, gq, gk, gv;  // gq/gk/gv written (not accumulated)
+  double scale = 1;
+  bool causal = true;
+};
+
+// ---- random -----------------------------------------------------------------------------------
+// Counter-based Philox4x32-10 (docs/rng.md). Element at local index i has global row-major index
+// j = global_base + sum_d i_d * global_strides[d]; its value depends only on (seed, offset, j,
+// dist, a, b), so any shard of a tensor is generated exactly as on one device.
+enum class RandomDist : uint8_t {
+  kUniform,    // [a, b)
+  kNormal,     // mean a, std b
+  kRandint,    // integers in [a, b)
+  kBernoulli,  // 1 with probability a
+};
+struct RandomParams {
+  RandomDist dist;
+  KView out;
+  uint64_t seed = 0;
+  uint64_t offset = 0;  // Philox block counter at op start
+  double a = 0, b = 1;
+  int64_t global_base = 0;
+  Shape global_strides;
+};
+
+}  // namespace mt

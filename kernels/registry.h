@@ -1,0 +1,54 @@
+// The kernel table: one X-macro list names every kernel family and its params struct; each
+// backend fills a KernelTable explicitly from one register function per family (no static
+// initializers). A missing kernel is an error naming the family and the device.
+#pragma once
+
+#include "kernels/params.h"
+#include "runtime/device.h"
+
+#define MT_KERNEL_LIST(X)                                                               \
+  X(fill, FillParams) X(arange, ArangeParams) X(copy, CopyParams)                      \
+  X(unary, UnaryParams) X(binary, BinaryParams) X(where, WhereParams)                  \
+  X(reduce, ReduceParams) X(matmul, MatmulParams)                                      \
+  X(rms_norm, RmsNormParams) X(rms_norm_bwd, RmsNormBwdParams)                         \
+  X(layer_norm, LayerNormParams) X(layer_norm_bwd, LayerNormBwdParams)                 \
+  X(softmax, SoftmaxParams) X(rope, RopeParams)                                        \
+  X(index_select, IndexSelectParams) X(index_add, IndexAddParams)                      \
+  X(gather, GatherParams) X(scatter_add, ScatterAddParams) X(topk, TopkParams)         \
+  X(cross_entropy, CrossEntropyParams) X(cross_entropy_bwd, CrossEntropyBwdParams)     \
+  X(attention, AttentionParams) X(attention_bwd, AttentionBwdParams)                   \
+  X(random, RandomParams)
+
+namespace mt {
+
+struct KernelTable {
+#define MT_KERNEL_SLOT(name, P) void (*name)(const P&) = nullptr;
+  MT_KERNEL_LIST(MT_KERNEL_SLOT)
+#undef MT_KERNEL_SLOT
+};
+
+// The table for a device type; filled on first use.
+const KernelTable& kernels(DeviceType type);
+[[noreturn]] void missing_kernel(const char* family, DeviceType type);
+
+// Per-family registration, one function per file in kernels/cpu/.
+void register_cpu_copy(KernelTable& t);       // fill, arange, copy
+void register_cpu_pointwise(KernelTable& t);  // unary, binary, where
+void register_cpu_reduce(KernelTable& t);     // reduce
+void register_cpu_matmul(KernelTable& t);     // matmul
+void register_cpu_norm(KernelTable& t);       // rms_norm(_bwd), layer_norm(_bwd), softmax
+void register_cpu_rope(KernelTable& t);       // rope
+void register_cpu_index(KernelTable& t);      // index_select, index_add, gather, scatter_add, topk
+void register_cpu_loss(KernelTable& t);       // cross_entropy(_bwd)
+void register_cpu_attention(KernelTable& t);  // attention(_bwd)
+void register_cpu_random(KernelTable& t);     // random
+
+}  // namespace mt
+
+// Calls the kernel of `family` for device type `dev`, or throws naming both.
+#define MT_KERNEL(dev, family, params)                                 \
+  do {                                                                 \
+    auto fn_ = ::mt::kernels(dev).family;                              \
+    if (!fn_) ::mt::missing_kernel(#family, dev);                      \
+    fn_(params);                                                       \
+  } while (0)

@@ -1,0 +1,41 @@
+// Aligned host allocation with relaxed atomic counters (cheap enough for every tensor).
+#include "runtime/allocator.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "runtime/error.h"
+
+namespace mt {
+namespace {
+std::atomic<int64_t> g_current{0}, g_peak{0}, g_allocs{0};
+}
+
+void* cpu_alloc(size_t nbytes) {
+  if (nbytes == 0) return nullptr;
+  size_t rounded = (nbytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  MT_CHECK(p != nullptr, "out of host memory allocating {} bytes", nbytes);
+  int64_t cur = g_current.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed) +
+                static_cast<int64_t>(nbytes);
+  int64_t peak = g_peak.load(std::memory_order_relaxed);
+  while (cur > peak && !g_peak.compare_exchange_weak(peak, cur, std::memory_order_relaxed)) {
+  }
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  return p;
+}
+
+void cpu_free(void* p, size_t nbytes) {
+  if (!p) return;
+  std::free(p);
+  g_current.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
+}
+
+MemoryStats cpu_memory_stats() {
+  return {g_current.load(), g_peak.load(), g_allocs.load()};
+}
+
+void reset_cpu_peak() { g_peak.store(g_current.load()); }
+
+}  // namespace mt

@@ -1,0 +1,325 @@
+// The autograd engine and the recording helpers the op front ends use.
+//
+// Order of a backward pass: collect the graph reachable from the roots and count, for each node,
+// how many edges point at it; then repeatedly run the ready node with the highest creation
+// sequence number (so the most recent op's backward runs first, which keeps memory low and
+// makes the order deterministic). For each node: tensor hooks on each output gradient, node
+// pre-hooks, apply, node post-hooks, then gradients flow along the edges and are summed per input.
+#include "tensor/autograd.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "runtime/error.h"
+#include "tensor/ops_pointwise.h"
+#include "tensor/ops_reduce.h"
+
+namespace mt {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+std::atomic<uint64_t> g_next_seq{0};
+}  // namespace
+
+bool GradMode::enabled() { return g_grad_enabled; }
+void GradMode::set(bool on) { g_grad_enabled = on; }
+
+Node::Node() : seq(g_next_seq.fetch_add(1, std::memory_order_relaxed)) {}
+
+std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>& grads) {
+  MT_ASSERT(fn_ != nullptr, "{} applied after release", name_);
+  return fn_(grads);
+}
+
+AccumulateGrad::AccumulateGrad(Tensor l) : leaf(std::move(l)) {
+  outputs.push_back({leaf.shape(), leaf.dtype(), leaf.device()});
+  output_hooks.resize(1);
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
+  Tensor g = std::move(grads[0]);
+  AutogradMeta& m = leaf.impl()->meta();
+  for (auto& hook : m.hooks.snapshot()) {
+    Tensor r = hook(g);
+    if (r.defined()) g = r;
+  }
+  MT_CHECK(g.shape() == leaf.shape(), "gradient {} does not match leaf {}", g.shape(), leaf.shape());
+  if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
+  if (!m.grad || !m.grad->defined()) {
+    // .grad is later updated in place, so it must own its memory: steal g only when nothing
+    // else can see its storage.
+    bool exclusive = !GradMode::enabled() && g.use_count() == 1 && g.is_contiguous() &&
+                     g.impl()->storage && g.impl()->storage->use_count() == 1;
+    m.grad = std::make_unique<Tensor>(exclusive || GradMode::enabled() ? g : g.clone());
+  } else if (GradMode::enabled()) {
+    *m.grad = add(*m.grad, g);  // create_graph: keep the sum differentiable
+  } else {
+    m.grad->add_(g);
+  }
+  for (auto& hook : m.post_accumulate_hooks.snapshot()) hook(leaf);
+  return {};
+}
+
+// ---- recording --------------------------------------------------------------------------------
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!GradMode::enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta& m = t.impl()->meta();
+  if (m.grad_fn) return {m.grad_fn, m.output_nr};
+  std::shared_ptr<Node> acc = m.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    m.grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+void set_history(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
+                 const std::vector<Tensor*>& outputs) {
+  node->next.clear();
+  for (const Tensor& in : inputs)
+    node->next.push_back(in.defined() && in.requires_grad() ? gradient_edge(in) : Edge{});
+  node->outputs.clear();
+  node->output_hooks.resize(outputs.size());
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    Tensor& out = *outputs[k];
+    node->outputs.push_back({out.shape(), out.dtype(), out.device()});
+    out.impl()->requires_grad = true;
+    AutogradMeta& m = out.impl()->meta();
+    m.grad_fn = node;
+    m.output_nr = static_cast<uint32_t>(k);
+  }
+}
+
+void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output, FunctionNode::Fn fn) {
+  set_history(std::make_shared<FunctionNode>(name, std::move(fn)), inputs, {&output});
+}
+
+// ---- Tensor autograd methods ------------------------------------------------------------------
+
+bool Tensor::is_leaf() const { return !impl_->autograd || !impl_->autograd->grad_fn; }
+
+Tensor Tensor::grad() const {
+  if (!impl_->autograd || !impl_->autograd->grad) return Tensor();
+  return *impl_->autograd->grad;
+}
+
+void Tensor::set_grad(const Tensor& g) const {
+  if (g.defined())
+    MT_CHECK(g.shape() == shape(), "set_grad: gradient {} does not match tensor {}", g.desc(), desc());
+  impl_->meta().grad = std::make_unique<Tensor>(g);
+}
+
+const std::shared_ptr<Node>& Tensor::grad_fn() const {
+  static const std::shared_ptr<Node> kNone;
+  return impl_->autograd ? impl_->autograd->grad_fn : kNone;
+}
+
+uint32_t Tensor::output_nr() const { return impl_->autograd ? impl_->autograd->output_nr : 0; }
+
+HookHandle Tensor::register_hook(GradHook hook) {
+  MT_CHECK(requires_grad(), "register_hook on {} which does not require grad", desc());
+  AutogradMeta& m = impl_->meta();
+  if (m.grad_fn) return m.grad_fn->output_hooks[m.output_nr].add(std::move(hook));
+  return m.hooks.add(std::move(hook));
+}
+
+HookHandle Tensor::register_post_accumulate_grad_hook(PostAccumulateHook hook) {
+  MT_CHECK(requires_grad() && is_leaf(),
+           "register_post_accumulate_grad_hook needs a leaf that requires grad, got {}", desc());
+  return impl_->meta().post_accumulate_hooks.add(std::move(hook));
+}
+
+void Tensor::retain_grad() {
+  MT_CHECK(requires_grad(), "retain_grad on {} which does not require grad", desc());
+  if (is_leaf()) return;
+  AutogradMeta& m = impl_->meta();
+  if (m.retains_grad) return;
+  m.retains_grad = true;
+  TensorImpl* self = impl_.get();  // the hook lives in our own grad_fn, which we keep alive
+  register_hook([self](const Tensor& g) {
+    AutogradMeta& mm = self->meta();
+    if (!mm.grad || !mm.grad->defined())
+      mm.grad = std::make_unique<Tensor>(g.detach().clone());
+    else
+      *mm.grad = add(*mm.grad, g.detach());
+    return Tensor();
+  });
+}
+
+Tensor Tensor::detach() const {
+  Tensor out = make_view(*this, shape(), strides(), offset());
+  if (!impl_->storage) out.impl()->device = device();
+  return out;
+}
+
+void Tensor::backward(const Tensor& grad, bool retain_graph, bool create_graph) const {
+  mt::backward({*this}, {grad}, retain_graph, create_graph);
+}
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  int lead = g.dim() - shape.size();
+  MT_ASSERT(lead >= 0, "sum_to {} from {}", shape, g.shape());
+  std::vector<int64_t> dims;
+  for (int i = 0; i < g.dim(); ++i)
+    if (i < lead || (shape[i - lead] == 1 && g.size(i) != 1)) dims.push_back(i);
+  Tensor r = dims.empty() ? g : sum(g, dims, KeepDim::kYes);
+  return r.view(shape);
+}
+
+// ---- engine -----------------------------------------------------------------------------------
+
+namespace {
+
+struct ByNewest {
+  bool operator()(const Node* a, const Node* b) const { return a->seq < b->seq; }
+};
+
+// Runs the graph from (root edge, grad) pairs. When `capture` is set, gradients arriving at the
+// listed (node, input_nr) slots are stored there instead of flowing on (used by grad()).
+void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_grads,
+                bool retain_graph, bool create_graph,
+                std::unordered_map<const Node*, std::vector<Tensor>>* capture) {
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
+  for (const Edge& e : roots)
+    if (e.node && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (capture && capture->count(n)) continue;  // grad(): stop at the requested inputs
+    for (const Edge& e : n->next) {
+      if (!e.node) continue;
+      ++deps[e.node.get()];
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  auto accumulate = [&](Node* n, uint32_t slot, const Tensor& g) {
+    auto& buf = buffers[n];
+    if (buf.size() < n->outputs.size()) buf.resize(n->outputs.size());
+    if (!g.defined()) return;
+    if (!buf[slot].defined())
+      buf[slot] = g;
+    else
+      buf[slot] = add(buf[slot], g);
+  };
+
+  std::priority_queue<Node*, std::vector<Node*>, ByNewest> ready;
+  std::unordered_set<Node*> queued;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    if (!roots[i].node) continue;
+    accumulate(roots[i].node.get(), roots[i].input_nr, root_grads[i]);
+    if (!deps.count(roots[i].node.get()) && queued.insert(roots[i].node.get()).second)
+      ready.push(roots[i].node.get());
+  }
+
+  GradModeGuard mode(create_graph);
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(buffers[n]);
+    buffers.erase(n);
+    grads.resize(n->outputs.size());
+    if (capture) {
+      auto it = capture->find(n);
+      if (it != capture->end()) {
+        it->second = grads;
+        continue;
+      }
+    }
+    MT_CHECK(!n->released,
+             "backward through {} a second time: its saved tensors were freed after the first "
+             "backward; pass retain_graph=true to the first call",
+             n->name());
+    bool any = false;
+    for (const Tensor& g : grads) any = any || g.defined();
+    std::vector<Tensor> out_grads;
+    if (any) {
+      for (size_t k = 0; k < grads.size(); ++k) {
+        const auto& meta = n->outputs[k];
+        if (!grads[k].defined())
+          grads[k] = zeros(meta.shape, TensorOptions(meta.dtype).with_device(meta.device));
+        for (auto& hook : n->output_hooks[k].snapshot()) {
+          Tensor r = hook(grads[k]);
+          if (r.defined()) grads[k] = r;
+        }
+      }
+      for (auto& hook : n->pre_hooks.snapshot()) hook(grads);
+      out_grads = n->apply(grads);
+      for (auto& hook : n->post_hooks.snapshot()) hook(out_grads, grads);
+      if (!retain_graph) {
+        n->release();
+        n->released = true;
+      }
+    }
+    out_grads.resize(n->next.size());
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      const Edge& e = n->next[i];
+      if (!e.node) continue;
+      accumulate(e.node.get(), e.input_nr, out_grads[i]);
+      if (--deps[e.node.get()] == 0) ready.push(e.node.get());
+    }
+  }
+}
+
+std::vector<Tensor> default_root_grads(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                                       const char* api) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    MT_CHECK(r.requires_grad(), "{}: tensor {} does not require grad and has no grad_fn", api, r.desc());
+    Tensor g = i < grads.size() ? grads[i] : Tensor();
+    if (!g.defined()) {
+      MT_CHECK(r.numel() == 1, "{}: a gradient must be given for non-scalar output {}", api, r.desc());
+      g = ones(r.shape(), r.options());
+    }
+    MT_CHECK(g.shape() == r.shape(), "{}: gradient {} does not match output {}", api, g.desc(), r.desc());
+    out.push_back(g);
+  }
+  return out;
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph,
+              bool create_graph) {
+  std::vector<Tensor> gs = default_root_grads(roots, grads, "backward");
+  std::vector<Edge> edges;
+  for (const Tensor& r : roots) edges.push_back(gradient_edge(r));
+  run_engine(edges, gs, retain_graph || create_graph, create_graph, nullptr);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph, bool create_graph) {
+  std::vector<Tensor> gs = default_root_grads(outputs, grad_outputs, "grad");
+  std::unordered_map<const Node*, std::vector<Tensor>> capture;
+  std::vector<Edge> in_edges;
+  for (const Tensor& in : inputs) {
+    MT_CHECK(in.requires_grad(), "grad: input {} does not require grad", in.desc());
+    in_edges.push_back(gradient_edge(in));
+    capture[in_edges.back().node.get()];
+  }
+  std::vector<Edge> edges;
+  for (const Tensor& r : outputs) edges.push_back(gradient_edge(r));
+  run_engine(edges, gs, retain_graph || create_graph, create_graph, &capture);
+  std::vector<Tensor> result;
+  for (const Edge& e : in_edges) {
+    auto& g = capture[e.node.get()];
+    result.push_back(e.input_nr < g.size() ? g[e.input_nr] : Tensor());
+  }
+  return result;
+}
+
+}  // namespace mt

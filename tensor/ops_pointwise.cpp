@@ -1,0 +1,359 @@
+// Pointwise front ends: check devices, promote dtypes, broadcast through zero strides (no
+// intermediate views), allocate the output, record the backward formula, call the kernel.
+#include "tensor/ops_pointwise.h"
+
+#include <cmath>
+
+#include "kernels/registry.h"
+#include "runtime/error.h"
+#include "tensor/autograd.h"
+#include "tensor/pointwise_util.h"
+
+namespace mt {
+
+KView broadcast_view(const Tensor& t, const Shape& shape) {
+  KView v = t.view_info();
+  int lead = shape.size() - t.dim();
+  v.sizes = shape;
+  v.strides = Shape::filled(shape.size(), 0);
+  for (int i = lead; i < shape.size(); ++i)
+    v.strides[i] = t.shape()[i - lead] == 1 ? 0 : t.strides()[i - lead];
+  return v;
+}
+
+void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
+  MT_CHECK(a.defined() && b.defined(), "{}: undefined tensor argument", op);
+  MT_CHECK(a.device() == b.device(), "{}: tensors on different devices: {} and {}", op, a.desc(), b.desc());
+}
+
+namespace {
+
+const char* binary_name(BinaryOp op) {
+  static const char* kNames[] = {"add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq",
+                                 "ne",  "lt",  "le",  "gt",  "ge",      "logical_and", "logical_or"};
+  return kNames[static_cast<int>(op)];
+}
+
+bool is_comparison(BinaryOp op) { return op >= BinaryOp::kEq; }
+
+// Runs the binary kernel on a and b (already of one dtype), output dtype `out_dtype`.
+Tensor run_binary(BinaryOp op, const Tensor& a, const Tensor& b, DType out_dtype) {
+  const char* name = binary_name(op);
+  Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  Tensor out = empty(shape, a.options().with_dtype(out_dtype));
+  BinaryParams p{op, broadcast_view(a, shape), broadcast_view(b, shape), out.view_info()};
+  MT_KERNEL(a.device().type, binary, p);
+  return out;
+}
+
+Tensor binary(BinaryOp op, const Tensor& a0, const Tensor& b0) {
+  const char* name = binary_name(op);
+  check_same_device(a0, b0, name);
+  DType t = promote(a0.dtype(), b0.dtype());
+  if (op == BinaryOp::kDiv && is_integral(t)) t = DType::kF32;  // true division
+  if (op == BinaryOp::kLogicalAnd || op == BinaryOp::kLogicalOr) t = promote(t, DType::kBool);
+  Tensor a = a0.to(t), b = b0.to(t);
+  Tensor out;
+  {
+    NoGradGuard no_grad;  // the formulas below are recorded on `out` directly
+    out = run_binary(op, a, b, is_comparison(op) ? DType::kBool : t);
+  }
+  if (is_comparison(op) || !needs_grad(a, b)) return out;
+  Shape sa = a.shape(), sb = b.shape();
+  switch (op) {
+    case BinaryOp::kAdd:
+      record("AddBackward", {a, b}, out, [sa, sb](const auto& g) {
+        return std::vector<Tensor>{sum_to(g[0], sa), sum_to(g[0], sb)};
+      });
+      break;
+    case BinaryOp::kSub:
+      record("SubBackward", {a, b}, out, [sa, sb](const auto& g) {
+        return std::vector<Tensor>{sum_to(g[0], sa), sum_to(neg(g[0]), sb)};
+      });
+      break;
+    case BinaryOp::kMul:
+      record("MulBackward", {a, b}, out, [a, b](const auto& g) {
+        return std::vector<Tensor>{a.requires_grad() ? sum_to(mul(g[0], b), a.shape()) : Tensor(),
+                                   b.requires_grad() ? sum_to(mul(g[0], a), b.shape()) : Tensor()};
+      });
+      break;
+    case BinaryOp::kDiv:
+      record("DivBackward", {a, b}, out, [a, b](const auto& g) {
+        Tensor ga = div(g[0], b);
+        return std::vector<Tensor>{sum_to(ga, a.shape()),
+                                   b.requires_grad() ? sum_to(neg(mul(ga, div(a, b))), b.shape()) : Tensor()};
+      });
+      break;
+    case BinaryOp::kMaximum:
+    case BinaryOp::kMinimum: {
+      bool is_max = op == BinaryOp::kMaximum;
+      record(is_max ? "MaximumBackward" : "MinimumBackward", {a, b}, out, [a, b, is_max](const auto& g) {
+        // Ties split the gradient evenly, like PyTorch.
+        Tensor wins = (is_max ? gt(a, b) : lt(a, b)).to(g[0].dtype());
+        Tensor ties = eq(a, b).to(g[0].dtype());
+        Tensor wa = add(wins, mul(ties, 0.5));
+        return std::vector<Tensor>{sum_to(mul(g[0], wa), a.shape()),
+                                   sum_to(mul(g[0], rsub(1.0, wa)), b.shape())};
+      });
+      break;
+    }
+    case BinaryOp::kPow: {
+      Tensor y = out.detach();
+      record("PowBackward", {a, b}, out, [a, b, y](const auto& g) {
+        Tensor ga = mul(g[0], mul(b, pow(a, sub(b, 1.0))));
+        Tensor gb = b.requires_grad() ? mul(g[0], mul(y, log(a))) : Tensor();
+        return std::vector<Tensor>{sum_to(ga, a.shape()), gb.defined() ? sum_to(gb, b.shape()) : Tensor()};
+      });
+      break;
+    }
+    default:
+      break;
+  }
+  return out;
+}
+
+Tensor run_unary(UnaryOp op, const Tensor& x, double alpha = 0, double beta = 0,
+                 DType out_dtype = DType::kF32, bool same_dtype = true) {
+  Tensor out = empty(x.shape(), x.options().with_dtype(same_dtype ? x.dtype() : out_dtype));
+  UnaryParams p{op, x.view_info(), out.view_info(), alpha, beta};
+  MT_KERNEL(x.device().type, unary, p);
+  return out;
+}
+
+// Unary op on floating values (integral inputs become f32) with backward `back(x, y, g)`.
+template <class Back>
+Tensor float_unary(UnaryOp op, const char* name, const Tensor& x0, Back back, double alpha = 0) {
+  MT_CHECK(x0.defined(), "{}: undefined tensor", name);
+  Tensor x = is_floating(x0.dtype()) ? x0 : x0.to(DType::kF32);
+  Tensor out = run_unary(op, x, alpha);
+  if (needs_grad(x)) {
+    Tensor y = out.detach();
+    record(name, {x}, out, [x, y, back](const auto& g) { return std::vector<Tensor>{back(x, y, g[0])}; });
+  }
+  return out;
+}
+
+Tensor scalar_like(double s, const Tensor& t) { return scalar_tensor(s, t.options()); }
+
+DType scalar_result_dtype(const Tensor& a, double s) {
+  if (is_integral(a.dtype()) && s != std::floor(s)) return DType::kF32;
+  return a.dtype() == DType::kBool ? DType::kI64 : a.dtype();
+}
+
+// alpha * x + beta, keeping x's dtype when the scalars allow it.
+Tensor affine(const Tensor& x0, double alpha, double beta) {
+  DType t = promote(scalar_result_dtype(x0, alpha), scalar_result_dtype(x0, beta));
+  Tensor x = x0.to(t);
+  Tensor out = run_unary(UnaryOp::kAffine, x, alpha, beta);
+  if (needs_grad(x))
+    record("AffineBackward", {x}, out, [alpha](const auto& g) { return std::vector<Tensor>{mul(g[0], alpha)}; });
+  return out;
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kAdd, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kSub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kMul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kDiv, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kMaximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kMinimum, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kPow, a, b); }
+Tensor add(const Tensor& a, double s) { return affine(a, 1.0, s); }
+Tensor sub(const Tensor& a, double s) { return affine(a, 1.0, -s); }
+Tensor rsub(double s, const Tensor& a) { return affine(a, -1.0, s); }
+Tensor mul(const Tensor& a, double s) { return affine(a, s, 0.0); }
+Tensor div(const Tensor& a, double s) {
+  Tensor x = is_floating(a.dtype()) ? a : a.to(DType::kF32);
+  return binary(BinaryOp::kDiv, x, scalar_like(s, x));
+}
+
+Tensor neg(const Tensor& x) {
+  MT_CHECK(x.dtype() != DType::kBool, "neg: not defined for bool tensor {}", x.desc());
+  Tensor out = run_unary(UnaryOp::kNeg, x);
+  if (needs_grad(x)) record("NegBackward", {x}, out, [](const auto& g) { return std::vector<Tensor>{neg(g[0])}; });
+  return out;
+}
+
+Tensor abs(const Tensor& x) {
+  Tensor out = run_unary(UnaryOp::kAbs, x);
+  if (needs_grad(x))
+    record("AbsBackward", {x}, out, [x](const auto& g) { return std::vector<Tensor>{mul(g[0], sign(x))}; });
+  return out;
+}
+
+Tensor sign(const Tensor& x) {
+  Tensor out = run_unary(UnaryOp::kSign, x);
+  if (needs_grad(x))
+    record("SignBackward", {x}, out, [](const auto& g) { return std::vector<Tensor>{zeros_like(g[0])}; });
+  return out;
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor out = run_unary(UnaryOp::kRelu, x);
+  if (needs_grad(x))
+    record("ReluBackward", {x}, out, [x](const auto& g) {
+      return std::vector<Tensor>{mul(g[0], gt(x, 0.0).to(g[0].dtype()))};
+    });
+  return out;
+}
+
+Tensor exp(const Tensor& x) {
+  return float_unary(UnaryOp::kExp, "ExpBackward", x, [](const Tensor&, const Tensor& y, const Tensor& g) { return mul(g, y); });
+}
+Tensor log(const Tensor& x) {
+  return float_unary(UnaryOp::kLog, "LogBackward", x, [](const Tensor& x, const Tensor&, const Tensor& g) { return div(g, x); });
+}
+Tensor sqrt(const Tensor& x) {
+  return float_unary(UnaryOp::kSqrt, "SqrtBackward", x,
+                     [](const Tensor&, const Tensor& y, const Tensor& g) { return div(g, mul(y, 2.0)); });
+}
+Tensor rsqrt(const Tensor& x) {
+  return float_unary(UnaryOp::kRsqrt, "RsqrtBackward", x, [](const Tensor&, const Tensor& y, const Tensor& g) {
+    return mul(g, mul(pow(y, 3.0), -0.5));
+  });
+}
+Tensor sin(const Tensor& x) {
+  return float_unary(UnaryOp::kSin, "SinBackward", x, [](const Tensor& x, const Tensor&, const Tensor& g) { return mul(g, cos(x)); });
+}
+Tensor cos(const Tensor& x) {
+  return float_unary(UnaryOp::kCos, "CosBackward", x,
+                     [](const Tensor& x, const Tensor&, const Tensor& g) { return neg(mul(g, sin(x))); });
+}
+Tensor reciprocal(const Tensor& x) {
+  return float_unary(UnaryOp::kReciprocal, "ReciprocalBackward", x,
+                     [](const Tensor&, const Tensor& y, const Tensor& g) { return neg(mul(g, mul(y, y))); });
+}
+Tensor square(const Tensor& x) { return pow(x, 2.0); }
+Tensor pow(const Tensor& x, double e) {
+  return float_unary(UnaryOp::kPowScalar, "PowScalarBackward", x, [e](const Tensor& x, const Tensor&, const Tensor& g) {
+    return mul(g, mul(pow(x, e - 1), e));
+  }, e);
+}
+Tensor tanh(const Tensor& x) {
+  return float_unary(UnaryOp::kTanh, "TanhBackward", x, [](const Tensor&, const Tensor& y, const Tensor& g) {
+    return mul(g, rsub(1.0, mul(y, y)));
+  });
+}
+Tensor sigmoid(const Tensor& x) {
+  return float_unary(UnaryOp::kSigmoid, "SigmoidBackward", x, [](const Tensor&, const Tensor& y, const Tensor& g) {
+    return mul(g, mul(y, rsub(1.0, y)));
+  });
+}
+Tensor silu(const Tensor& x) {
+  return float_unary(UnaryOp::kSilu, "SiluBackward", x, [](const Tensor& x, const Tensor&, const Tensor& g) {
+    return mul(g, run_unary(UnaryOp::kSiluGrad, x));
+  });
+}
+Tensor gelu(const Tensor& x, GeluApprox approx) {
+  bool tanh_form = approx == GeluApprox::kTanh;
+  return float_unary(tanh_form ? UnaryOp::kGeluTanh : UnaryOp::kGelu, "GeluBackward", x,
+                     [tanh_form](const Tensor& x, const Tensor&, const Tensor& g) {
+                       return mul(g, run_unary(tanh_form ? UnaryOp::kGeluTanhGrad : UnaryOp::kGeluGrad, x));
+                     });
+}
+
+Tensor clamp(const Tensor& x, double lo, double hi) {
+  MT_CHECK(!(lo > hi), "clamp: lower bound {} is above upper bound {}", lo, hi);
+  Tensor out = run_unary(UnaryOp::kClamp, x, lo, hi);
+  if (needs_grad(x))
+    record("ClampBackward", {x}, out, [x, lo, hi](const auto& g) {
+      Tensor inside = logical_and(ge(x, lo), le(x, hi));
+      return std::vector<Tensor>{mul(g[0], inside.to(g[0].dtype()))};
+    });
+  return out;
+}
+
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kEq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kNe, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kLt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kLe, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kGt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kGe, a, b); }
+// Scalar comparisons compare in the tensor's dtype if the scalar fits it exactly, else in f64.
+namespace {
+Tensor compare_scalar(BinaryOp op, const Tensor& a, double s) {
+  DType t = a.dtype();
+  if (is_integral(t) && s != std::floor(s)) t = DType::kF64;
+  Tensor x = a.to(t);
+  return binary(op, x, scalar_tensor(s, x.options()));
+}
+}  // namespace
+Tensor eq(const Tensor& a, double s) { return compare_scalar(BinaryOp::kEq, a, s); }
+Tensor ne(const Tensor& a, double s) { return compare_scalar(BinaryOp::kNe, a, s); }
+Tensor lt(const Tensor& a, double s) { return compare_scalar(BinaryOp::kLt, a, s); }
+Tensor le(const Tensor& a, double s) { return compare_scalar(BinaryOp::kLe, a, s); }
+Tensor gt(const Tensor& a, double s) { return compare_scalar(BinaryOp::kGt, a, s); }
+Tensor ge(const Tensor& a, double s) { return compare_scalar(BinaryOp::kGe, a, s); }
+
+Tensor logical_not(const Tensor& x) { return run_unary(UnaryOp::kLogicalNot, x, 0, 0, DType::kBool, false); }
+Tensor logical_and(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kLogicalAnd, a, b); }
+Tensor logical_or(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kLogicalOr, a, b); }
+
+Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
+  check_same_device(a0, b0, "where");
+  check_same_device(cond, a0, "where");
+  MT_CHECK(cond.dtype() == DType::kBool, "where: condition must be bool, got {}", cond.desc());
+  DType t = promote(a0.dtype(), b0.dtype());
+  Tensor a = a0.to(t), b = b0.to(t);
+  Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
+  Tensor out = empty(shape, a.options());
+  WhereParams p{broadcast_view(cond, shape), broadcast_view(a, shape), broadcast_view(b, shape), out.view_info()};
+  MT_KERNEL(a.device().type, where, p);
+  if (needs_grad(a, b)) {
+    Shape sa = a.shape(), sb = b.shape();
+    record("WhereBackward", {a, b}, out, [cond, sa, sb](const auto& g) {
+      Tensor z = zeros(Shape{}, g[0].options());
+      return std::vector<Tensor>{sum_to(where(cond, g[0], z), sa), sum_to(where(cond, z, g[0]), sb)};
+    });
+  }
+  return out;
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, double b) {
+  return where(cond, a, scalar_tensor(b, a.options()));
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  MT_CHECK(mask.dtype() == DType::kBool, "masked_fill: mask must be bool, got {}", mask.desc());
+  MT_CHECK(broadcast_shapes(x.shape(), mask.shape(), "masked_fill") == x.shape(),
+           "masked_fill: mask {} would broadcast {} to a larger shape", mask.shape(), x.desc());
+  return where(mask, scalar_tensor(value, x.options()), x);
+}
+
+// ---- in-place methods -------------------------------------------------------------------------
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  check_inplace(*this, "add_");
+  check_same_device(*this, other, "add_");
+  MT_CHECK(broadcast_shapes(shape(), other.shape(), "add_") == shape(),
+           "add_: {} does not broadcast into {}", other.desc(), desc());
+  Tensor o = other.to(dtype());
+  if (alpha != 1) o = mul(o, alpha);
+  BinaryParams p{BinaryOp::kAdd, view_info(), broadcast_view(o, shape()), view_info()};
+  MT_KERNEL(device().type, binary, p);
+  bump_version(*this);
+  return *this;
+}
+
+Tensor& Tensor::mul_(const Tensor& other) {
+  check_inplace(*this, "mul_");
+  check_same_device(*this, other, "mul_");
+  MT_CHECK(broadcast_shapes(shape(), other.shape(), "mul_") == shape(),
+           "mul_: {} does not broadcast into {}", other.desc(), desc());
+  Tensor o = other.to(dtype());
+  BinaryParams p{BinaryOp::kMul, view_info(), broadcast_view(o, shape()), view_info()};
+  MT_KERNEL(device().type, binary, p);
+  bump_version(*this);
+  return *this;
+}
+
+Tensor& Tensor::mul_(double value) {
+  check_inplace(*this, "mul_");
+  UnaryParams p{UnaryOp::kAffine, view_info(), view_info(), value, 0};
+  MT_KERNEL(device().type, unary, p);
+  bump_version(*this);
+  return *this;
+}
+
+}  // namespace mt

@@ -1,0 +1,267 @@
+// Tensor and Storage basics: metadata, factories, copies, casts, in-place updates.
+#include "tensor/tensor.h"
+
+#include <cstring>
+
+#include "kernels/registry.h"
+#include "runtime/allocator.h"
+#include "runtime/error.h"
+#include "tensor/autograd.h"
+
+namespace mt {
+
+// ---- Storage ----------------------------------------------------------------------------------
+
+Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  MT_CHECK(device.is_cpu(), "cannot allocate {} bytes on {}: this build has no {} backend", nbytes,
+           device, device.is_meta() ? "meta storage (meta tensors have none)" : "CUDA");
+  data_ = cpu_alloc(nbytes);
+}
+
+Storage::~Storage() { cpu_free(data_, nbytes_); }
+
+AutogradMeta& TensorImpl::meta() {
+  if (!autograd) autograd = std::make_unique<AutogradMeta>();
+  return *autograd;
+}
+
+// ---- metadata ---------------------------------------------------------------------------------
+
+int64_t Tensor::size(int64_t d) const { return impl_->sizes[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expect = 1;
+  for (int i = dim() - 1; i >= 0; --i) {
+    if (impl_->sizes[i] != 1 && impl_->strides[i] != expect) return false;
+    expect *= impl_->sizes[i];
+  }
+  return true;
+}
+
+TensorOptions Tensor::options() const {
+  TensorOptions o;
+  o.dtype = dtype();
+  o.device = device();
+  return o;
+}
+
+void* Tensor::data_ptr() const {
+  if (!impl_->storage) return nullptr;
+  return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(impl_->dtype);
+}
+
+KView Tensor::view_info() const {
+  KView v;
+  v.data = data_ptr();
+  v.dtype = dtype();
+  v.sizes = shape();
+  v.strides = strides();
+  return v;
+}
+
+double Tensor::item() const {
+  MT_CHECK(numel() == 1, "item: tensor {} has {} elements, expected exactly 1", desc(), numel());
+  Tensor host = to(Device::cpu()).to(DType::kF64).contiguous();
+  return *host.data<double>();
+}
+
+int64_t Tensor::item_int() const {
+  MT_CHECK(numel() == 1, "item_int: tensor {} has {} elements, expected exactly 1", desc(), numel());
+  Tensor host = to(Device::cpu()).to(DType::kI64).contiguous();
+  return *host.data<int64_t>();
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor host = to(Device::cpu()).to(dtype_of<T>::value).contiguous();
+  std::vector<T> out(static_cast<size_t>(numel()));
+  if (!out.empty()) std::memcpy(out.data(), host.data_ptr(), out.size() * sizeof(T));
+  return out;
+}
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+
+std::string Tensor::desc() const {
+  return fmt::format("{}{} {}", dtype_name(dtype()), shape(), device());
+}
+
+// ---- factories --------------------------------------------------------------------------------
+
+Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opts) {
+  for (int i = 0; i < shape.size(); ++i)
+    MT_CHECK(shape[i] >= 0, "empty: negative size {} in shape {}", shape[i], shape);
+  auto impl = make_rc<TensorImpl>();
+  int64_t extent = 1;  // elements spanned
+  for (int i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) extent = 0;
+    if (extent == 0) break;
+    extent += (shape[i] - 1) * strides[i];
+  }
+  if (!opts.device.is_meta())
+    impl->storage = make_rc<Storage>(static_cast<size_t>(extent * dtype_size(opts.dtype)), opts.device);
+  impl->sizes = shape;
+  impl->strides = strides;
+  impl->dtype = opts.dtype;
+  impl->device = opts.device;
+  impl->requires_grad = opts.requires_grad;
+  if (opts.requires_grad)
+    MT_CHECK(is_floating(opts.dtype), "only floating tensors can require grad, not {}", opts.dtype);
+  return Tensor(std::move(impl));
+}
+
+Tensor empty(const Shape& shape, TensorOptions opts) {
+  return empty_strided(shape, shape.contiguous_strides(), opts);
+}
+
+Tensor full(const Shape& shape, double value, TensorOptions opts) {
+  bool grad = opts.requires_grad;
+  Tensor t = empty(shape, opts.with_grad(false));
+  if (!t.is_meta()) t.fill_(value);
+  if (grad) t.requires_grad_();
+  return t;
+}
+
+Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0.0, opts); }
+Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1.0, opts); }
+Tensor scalar_tensor(double value, TensorOptions opts) { return full(Shape{}, value, opts); }
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.options()); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.options()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.options()); }
+
+Tensor arange(double start, double end, double step, TensorOptions opts) {
+  MT_CHECK(step != 0, "arange: step must be non-zero");
+  auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+  Tensor t = empty(Shape{std::max<int64_t>(n, 0)}, opts);
+  ArangeParams p;
+  p.out = t.view_info();
+  p.start = start;
+  p.step = step;
+  if (n > 0) MT_KERNEL(t.device().type, arange, p);
+  return t;
+}
+
+Tensor arange(int64_t end, TensorOptions opts) { return arange(0.0, static_cast<double>(end), 1.0, opts); }
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions opts) {
+  MT_CHECK(static_cast<int64_t>(values.size()) == shape.numel(),
+           "from_vector: {} values do not fill shape {} ({} elements)", values.size(), shape,
+           shape.numel());
+  bool grad = opts.requires_grad;
+  Tensor host = empty(shape, TensorOptions(dtype_of<T>::value));
+  if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(T));
+  Tensor out = host.to(opts.dtype).to(opts.device);
+  if (out.same(host) && grad) out = host;
+  if (grad) out.requires_grad_();
+  return out;
+}
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
+
+Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, int64_t offset) {
+  auto impl = make_rc<TensorImpl>();
+  impl->storage = base.impl()->storage;
+  impl->sizes = sizes;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  impl->device = base.device();
+  return Tensor(std::move(impl));
+}
+
+// ---- copies -----------------------------------------------------------------------------------
+
+namespace {
+// Copies src into a fresh tensor of `dtype` with contiguous layout.
+Tensor copy_to_new(const Tensor& src, DType dtype) {
+  Tensor out = empty(src.shape(), src.options().with_dtype(dtype));
+  if (src.is_meta()) return out;
+  CopyParams p{src.view_info(), out.view_info()};
+  MT_KERNEL(src.device().type, copy, p);
+  return out;
+}
+}  // namespace
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = copy_to_new(*this, dtype());
+  if (needs_grad(*this)) record("CloneBackward", {*this}, out, [](const auto& g) { return std::vector<Tensor>{g[0]}; });
+  return out;
+}
+
+Tensor Tensor::to(DType t) const {
+  if (t == dtype()) return *this;
+  Tensor out = copy_to_new(*this, t);
+  if (needs_grad(*this) && is_floating(t)) {
+    DType back = dtype();
+    record("ToDTypeBackward", {*this}, out, [back](const auto& g) { return std::vector<Tensor>{g[0].to(back)}; });
+  }
+  return out;
+}
+
+Tensor Tensor::to(Device d) const {
+  if (d == device()) return *this;
+  if (d.is_meta()) return empty(shape(), options().with_device(d));
+  MT_FAIL("to({}): tensor {} cannot move there: this build has no CUDA backend{}", d, desc(),
+          is_meta() ? " (meta tensors must be materialized, not moved)" : "");
+}
+
+// ---- in place ---------------------------------------------------------------------------------
+
+void check_inplace(const Tensor& t, const char* op) {
+  MT_CHECK(!(GradMode::enabled() && t.requires_grad()),
+           "{}: in-place update of {} which requires grad while grad mode is on; wrap it in "
+           "NoGradGuard (as optimizers do) or use the out-of-place op",
+           op, t.desc());
+  MT_CHECK(!t.is_meta(), "{}: {} is a meta tensor without storage; materialize it first", op, t.desc());
+}
+
+void bump_version(const Tensor& t) {
+  if (t.impl()->storage) ++t.impl()->storage->version;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  check_inplace(*this, "copy_");
+  Shape b = broadcast_shapes(src.shape(), shape(), "copy_");
+  MT_CHECK(b == shape(), "copy_: source {} does not broadcast to destination {}", src.shape(), shape());
+  Tensor s = src.dim() == dim() && src.shape() == shape() ? src : src.expand(shape());
+  MT_CHECK(s.device() == device(), "copy_: source on {} but destination on {}", s.device(), device());
+  CopyParams p{s.view_info(), view_info()};
+  MT_KERNEL(device().type, copy, p);
+  bump_version(*this);
+  return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+  check_inplace(*this, "fill_");
+  FillParams p;
+  p.out = view_info();
+  p.value = value;
+  p.int_value = static_cast<int64_t>(value);
+  MT_KERNEL(device().type, fill, p);
+  bump_version(*this);
+  return *this;
+}
+
+Tensor& Tensor::zero_() { return fill_(0.0); }
+
+Tensor& Tensor::requires_grad_(bool on) {
+  MT_CHECK(!on || is_floating(dtype()), "requires_grad_: only floating tensors can require grad, not {}",
+           desc());
+  MT_CHECK(on || is_leaf(), "requires_grad_(false) on a non-leaf tensor {}: use detach()", desc());
+  impl_->requires_grad = on;
+  return *this;
+}
+
+}  // namespace mt

@@ -1,0 +1,49 @@
+// Test helpers shared by every test: reference-free random inputs, non-contiguous copies,
+// allclose with a readable report, and the finite-difference gradient check.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tensor/ops.h"
+
+namespace mt::testing {
+
+// Values uniform in [lo, hi) from std::mt19937_64 (independent of meshtrain's own RNG).
+Tensor rand(const Shape& shape, DType dtype = DType::kF64, uint64_t seed = 1, double lo = -1, double hi = 1);
+// Same values as t, but laid out non-contiguously (every other element of a wider buffer,
+// then transposed back and forth when 2-D or more).
+Tensor noncontig(const Tensor& t);
+
+struct CloseReport {
+  bool ok = true;
+  std::string msg;
+};
+// |a - b| <= atol + rtol * |b| elementwise (shapes must match; dtypes may differ).
+CloseReport allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+CloseReport allclose(const Tensor& a, const std::vector<double>& b, double rtol = 1e-5, double atol = 1e-8);
+
+// Central finite differences in f64 against autograd, for every element of every input that
+// requires grad. fn maps inputs to one tensor; the check projects it on fixed random weights.
+CloseReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                      const std::vector<Tensor>& inputs, double eps = 1e-6, double atol = 1e-6,
+                      double rtol = 1e-4);
+
+}  // namespace mt::testing
+
+#define REQUIRE_CLOSE(...)                         \
+  do {                                             \
+    auto r_ = ::mt::testing::allclose(__VA_ARGS__); \
+    INFO(r_.msg);                                  \
+    REQUIRE(r_.ok);                                \
+  } while (0)
+
+#define REQUIRE_GRADCHECK(...)                      \
+  do {                                              \
+    auto r_ = ::mt::testing::gradcheck(__VA_ARGS__); \
+    INFO(r_.msg);                                   \
+    REQUIRE(r_.ok);                                 \
+  } while (0)

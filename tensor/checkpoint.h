@@ -1,0 +1,1 @@
+// PLACEHOLDER: checkpoint header, replaced by the module family.

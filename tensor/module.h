@@ -1,0 +1,1 @@
+// PLACEHOLDER: module header, replaced by the module family.

@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for attention.
+#include "testing.h"

@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for checkpoint.
+#include "testing.h"

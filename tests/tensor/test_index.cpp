@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for index.
+#include "testing.h"

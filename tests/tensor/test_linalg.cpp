@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for linalg.
+#include "testing.h"

@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for loss.
+#include "testing.h"

@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for mlp_train.
+#include "testing.h"

@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for module.
+#include "testing.h"

@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for norm.
+#include "testing.h"

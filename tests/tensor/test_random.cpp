@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for random.
+#include "testing.h"

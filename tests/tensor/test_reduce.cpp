@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for reduce.
+#include "testing.h"

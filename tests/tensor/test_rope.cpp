@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for rope.
+#include "testing.h"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages meshtrain needs (only those missing) and builds it into ./build.
+# Used by tools/run.sh and tools/test.sh; safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(g++ meson ninja-build pkg-config libeigen3-dev libfmt-dev catch2 libopenmpi-dev openmpi-bin)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+BUILD=${MT_BUILD_DIR:-build}
+if [ ! -f "$BUILD/build.ninja" ]; then
+  meson setup "$BUILD" --buildtype=release ${MT_MESON_ARGS:-}
+fi
+ninja -C "$BUILD"

@@ -165,3 +165,16 @@ TEST_CASE("cross_entropy errors name the op, the value and the shapes", "[cpu]")
                       Catch::Contains("cross_entropy") && Catch::Contains("f32"));
   REQUIRE_THROWS_WITH(cross_entropy(target, target), Catch::Contains("cross_entropy") && Catch::Contains("i64"));
 }
+
+TEST_CASE("cross_entropy on sizes that run in parallel", "[cpu]") {
+  const int64_t N = 4099, V = 37;
+  Tensor logits = rand({N, V}, DType::kF32, 9, -4, 4);
+  std::vector<int64_t> t(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) t[static_cast<size_t>(n)] = n % 5 == 0 ? -100 : (n * 7) % V;
+  Tensor target = from_vector<int64_t>(t, {N});
+  auto ref = ce_ref(logits.to_vector<double>(), t, V, -100);
+  REQUIRE_CLOSE(cross_entropy(logits, target, -100, Reduction::kNone), ref, 1e-5, 1e-5);
+  Tensor lg = logits.detach().requires_grad_();
+  cross_entropy(lg, target, -100, Reduction::kSum).backward();
+  REQUIRE_CLOSE(lg.grad(), ce_grad_ref(logits.to_vector<double>(), t, V, -100, 1.0), 1e-6, 1e-6);
+}

@@ -156,3 +156,13 @@ TEST_CASE("rotary_embedding errors name the op and the shapes", "[cpu]") {
                       Catch::Contains("rotary_embedding") && Catch::Contains("i64"));
   REQUIRE_THROWS_WITH(rope_tables(4, 7), Catch::Contains("rope_tables") && Catch::Contains("7"));
 }
+
+TEST_CASE("rotary_embedding on sizes that run in parallel", "[cpu]") {
+  const int64_t B = 3, T = 67, H = 5, D = 64;
+  auto [c, s] = rope_tables(T, D, 10000.0, DType::kF64);
+  Tensor x = rand({B, T, H, D}, DType::kF32, 13);
+  auto pos = [](int64_t, int64_t t, int64_t) { return t; };
+  for (RopeStyle style : {RopeStyle::kHalf, RopeStyle::kInterleaved})
+    REQUIRE_CLOSE(rotary_embedding(x, c.unsqueeze(1), s.unsqueeze(1), style),
+                  rope_ref(x.to_vector<double>(), x.shape(), style, pos), 1e-5, 1e-5);
+}

@@ -1,1 +1,77 @@
-// PLACEHOLDER: replaced by its op family.
+// Scaled dot-product attention front end: validates the [B, H, T, D] layouts and the grouped
+// kv heads, casts 16-bit inputs to f32 (the kernel computes in f32/f64), makes q/k/v contiguous
+// and runs the fused forward, which saves only the per-row log-sum-exp [B, Hq, T]. The backward
+// is the fused attention_bwd kernel (not itself differentiable: no double backward).
+#include <cmath>
+
+#include "kernels/registry.h"
+#include "runtime/error.h"
+#include "tensor/autograd.h"
+#include "tensor/ops_nn.h"
+#include "tensor/pointwise_util.h"
+
+namespace mt {
+
+Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Tensor& v0, Causal causal,
+                                    double scale) {
+  const char* op = "scaled_dot_product_attention";
+  check_same_device(q0, k0, op);
+  check_same_device(q0, v0, op);
+  MT_CHECK(q0.dim() == 4 && k0.dim() == 4 && v0.dim() == 4,
+           "{}: expected 4-D q [B, Hq, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv]; got q {}, k {}, v {}", op,
+           q0.shape(), k0.shape(), v0.shape());
+  MT_CHECK(is_floating(q0.dtype()) && q0.dtype() == k0.dtype() && q0.dtype() == v0.dtype(),
+           "{}: q, k, v must share one floating dtype; got q {}, k {}, v {}", op, q0.desc(), k0.desc(), v0.desc());
+  const Shape &qs = q0.shape(), &ks = k0.shape(), &vs = v0.shape();
+  MT_CHECK(qs[0] == ks[0] && qs[0] == vs[0] && ks[1] == vs[1] && ks[2] == vs[2] && qs[3] == ks[3],
+           "{}: shapes disagree: q {} [B, Hq, T, D], k {} [B, Hkv, S, D], v {} [B, Hkv, S, Dv]", op, qs, ks, vs);
+  MT_CHECK(ks[1] > 0 && qs[1] % ks[1] == 0,
+           "{}: query heads Hq = {} must be a multiple of kv heads Hkv = {} (q {}, k {}, v {})", op, qs[1], ks[1],
+           qs, ks, vs);
+  MT_CHECK(qs[3] > 0, "{}: head dim D must be positive (q {}, k {}, v {})", op, qs, ks, vs);
+  if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(qs[3]));
+
+  const DType in_dtype = q0.dtype();
+  const DType kdt = in_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor q = q0.to(kdt).contiguous(), k = k0.to(kdt).contiguous(), v = v0.to(kdt).contiguous();
+  TensorOptions opts = q.options().with_grad(false);
+  Tensor out = empty(Shape{qs[0], qs[1], qs[2], vs[3]}, opts);
+  Tensor lse = empty(Shape{qs[0], qs[1], qs[2]}, opts);
+  const bool is_causal = causal == Causal::kYes;
+  AttentionParams p;
+  p.q = q.view_info();
+  p.k = k.view_info();
+  p.v = v.view_info();
+  p.out = out.view_info();
+  p.lse = lse.view_info();
+  p.scale = scale;
+  p.causal = is_causal;
+  if (out.numel() > 0) MT_KERNEL(q.device().type, attention, p);
+
+  if (needs_grad({&q, &k, &v})) {
+    Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
+    record("ScaledDotProductAttentionBackward", {q, k, v}, out,
+           [qd, kd, vd, od, lse, scale, is_causal](const auto& g) {
+             Tensor go = g[0].to(od.dtype()).contiguous();
+             Tensor gq = empty(qd.shape(), qd.options()), gk = empty(kd.shape(), kd.options()),
+                    gv = empty(vd.shape(), vd.options());
+             AttentionBwdParams b;
+             b.q = qd.view_info();
+             b.k = kd.view_info();
+             b.v = vd.view_info();
+             b.out = od.view_info();
+             b.lse = lse.view_info();
+             b.gout = go.view_info();
+             b.gq = gq.view_info();
+             b.gk = gk.view_info();
+             b.gv = gv.view_info();
+             b.scale = scale;
+             b.causal = is_causal;
+             if (gq.numel() + gk.numel() + gv.numel() > 0) MT_KERNEL(qd.device().type, attention_bwd, b);
+             return std::vector<Tensor>{gq, gk, gv};
+           });
+  }
+  return out.to(in_dtype);
+}
+
+}  // namespace mt

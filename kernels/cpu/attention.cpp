@@ -1,5 +1,168 @@
-// PLACEHOLDER: replaced by the attention kernel family.
+// Scaled dot-product attention on the CPU, flash-attention style: the forward keeps only the
+// per-row log-sum-exp, and the backward recomputes the probabilities from it, so no [T, S] matrix
+// is ever stored. Scratch: each row uses a thread-local buffer of S + Dv doubles (grown on first
+// use, then reused), the one exception to "kernels never allocate". Dot products and softmax
+// sums accumulate in double. The backward parallelizes over (batch, kv head) and walks that kv
+// head's query heads and rows in a fixed order, so gk/gv do not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/loops.h"
 #include "kernels/registry.h"
+#include "runtime/error.h"
+
+namespace mt::cpu {
+namespace {
+
+struct Dims {
+  int64_t B, Hq, Hkv, T, S, D, Dv, group;
+  explicit Dims(const KView& q, const KView& v)
+      : B(q.sizes[0]), Hq(q.sizes[1]), Hkv(v.sizes[1]), T(q.sizes[2]), S(v.sizes[2]), D(q.sizes[3]),
+        Dv(v.sizes[3]), group(q.sizes[1] / v.sizes[1]) {}
+  // Keys [0, end) are visible to query t.
+  int64_t key_end(int64_t t, bool causal) const { return causal ? std::clamp<int64_t>(t + (S - T) + 1, 0, S) : S; }
+};
+
+template <class T>
+double dot(const T* a, const T* b, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * static_cast<double>(b[i]);
+  return s;
+}
+
+std::vector<double>& scratch(int64_t n) {
+  thread_local std::vector<double> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+  return buf;
+}
+
+template <class T>
+void attention_typed(const AttentionParams& p) {
+  const Dims d(p.q, p.v);
+  const T* q = p.q.ptr<T>();
+  const T* k = p.k.ptr<T>();
+  const T* v = p.v.ptr<T>();
+  T* out = p.out.ptr<T>();
+  T* lse_out = p.lse.ptr<T>();
+  const int64_t rows = d.B * d.Hq * d.T;
+  parallel_for(rows, d.S * (d.D + d.Dv), [&](int64_t r) {
+    const int64_t t = r % d.T, bh = r / d.T, h = bh % d.Hq, b = bh / d.Hq;
+    const int64_t kvh = b * d.Hkv + h / d.group;
+    const T* qr = q + r * d.D;
+    const T* kh = k + kvh * d.S * d.D;
+    const T* vh = v + kvh * d.S * d.Dv;
+    T* orow = out + r * d.Dv;
+    const int64_t end = d.key_end(t, p.causal);
+    if (end == 0) {  // no visible key (causal with S < T): zero output, lse -inf
+      for (int64_t j = 0; j < d.Dv; ++j) orow[j] = T(0);
+      lse_out[r] = -std::numeric_limits<T>::infinity();
+      return;
+    }
+    std::vector<double>& buf = scratch(end + d.Dv);
+    double* score = buf.data();
+    double* acc = buf.data() + end;
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t s = 0; s < end; ++s) {
+      score[s] = p.scale * dot(qr, kh + s * d.D, d.D);
+      m = std::max(m, score[s]);
+    }
+    double sum = 0;
+    for (int64_t s = 0; s < end; ++s) {
+      score[s] = std::exp(score[s] - m);
+      sum += score[s];
+    }
+    for (int64_t j = 0; j < d.Dv; ++j) acc[j] = 0;
+    for (int64_t s = 0; s < end; ++s) {
+      const T* vr = vh + s * d.Dv;
+      const double w = score[s] / sum;
+      for (int64_t j = 0; j < d.Dv; ++j) acc[j] += w * static_cast<double>(vr[j]);
+    }
+    for (int64_t j = 0; j < d.Dv; ++j) orow[j] = static_cast<T>(acc[j]);
+    lse_out[r] = static_cast<T>(m + std::log(sum));
+  });
+}
+
+template <class T>
+void attention_bwd_typed(const AttentionBwdParams& p) {
+  const Dims d(p.q, p.v);
+  const T* q = p.q.ptr<T>();
+  const T* k = p.k.ptr<T>();
+  const T* v = p.v.ptr<T>();
+  const T* out = p.out.ptr<T>();
+  const T* lse = p.lse.ptr<T>();
+  const T* gout = p.gout.ptr<T>();
+  T* gq = p.gq.ptr<T>();
+  T* gk = p.gk.ptr<T>();
+  T* gv = p.gv.ptr<T>();
+  const int64_t tasks = d.B * d.Hkv;
+  parallel_for(tasks, d.group * d.T * d.S * (2 * d.D + 2 * d.Dv), [&](int64_t bg) {
+    const int64_t b = bg / d.Hkv;
+    const T* kh = k + bg * d.S * d.D;
+    const T* vh = v + bg * d.S * d.Dv;
+    T* gkh = gk + bg * d.S * d.D;
+    T* gvh = gv + bg * d.S * d.Dv;
+    for (int64_t i = 0; i < d.S * d.D; ++i) gkh[i] = T(0);
+    for (int64_t i = 0; i < d.S * d.Dv; ++i) gvh[i] = T(0);
+    std::vector<double>& buf = scratch(d.S + d.D);
+    double* ds = buf.data();
+    double* gqacc = buf.data() + d.S;
+    for (int64_t h = (bg % d.Hkv) * d.group; h < (bg % d.Hkv + 1) * d.group; ++h) {
+      for (int64_t t = 0; t < d.T; ++t) {
+        const int64_t r = (b * d.Hq + h) * d.T + t;
+        const T* qr = q + r * d.D;
+        const T* gor = gout + r * d.Dv;
+        T* gqr = gq + r * d.D;
+        const int64_t end = d.key_end(t, p.causal);
+        for (int64_t j = 0; j < d.D; ++j) gqacc[j] = 0;
+        if (end > 0) {
+          const double l = static_cast<double>(lse[r]);
+          const double di = dot(gor, out + r * d.Dv, d.Dv);  // rowsum(dO * O)
+          for (int64_t s = 0; s < end; ++s) {
+            const double prob = std::exp(p.scale * dot(qr, kh + s * d.D, d.D) - l);
+            T* gvr = gvh + s * d.Dv;
+            for (int64_t j = 0; j < d.Dv; ++j) gvr[j] = static_cast<T>(gvr[j] + prob * static_cast<double>(gor[j]));
+            const double dp = dot(gor, vh + s * d.Dv, d.Dv);
+            ds[s] = prob * (dp - di);
+          }
+          for (int64_t s = 0; s < end; ++s) {
+            const double w = p.scale * ds[s];
+            const T* kr = kh + s * d.D;
+            T* gkr = gkh + s * d.D;
+            for (int64_t j = 0; j < d.D; ++j) {
+              gqacc[j] += w * static_cast<double>(kr[j]);
+              gkr[j] = static_cast<T>(gkr[j] + w * static_cast<double>(qr[j]));
+            }
+          }
+        }
+        for (int64_t j = 0; j < d.D; ++j) gqr[j] = static_cast<T>(gqacc[j]);
+      }
+    }
+  });
+}
+
+void attention(const AttentionParams& p) {
+  switch (p.q.dtype) {
+    case DType::kF64: attention_typed<double>(p); break;
+    case DType::kF32: attention_typed<float>(p); break;
+    default: MT_FAIL("attention: kernel dtype {} is not supported (f32 or f64)", p.q.dtype);
+  }
+}
+void attention_bwd(const AttentionBwdParams& p) {
+  switch (p.q.dtype) {
+    case DType::kF64: attention_bwd_typed<double>(p); break;
+    case DType::kF32: attention_bwd_typed<float>(p); break;
+    default: MT_FAIL("attention_bwd: kernel dtype {} is not supported (f32 or f64)", p.q.dtype);
+  }
+}
+
+}  // namespace
+}  // namespace mt::cpu
+
 namespace mt {
-void register_cpu_attention(KernelTable&) {}
+void register_cpu_attention(KernelTable& t) {
+  t.attention = cpu::attention;
+  t.attention_bwd = cpu::attention_bwd;
+}
 }  // namespace mt

@@ -32,8 +32,9 @@ class Generator {
 Generator& default_generator();
 void manual_seed(uint64_t seed);  // resets the default generator: seed, offset 0
 
-// Philox blocks a random op over `numel` global elements of `dist` consumes.
-uint64_t random_blocks(RandomDist dist, DType dtype, int64_t numel);
+// Philox blocks a random op over `numel` global elements of `dist` consumes. (a, b) are the
+// distribution's parameters: randint with high - low >= 2^32 draws two lanes per element.
+uint64_t random_blocks(RandomDist dist, DType dtype, int64_t numel, double a = 0, double b = 1);
 
 Tensor uniform(const Shape& shape, double lo = 0, double hi = 1, TensorOptions opts = {},
                Generator* gen = nullptr);

@@ -499,7 +499,7 @@ InitRecord random_record(RandomDist dist, double a, double b, const Shape& shape
   rec.dtype = dtype;
   Generator& gen = default_generator();
   rec.seed = gen.seed();
-  rec.offset = gen.reserve(random_blocks(dist, dtype, shape.numel()));
+  rec.offset = gen.reserve(random_blocks(dist, dtype, shape.numel(), a, b));
   return rec;
 }
 }  // namespace

@@ -446,7 +446,7 @@ TEST_CASE("module: init records give increasing offsets and can fill a shard", "
     prev = r->offset;
   }
   const InitRecord* e = m->init_record("embed");
-  REQUIRE(m->init_record("layers.0.attn.wq.weight")->offset == e->offset + random_blocks(e->dist, e->dtype, 20));
+  REQUIRE(m->init_record("layers.0.attn.wq.weight")->offset == e->offset + random_blocks(e->dist, e->dtype, 20, e->a, e->b));
   REQUIRE(e->dist == RandomDist::kNormal);
   REQUIRE(e->shape == Shape{5, 4});
   const InitRecord* c = m->init_record("head.bias");
@@ -482,4 +482,24 @@ TEST_CASE("module: materialize and load_state_dict on meta tensors", "[cpu]") {
   REQUIRE(bit_equal(lazy->get_parameter("layers.1.attn.wo.weight"), ref->get_parameter("layers.1.attn.wo.weight")));
   REQUIRE(lazy->head->bias.requires_grad());
   lazy->materialize();  // nothing left on meta: no-op
+}
+
+TEST_CASE("module: param helpers draw what the random ops draw, at the same stream position", "[cpu]") {
+  struct P : Module {
+    std::vector<Tensor> forward(const std::vector<Tensor>& in) override { return in; }
+  };
+  manual_seed(5);
+  Tensor u = uniform({3, 5}, -2, 2);
+  Tensor n = normal({4, 2}, 1, 3, DType::kF64);
+  manual_seed(5);
+  P m;  // not owned by a shared_ptr: still usable
+  m.param_uniform("u", {3, 5}, -2, 2);
+  m.param_normal("n", {4, 2}, 1, 3, DType::kF64);
+  REQUIRE(bit_equal(m.get_parameter("u"), u));
+  REQUIRE(bit_equal(m.get_parameter("n"), n));
+  REQUIRE(m.named_modules().size() == 1);
+  REQUIRE_THROWS_WITH(m.param_normal("i", {2}, 0, 1, DType::kI64), Contains("floating dtype"));
+  uint64_t before = default_generator().offset();
+  REQUIRE_THROWS_WITH(m.param_uniform("u", {2}, 0, 1), Contains("already names a parameter"));
+  REQUIRE(default_generator().offset() == before);  // a failed creation reserves nothing
 }

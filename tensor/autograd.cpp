@@ -259,7 +259,9 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
       for (auto& hook : n->pre_hooks.snapshot()) hook(grads);
       out_grads = n->apply(grads);
       for (auto& hook : n->post_hooks.snapshot()) hook(out_grads, grads);
-      if (!retain_graph) {
+      // AccumulateGrad saves nothing and outlives the graph (a leaf's accumulator is shared by
+      // later graphs while an earlier one is alive), so it is never marked released.
+      if (!retain_graph && !dynamic_cast<AccumulateGrad*>(n)) {
         n->release();
         n->released = true;
       }

@@ -329,7 +329,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   MT_CHECK(broadcast_shapes(shape(), other.shape(), "add_") == shape(),
            "add_: {} does not broadcast into {}", other.desc(), desc());
   Tensor o = other.to(dtype());
-  if (alpha != 1) o = mul(o, alpha);
+  if (alpha != 1) o = mul(o, alpha).to(dtype());  // mul may promote (i64 * 2.5 -> f32)
   BinaryParams p{BinaryOp::kAdd, view_info(), broadcast_view(o, shape()), view_info()};
   MT_KERNEL(device().type, binary, p);
   bump_version(*this);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -54,6 +55,21 @@ inline bool is_integral(DType t) { return t >= DType::kI64; }  // bool counts as
 // Result type of a binary op, PyTorch-like: bool < u8 < i32 < i64 < f16/bf16 < f32 < f64, with
 // bf16 + f16 = f32.
 DType promote(DType a, DType b);
+
+// d rounded to float with round-to-odd: rounding the result once more to bf16 or f16 (nearest
+// even) then gives the correctly rounded value of d, which double -> float -> half would not.
+inline float float_round_to_odd(double d) {
+  float f = static_cast<float>(d);
+  if (static_cast<double>(f) != d && !std::isnan(d)) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if (!(u & 1u)) {  // even neighbour: take the odd one on the other side of d
+      u = std::fabs(static_cast<double>(f)) > std::fabs(d) ? u - 1 : u + 1;
+      std::memcpy(&f, &u, 4);
+    }
+  }
+  return f;
+}
 
 template <class T> struct dtype_of;
 template <> struct dtype_of<double> { static constexpr DType value = DType::kF64; };

@@ -50,9 +50,11 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
   if (!m.grad || !m.grad->defined()) {
     // .grad is later updated in place, so it must own its memory: steal g only when nothing
     // else can see its storage.
+    // With create_graph the clone is recorded, so .grad stays differentiable (and never aliases
+    // a broadcast view that a later in-place add_ would corrupt).
     bool exclusive = !GradMode::enabled() && g.use_count() == 1 && g.is_contiguous() &&
                      g.impl()->storage && g.impl()->storage->use_count() == 1;
-    m.grad = std::make_unique<Tensor>(exclusive || GradMode::enabled() ? g : g.clone());
+    m.grad = std::make_unique<Tensor>(exclusive ? g : g.clone());
   } else if (GradMode::enabled()) {
     *m.grad = add(*m.grad, g);  // create_graph: keep the sum differentiable
   } else {
@@ -144,8 +146,14 @@ void Tensor::retain_grad() {
   AutogradMeta& m = impl_->meta();
   if (m.retains_grad) return;
   m.retains_grad = true;
-  TensorImpl* self = impl_.get();  // the hook lives in our own grad_fn, which we keep alive
-  register_hook([self](const Tensor& g) {
+  // The hook lives in our grad_fn, which may outlive this tensor (other nodes point at it), so it
+  // must not keep a dangling pointer: a token owned by our (otherwise unused, non-leaf) meta.hooks
+  // list dies with the tensor and tells the hook to do nothing.
+  TensorImpl* self = impl_.get();
+  auto alive = std::make_shared<char>(0);
+  m.hooks.add([alive](const Tensor&) { return Tensor(); });
+  register_hook([self, weak = std::weak_ptr<char>(alive)](const Tensor& g) {
+    if (weak.expired()) return Tensor();
     AutogradMeta& mm = self->meta();
     if (!mm.grad || !mm.grad->defined())
       mm.grad = std::make_unique<Tensor>(g.detach().clone());
@@ -190,6 +198,7 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
                 bool retain_graph, bool create_graph,
                 std::unordered_map<const Node*, std::vector<Tensor>>* capture) {
   std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, std::vector<Node*>> parents;  // grad() only
   std::vector<Node*> stack;
   std::unordered_set<Node*> seen;
   for (const Edge& e : roots)
@@ -197,11 +206,26 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
-    if (capture && capture->count(n)) continue;  // grad(): stop at the requested inputs
     for (const Edge& e : n->next) {
       if (!e.node) continue;
       ++deps[e.node.get()];
+      if (capture) parents[e.node.get()].push_back(n);
       if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+  // grad(): only nodes from which a requested input is reachable run (so no other leaf's .grad
+  // is touched and no work is wasted); a requested node runs too when another one lies behind it.
+  std::unordered_set<Node*> needed;
+  if (capture) {
+    for (auto& [node, slot] : *capture) {
+      auto* c = const_cast<Node*>(node);
+      if (seen.count(c)) stack.push_back(c);
+    }
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (Node* p : parents[n])
+        if (needed.insert(p).second) stack.push_back(p);
     }
   }
 
@@ -234,10 +258,8 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
     grads.resize(n->outputs.size());
     if (capture) {
       auto it = capture->find(n);
-      if (it != capture->end()) {
-        it->second = grads;
-        continue;
-      }
+      if (it != capture->end()) it->second = grads;
+      if (!needed.count(n)) continue;  // nothing requested behind it: its inputs never get ready
     }
     MT_CHECK(!n->released,
              "backward through {} a second time: its saved tensors were freed after the first "
@@ -259,8 +281,8 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
       for (auto& hook : n->pre_hooks.snapshot()) hook(grads);
       out_grads = n->apply(grads);
       for (auto& hook : n->post_hooks.snapshot()) hook(out_grads, grads);
-      // AccumulateGrad saves nothing and outlives the graph (a leaf's accumulator is shared by
-      // later graphs while an earlier one is alive), so it is never marked released.
+      // AccumulateGrad saves nothing and is shared by every graph that uses its leaf, so a
+      // later graph over the same leaf must be able to run it again.
       if (!retain_graph && !dynamic_cast<AccumulateGrad*>(n)) {
         n->release();
         n->released = true;

@@ -3,6 +3,7 @@
 #include "tensor/ops_pointwise.h"
 
 #include <cmath>
+#include <functional>
 
 #include "kernels/registry.h"
 #include "runtime/error.h"
@@ -101,7 +102,8 @@ Tensor binary(BinaryOp op, const Tensor& a0, const Tensor& b0) {
       Tensor y = out.detach();
       record("PowBackward", {a, b}, out, [a, b, y](const auto& g) {
         Tensor ga = mul(g[0], mul(b, pow(a, sub(b, 1.0))));
-        Tensor gb = b.requires_grad() ? mul(g[0], mul(y, log(a))) : Tensor();
+        Tensor yy = GradMode::enabled() ? pow(a, b) : y;  // create_graph: y with history
+        Tensor gb = b.requires_grad() ? mul(g[0], mul(yy, log(a))) : Tensor();
         return std::vector<Tensor>{sum_to(ga, a.shape()), gb.defined() ? sum_to(gb, b.shape()) : Tensor()};
       });
       break;
@@ -128,7 +130,12 @@ Tensor float_unary(UnaryOp op, const char* name, const Tensor& x0, Back back, do
   Tensor out = run_unary(op, x, alpha);
   if (needs_grad(x)) {
     Tensor y = out.detach();
-    record(name, {x}, out, [x, y, back](const auto& g) { return std::vector<Tensor>{back(x, y, g[0])}; });
+    record(name, {x}, out, [x, y, back, op, name, alpha](const auto& g) {
+      // Under create_graph the saved (detached) output must be recomputed with history, else
+      // the second derivative would miss its dependence on x.
+      Tensor yy = GradMode::enabled() ? float_unary(op, name, x, back, alpha) : y;
+      return std::vector<Tensor>{back(x, yy, g[0])};
+    });
   }
   return out;
 }
@@ -240,16 +247,42 @@ Tensor sigmoid(const Tensor& x) {
     return mul(g, mul(y, rsub(1.0, y)));
   });
 }
+namespace {
+// f'(x) from a fused kernel; recorded with f''(x) when differentiated again (create_graph).
+Tensor derivative(UnaryOp op, const char* name, const Tensor& x, std::function<Tensor(const Tensor&)> second) {
+  Tensor d = run_unary(op, x);
+  if (needs_grad(x))
+    record(name, {x}, d, [x, second](const auto& g) { return std::vector<Tensor>{mul(g[0], second(x))}; });
+  return d;
+}
+constexpr double kSqrt2OverPi = 0.7978845608028654, kGeluC = 0.044715;
+}  // namespace
+
 Tensor silu(const Tensor& x) {
   return float_unary(UnaryOp::kSilu, "SiluBackward", x, [](const Tensor& x, const Tensor&, const Tensor& g) {
-    return mul(g, run_unary(UnaryOp::kSiluGrad, x));
+    return mul(g, derivative(UnaryOp::kSiluGrad, "SiluGradBackward", x, [](const Tensor& x) {
+      Tensor s = sigmoid(x);  // s (1 - s) (2 + x (1 - 2 s))
+      return mul(mul(s, rsub(1.0, s)), add(mul(x, rsub(1.0, mul(s, 2.0))), 2.0));
+    }));
   });
 }
 Tensor gelu(const Tensor& x, GeluApprox approx) {
   bool tanh_form = approx == GeluApprox::kTanh;
   return float_unary(tanh_form ? UnaryOp::kGeluTanh : UnaryOp::kGelu, "GeluBackward", x,
                      [tanh_form](const Tensor& x, const Tensor&, const Tensor& g) {
-                       return mul(g, run_unary(tanh_form ? UnaryOp::kGeluTanhGrad : UnaryOp::kGeluGrad, x));
+                       if (!tanh_form)
+                         return mul(g, derivative(UnaryOp::kGeluGrad, "GeluGradBackward", x, [](const Tensor& x) {
+                           Tensor x2 = mul(x, x);  // phi(x) (2 - x^2)
+                           return mul(mul(exp(mul(x2, -0.5)), 0.3989422804014327), rsub(2.0, x2));
+                         }));
+                       return mul(g, derivative(UnaryOp::kGeluTanhGrad, "GeluGradBackward", x, [](const Tensor& x) {
+                         // (1 - t^2) (u' - x t u'^2 + x u''/2), u = k (x + c x^3)
+                         Tensor x2 = mul(x, x);
+                         Tensor t = tanh(mul(add(x, mul(mul(x2, x), kGeluC)), kSqrt2OverPi));
+                         Tensor du = mul(add(mul(x2, 3 * kGeluC), 1.0), kSqrt2OverPi);
+                         Tensor inner = add(sub(du, mul(mul(x, t), mul(du, du))), mul(x2, 3 * kGeluC * kSqrt2OverPi));
+                         return mul(rsub(1.0, mul(t, t)), inner);
+                       }));
                      });
 }
 
@@ -274,7 +307,16 @@ Tensor ge(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kGe, a, b)
 namespace {
 Tensor compare_scalar(BinaryOp op, const Tensor& a, double s) {
   DType t = a.dtype();
-  if (is_integral(t) && s != std::floor(s)) t = DType::kF64;
+  // Out-of-range scalars (300 for u8, 2 for bool, 1e30 for i32) would wrap when cast to t.
+  auto fits = [&] {
+    switch (t) {
+      case DType::kBool: return s == 0 || s == 1;
+      case DType::kU8: return s >= 0 && s <= 255;
+      case DType::kI32: return s >= -2147483648.0 && s <= 2147483647.0;
+      default: return s >= -0x1p63 && s < 0x1p63;
+    }
+  };
+  if (is_integral(t) && (s != std::floor(s) || !fits())) t = DType::kF64;
   Tensor x = a.to(t);
   return binary(op, x, scalar_tensor(s, x.options()));
 }
@@ -329,7 +371,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   MT_CHECK(broadcast_shapes(shape(), other.shape(), "add_") == shape(),
            "add_: {} does not broadcast into {}", other.desc(), desc());
   Tensor o = other.to(dtype());
-  if (alpha != 1) o = mul(o, alpha);
+  if (alpha != 1) o = mul(o, alpha).to(dtype());  // mul may promote (i64 * 2.5 -> f32)
   BinaryParams p{BinaryOp::kAdd, view_info(), broadcast_view(o, shape()), view_info()};
   MT_KERNEL(device().type, binary, p);
   bump_version(*this);

@@ -21,6 +21,7 @@ std::vector<bool> reduced_mask(const Tensor& x, const std::vector<int64_t>& dims
   std::vector<bool> mask(static_cast<size_t>(x.dim()), dims.empty());
   for (int64_t d : dims) {
     int w = wrap_dim(d, x.dim(), name);
+    if (x.dim() == 0) continue;  // dim 0 / -1 of a 0-d tensor: nothing to reduce
     MT_CHECK(!mask[w] || dims.empty(), "{}: dim {} repeated in the dim list for {}", name, w, x.desc());
     mask[w] = true;
   }

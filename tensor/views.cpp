@@ -195,6 +195,7 @@ Tensor Tensor::expand(const Shape& shape) const {
     } else {
       MT_CHECK(have == 1, "expand: dim {} of {} has size {} and cannot expand to {} (target {})", i - lead,
                desc(), have, shape[i], shape);
+      MT_CHECK(shape[i] >= 0, "expand: invalid size {} for dim {} (target {}) of {}", shape[i], i, shape, desc());
     }
   }
   if (sizes == this->shape()) return *this;

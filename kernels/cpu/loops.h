@@ -24,6 +24,10 @@ inline D convert(S x) {
     return x;
   } else if constexpr (std::is_same_v<D, bool>) {
     return static_cast<compute_t<S>>(x) != compute_t<S>(0);
+  } else if constexpr ((std::is_same_v<D, BFloat16> || std::is_same_v<D, Float16>) &&
+                       !std::is_same_v<compute_t<S>, float>) {
+    // From f64 or an integer: one rounding, not two (through f32).
+    return D(float_round_to_odd(static_cast<double>(x)));
   } else {
     return D(static_cast<compute_t<D>>(static_cast<compute_t<S>>(x)));
   }

@@ -76,6 +76,18 @@ void unary(const UnaryParams& p) {
     case UnaryOp::kAffine:
       { MT_DISPATCH_ALL(p.in.dtype, "affine", {
         using C = std::conditional_t<std::is_floating_point_v<compute_t<scalar_t>>, compute_t<scalar_t>, double>;
+        if constexpr (!std::is_floating_point_v<compute_t<scalar_t>>) {
+          // Integer scalars on an integer tensor: exact in 64-bit (wrapping) arithmetic, since
+          // double would lose the low bits of large i64 values.
+          if (a == std::floor(a) && b == std::floor(b) && std::fabs(a) < 0x1p63 && std::fabs(b) < 0x1p63) {
+            const auto ia = static_cast<uint64_t>(static_cast<int64_t>(a));
+            const auto ib = static_cast<uint64_t>(static_cast<int64_t>(b));
+            map1<scalar_t, scalar_t>(p.in, p.out, [&](scalar_t x) {
+              return convert<scalar_t>(static_cast<int64_t>(ia * static_cast<uint64_t>(static_cast<int64_t>(x)) + ib));
+            });
+            return;
+          }
+        }
         const C ca = static_cast<C>(a), cb = static_cast<C>(b);
         map1<scalar_t, scalar_t>(p.in, p.out, [&](scalar_t x) { return convert<scalar_t>(ca * C(compute_t<scalar_t>(x)) + cb); });
       }); return; }
@@ -83,7 +95,7 @@ void unary(const UnaryParams& p) {
       { MT_DISPATCH_ALL(p.in.dtype, "clamp", {
         map1<scalar_t, scalar_t>(p.in, p.out, [&](scalar_t x) {
           double v = static_cast<double>(compute_t<scalar_t>(x));
-          if (std::isnan(v)) return x;
+          if (std::isnan(v) || (v >= a && v <= b)) return x;  // unchanged (exact for large i64)
           return convert<scalar_t>(v < a ? a : (v > b ? b : v));
         });
       }); return; }

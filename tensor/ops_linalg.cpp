@@ -40,7 +40,7 @@ bool gemm_mappable(const KView& v) {
 }
 
 // a's kernel view broadcast to `shape` (batch dims of the product), made mappable if needed.
-KView gemm_view(Tensor& t, const Shape& shape) {
+KView gemm_view(Tensor& t, Shape shape) {  // shape by value: it may be t's own
   KView v = broadcast_view(t, shape);
   if (!gemm_mappable(v)) {
     t = t.contiguous();

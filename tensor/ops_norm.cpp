@@ -81,7 +81,7 @@ Tensor feature_param(const Tensor& p, const Tensor& x, const char* op, const cha
   MT_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), "{}: {} must have shape [{}] (the last dim of x {}), got {}",
            op, what, x.size(-1), x.shape(), p.shape());
   MT_CHECK(is_floating(p.dtype()), "{}: {} must be floating, got {}", op, what, p.desc());
-  return p.to(x.dtype());
+  return p.to(x.dtype()).contiguous();
 }
 
 void check_norm_input(const Tensor& x, const char* op) {

@@ -56,8 +56,7 @@ Tensor ref_matmul(const Tensor& a, const Tensor& b) {
   return from_vector<double>(out, Shape(so));
 }
 
-// Transposed view of a fresh [.., cols, rows] tensor: same values as rand(shape) would not be,
-// but a column-major layout for the last two dims.
+// A random tensor of `shape` laid out column-major in its last two dims (a transposed view).
 Tensor rand_t(const Shape& shape, DType dt, uint64_t seed) {
   Shape s = shape;
   std::swap(s[s.size() - 1], s[s.size() - 2]);

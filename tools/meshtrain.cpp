@@ -15,9 +15,9 @@ namespace {
 
 struct Args {
   std::string command = "smoke";
-  int64_t steps = 200;
+  int64_t steps = 300;
   uint64_t seed = 1234;
-  double lr = 0.05;
+  double lr = 0.2;
 };
 
 int64_t parse_int(const std::string& flag, const std::string& v) {

@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for config.
+#include "testing.h"

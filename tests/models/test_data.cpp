@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for data.
+#include "testing.h"

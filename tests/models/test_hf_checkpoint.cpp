@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for hf_checkpoint.
+#include "testing.h"

@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for llama.
+#include "testing.h"

@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for moe.
+#include "testing.h"

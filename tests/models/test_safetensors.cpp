@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for safetensors.
+#include "testing.h"

@@ -1,0 +1,2 @@
+// PLACEHOLDER: tests for optim.
+#include "testing.h"

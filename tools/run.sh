@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
-exec ./"${MT_BUILD_DIR:-build}"/tools/meshtrain "${@:-smoke}"
+exec ./"${MT_BUILD_DIR:-build}"/tools/meshtrain "${@:-train}"

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# End-to-end tests of the meshtrain CLI contracts (init, eval, grad, train, resume) and of its
+# errors on bad input: one clear line naming the file, a non-zero exit, nothing half-written.
+# usage: test_cli.sh MESHTRAIN_BINARY
+set -u
+BIN=$1
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export OMP_NUM_THREADS=2
+fails=0
+pass() { echo "ok   - $1"; }
+fail() { echo "FAIL - $1"; fails=$((fails + 1)); }
+# json_field FILE_OR_STRING KEY: value of KEY in a one-line JSON object
+json_loss() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])["loss"])' "$1"; }
+
+# Expects failure: exit != 0, stderr's last line contains every given pattern.
+expect_error() {
+  local name=$1; shift
+  local pats=()
+  while [ "$1" != "--" ]; do pats+=("$1"); shift; done
+  shift
+  "$@" >"$WORK/out" 2>"$WORK/err"
+  local rc=$?
+  local last
+  last=$(tail -n 1 "$WORK/err")
+  if [ $rc -eq 0 ]; then fail "$name: exit code 0"; return; fi
+  for p in "${pats[@]}"; do
+    if ! grep -qF -- "$p" <<<"$last"; then fail "$name: '$p' not in: $last"; return; fi
+  done
+  pass "$name"
+}
+
+# ---- init / eval / grad ------------------------------------------------------------------------
+"$BIN" init --config llama-tiny --seed 3 --out "$WORK/ck" >"$WORK/init.out" || fail "init exit"
+[ -f "$WORK/ck/config.json" ] && [ -f "$WORK/ck/model.safetensors" ] && pass "init writes config.json + model.safetensors" || fail "init files"
+ls "$WORK" | grep -q tmp && fail "init left a temporary" || pass "init leaves no temporaries"
+"$BIN" init --config llama-tiny --seed 3 --out "$WORK/ck2" >/dev/null
+cmp -s "$WORK/ck/model.safetensors" "$WORK/ck2/model.safetensors" && pass "init is deterministic per seed" || fail "init determinism"
+
+python3 - "$WORK/tokens.txt" <<'PY'
+import random, sys
+random.seed(0)
+with open(sys.argv[1], "w") as f:
+    for _ in range(3):
+        f.write(",".join(str(random.randrange(256)) for _ in range(17)) + "\n")
+PY
+"$BIN" eval --hf "$WORK/ck" --tokens "$WORK/tokens.txt" >"$WORK/eval.out" || fail "eval exit"
+L=$(tail -n 1 "$WORK/eval.out")
+LOSS=$(json_loss "$L") && pass "eval prints {\"loss\": ...} last: $L" || fail "eval last line: $L"
+python3 -c "import math,sys; l=float(sys.argv[1]); sys.exit(0 if abs(l-math.log(256))<0.05 else 1)" "$LOSS" \
+  && pass "fresh-init loss is near ln(256)" || fail "fresh-init loss $LOSS not near ln 256"
+
+"$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/g.safetensors" >"$WORK/grad.out" || fail "grad exit"
+G=$(tail -n 1 "$WORK/grad.out")
+[ "$(json_loss "$G")" = "$LOSS" ] && pass "grad prints the same loss as eval" || fail "grad loss $G vs eval $L"
+python3 - "$WORK/g.safetensors" "$WORK/ck/model.safetensors" <<'PY' && pass "grad writes an f32 gradient for every parameter" || fail "grad file"
+import json, struct, sys
+def header(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None); return h
+g, w = header(sys.argv[1]), header(sys.argv[2])
+assert set(g) == set(w), (set(g) ^ set(w))
+assert all(v["dtype"] == "F32" and v["shape"] == w[k]["shape"] for k, v in g.items())
+PY
+
+# ---- bad inputs ---------------------------------------------------------------------------------
+expect_error "missing checkpoint dir" "$WORK/nope" -- "$BIN" eval --hf "$WORK/nope" --tokens "$WORK/tokens.txt"
+cp -r "$WORK/ck" "$WORK/corrupt"
+python3 -c "import sys; p=sys.argv[1]; b=open(p,'rb').read(); open(p,'wb').write(b[:len(b)//2])" "$WORK/corrupt/model.safetensors"
+expect_error "truncated safetensors" "model.safetensors" -- "$BIN" eval --hf "$WORK/corrupt" --tokens "$WORK/tokens.txt"
+cp -r "$WORK/ck" "$WORK/mismatch"
+python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c['intermediate_size']+=8; json.dump(c,open(p,'w'))" "$WORK/mismatch/config.json"
+expect_error "config does not match weights" "mlp" "shape" -- "$BIN" eval --hf "$WORK/mismatch" --tokens "$WORK/tokens.txt"
+printf '1,2,3\n4,5,999\n' >"$WORK/range.txt"
+expect_error "token id out of range" "range.txt" "999" -- "$BIN" eval --hf "$WORK/ck" --tokens "$WORK/range.txt"
+printf '1,2,3\n4,5\n' >"$WORK/ragged.txt"
+expect_error "ragged token lines" "ragged.txt" "line 2" -- "$BIN" eval --hf "$WORK/ck" --tokens "$WORK/ragged.txt"
+printf '1,x,3\n' >"$WORK/nonint.txt"
+expect_error "non-integer token" "nonint.txt" -- "$BIN" eval --hf "$WORK/ck" --tokens "$WORK/nonint.txt"
+touch "$WORK/afile"
+expect_error "unwritable grad output" "$WORK/afile/g.safetensors" -- "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/afile/g.safetensors"
+expect_error "unwritable init output" "$WORK/afile/out" -- "$BIN" init --config llama-tiny --out "$WORK/afile/out"
+expect_error "unknown config name" "llama-huge" -- "$BIN" init --config llama-huge --out "$WORK/x"
+[ ! -e "$WORK/x" ] && pass "failed init writes nothing" || fail "failed init left $WORK/x"
+expect_error "unknown flag" "--bogus" -- "$BIN" train --bogus 1
+
+# ---- train: resume equals an uninterrupted run ----------------------------------------------------
+T="--batch 2 --seq 32 --steps 12 --lr 3e-3 --warmup 2 --dropout 0.1 --metrics"
+"$BIN" train $T "$WORK/full.jsonl" --checkpoint-dir "$WORK/full" >"$WORK/full.out" || fail "train (full) exit"
+"$BIN" train $T "$WORK/part.jsonl" --stop-at 6 --checkpoint-dir "$WORK/part" >/dev/null || fail "train (part 1) exit"
+"$BIN" train $T "$WORK/part.jsonl" --resume --checkpoint-dir "$WORK/part" >"$WORK/part.out" || fail "train (resume) exit"
+cmp -s "$WORK/full/step-00000012/model.safetensors" "$WORK/part/step-00000012/model.safetensors" \
+  && pass "6 steps + resume + 6 steps == 12 steps (weights bit for bit)" || fail "resume weights differ"
+cmp -s "$WORK/full/step-00000012/optimizer.safetensors" "$WORK/part/step-00000012/optimizer.safetensors" \
+  && pass "resume: optimizer state bit for bit" || fail "resume optimizer state differs"
+diff <(python3 -c "import json,sys; [print(json.loads(l)['step'], repr(json.loads(l)['loss'])) for l in open(sys.argv[1])]" "$WORK/full.jsonl") \
+     <(python3 -c "import json,sys; [print(json.loads(l)['step'], repr(json.loads(l)['loss'])) for l in open(sys.argv[1])]" "$WORK/part.jsonl") >/dev/null \
+  && pass "resume: every step's loss equal" || fail "resume losses differ"
+grep -q "grad norm" "$WORK/full.out" && grep -q "tok/s" "$WORK/full.out" && grep -q "MFU" "$WORK/full.out" && grep -q "MiB" "$WORK/full.out" \
+  && pass "train prints loss, grad norm, lr, tok/s, MFU, memory" || fail "train step line"
+"$BIN" train $T "$WORK/bf.jsonl" --precision bf16 --steps 4 >/dev/null && pass "bf16 mixed precision trains" || fail "bf16 train"
+
+# ---- train: llama-tiny on the embedded corpus learns more than unigram statistics -----------------
+"$BIN" train --steps 150 --batch 8 --seq 64 --metrics "$WORK/tiny.jsonl" >"$WORK/tiny.out" || fail "tiny train exit"
+python3 - "$WORK/tiny.out" "$WORK/tiny.jsonl" <<'PY' && pass "llama-tiny loss falls well below the unigram entropy" || fail "llama-tiny did not beat unigram entropy"
+import json, re, sys
+H = float(re.search(r"unigram entropy ([0-9.]+)", open(sys.argv[1]).read()).group(1))
+losses = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+last = sum(losses[-10:]) / 10
+print(f"unigram entropy {H:.3f} nats, mean loss of the last 10 steps {last:.3f}")
+sys.exit(0 if last < H - 0.3 else 1)
+PY
+
+echo "cli: $fails failed"
+[ $fails -eq 0 ]

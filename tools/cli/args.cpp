@@ -1,0 +1,92 @@
+// Flag parsing for the meshtrain CLI.
+#include "tools/cli/args.h"
+
+#include "runtime/error.h"
+
+namespace mt::cli {
+
+Args::Args(const std::string& command, const std::vector<FlagSpec>& specs, int argc, char** argv, int first)
+    : command_(command) {
+  for (const auto& s : specs) specs_[s.name] = s;
+  for (int i = first; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      fmt::print("{}", usage(command, specs));
+      throw HelpShown{};
+    }
+    MT_CHECK(a.rfind("--", 0) == 0, "meshtrain {}: unexpected argument '{}'\n{}", command, a, usage(command, specs));
+    std::string name = a.substr(2), value;
+    bool inline_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    auto it = specs_.find(name);
+    MT_CHECK(it != specs_.end(), "meshtrain {}: unknown flag --{}\n{}", command, name, usage(command, specs));
+    if (it->second.is_switch) {
+      values_[name] = inline_value ? value : "1";
+      continue;
+    }
+    if (!inline_value) {
+      MT_CHECK(i + 1 < argc, "meshtrain {}: flag --{} needs a value", command, name);
+      value = argv[++i];
+    }
+    values_[name] = value;
+  }
+}
+
+bool Args::has(const std::string& name) const { return values_.count(name) > 0; }
+
+std::string Args::str(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it != values_.end()) return it->second;
+  auto s = specs_.find(name);
+  MT_ASSERT(s != specs_.end(), "flag --{} not declared for {}", name, command_);
+  return s->second.default_value;
+}
+
+std::string Args::required(const std::string& name) const {
+  std::string v = str(name);
+  MT_CHECK(!v.empty(), "meshtrain {}: --{} is required", command_, name);
+  return v;
+}
+
+int64_t Args::integer(const std::string& name) const {
+  std::string v = str(name);
+  try {
+    size_t used = 0;
+    int64_t x = std::stoll(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  MT_FAIL("meshtrain {}: --{} expects an integer, got '{}'", command_, name, v);
+}
+
+double Args::real(const std::string& name) const {
+  std::string v = str(name);
+  try {
+    size_t used = 0;
+    double x = std::stod(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  MT_FAIL("meshtrain {}: --{} expects a number, got '{}'", command_, name, v);
+}
+
+bool Args::flag(const std::string& name) const {
+  std::string v = str(name);
+  return !v.empty() && v != "0" && v != "false";
+}
+
+std::string Args::usage(const std::string& command, const std::vector<FlagSpec>& specs) {
+  std::string out = "usage: meshtrain " + command + " [flags]\n";
+  for (const auto& s : specs) {
+    out += "  --" + s.name + (s.is_switch ? "" : " V") + "  " + s.help;
+    if (!s.default_value.empty() && !s.is_switch) out += " (default " + s.default_value + ")";
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace mt::cli

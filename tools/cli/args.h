@@ -1,0 +1,42 @@
+// Command-line flags for the meshtrain subcommands: `--name value` pairs (or `--name=value`),
+// checked against the flags a command declares so that a typo is an error that lists them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mt::cli {
+
+// Thrown after `--help` printed a command's usage; main() exits 0.
+struct HelpShown {};
+
+struct FlagSpec {
+  std::string name;  // without the leading "--"
+  std::string help;
+  std::string default_value;  // "" = no default
+  bool is_switch = false;     // takes no value
+};
+
+class Args {
+ public:
+  // Parses argv[first..]; throws naming the command and the bad flag, listing the valid ones.
+  Args(const std::string& command, const std::vector<FlagSpec>& specs, int argc, char** argv, int first);
+
+  bool has(const std::string& name) const;
+  std::string str(const std::string& name) const;
+  int64_t integer(const std::string& name) const;
+  double real(const std::string& name) const;
+  bool flag(const std::string& name) const;  // switches
+  // Throws unless `name` was given or has a default.
+  std::string required(const std::string& name) const;
+  static std::string usage(const std::string& command, const std::vector<FlagSpec>& specs);
+
+ private:
+  std::string command_;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, FlagSpec> specs_;
+};
+
+}  // namespace mt::cli

@@ -1,0 +1,13 @@
+// The meshtrain subcommands. Each parses its own flags (argv[2..]) and returns an exit code;
+// errors are thrown as mt::Error and reported once by main().
+#pragma once
+
+namespace mt::cli {
+
+int run_train(int argc, char** argv);
+int run_eval(int argc, char** argv);
+int run_grad(int argc, char** argv);
+int run_init(int argc, char** argv);
+int run_smoke(int argc, char** argv);
+
+}  // namespace mt::cli

@@ -1,0 +1,224 @@
+// `meshtrain train`: trains a causal LM (llama-tiny on the embedded corpus by default) with AdamW,
+// warmup + cosine learning rate, gradient clipping, gradient accumulation, f32 or bf16 (with f32
+// master weights), checkpoints and exact resume. One line per step on stdout plus JSONL metrics.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/corpus.h"
+#include "models/data.h"
+#include "models/hf_checkpoint.h"
+#include "models/hf_config.h"
+#include "models/llama.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/master_weights.h"
+#include "optim/schedule.h"
+#include "runtime/allocator.h"
+#include "runtime/error.h"
+#include "tensor/ops.h"
+#include "tools/cli/args.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/train_state.h"
+
+namespace mt::cli {
+namespace {
+
+const std::vector<FlagSpec> kTrainFlags = {
+    {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
+    {"hf", "start from the weights of this Hugging Face checkpoint directory", "", false},
+    {"data", "llm.c token shard (.bin); default: the embedded corpus, byte-tokenized", "", false},
+    {"batch", "sequences per micro-batch", "8", false},
+    {"seq", "tokens per sequence", "128", false},
+    {"accum", "micro-batches per optimizer step (gradient accumulation)", "1", false},
+    {"steps", "optimizer steps in the whole run (sets the LR schedule)", "300", false},
+    {"stop-at", "stop after this many steps (0: run all --steps); with --resume this continues", "0", false},
+    {"lr", "peak learning rate", "3e-3", false},
+    {"min-lr", "final learning rate of the cosine schedule", "3e-4", false},
+    {"warmup", "linear warmup steps", "20", false},
+    {"weight-decay", "AdamW decoupled weight decay (matrices only)", "0.1", false},
+    {"beta2", "AdamW beta2", "0.95", false},
+    {"grad-clip", "clip the global gradient norm to this (0: off)", "1.0", false},
+    {"dropout", "attention and residual dropout probability", "0", false},
+    {"seed", "random seed (init, dropout)", "1337", false},
+    {"precision", "f32, or bf16 (bf16 compute, f32 master weights)", "f32", false},
+    {"device", "cpu (cuda arrives with the CUDA backend)", "cpu", false},
+    {"checkpoint-dir", "directory for checkpoints (empty: none)", "", false},
+    {"checkpoint-every", "save every N steps (0: only at the end)", "0", false},
+    {"resume", "continue from the latest checkpoint in --checkpoint-dir", "", true},
+    {"metrics", "JSONL metrics file (empty: none)", "metrics.jsonl", false},
+    {"log-every", "print every N steps", "1", false},
+};
+
+// GFLOP/s of a 512^3 f32 GEMM on this machine: the peak the MFU estimate is relative to.
+double measured_peak_flops() {
+  Tensor a = ones({512, 512}), b = ones({512, 512});
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    Tensor c = matmul(a, b);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * 512 * 512 * 512 / best;
+}
+
+// Training FLOPs per token: 6 per weight used in a matmul plus the attention scores (PaLM, app. B).
+double flops_per_token(const ModelConfig& c, int64_t seq) {
+  double n = static_cast<double>(c.num_parameters());
+  double emb = static_cast<double>(c.vocab_size * c.hidden_size);
+  if (!c.tie_word_embeddings) n -= emb;  // the lookup table does no matmul; a tied one is the lm_head
+  if (c.is_moe()) {
+    double expert = 3.0 * static_cast<double>(c.hidden_size * c.intermediate_size) * static_cast<double>(c.num_hidden_layers);
+    n -= expert * static_cast<double>(c.num_local_experts - c.num_experts_per_tok);
+  }
+  double attn = 12.0 * static_cast<double>(c.num_hidden_layers * c.num_attention_heads * c.resolved_head_dim() * seq);
+  return 6.0 * n + attn;
+}
+
+DType parse_precision(const std::string& p) {
+  MT_CHECK(p == "f32" || p == "bf16", "meshtrain train: --precision must be f32 or bf16, got '{}'", p);
+  return p == "f32" ? DType::kF32 : DType::kBF16;
+}
+
+void check_resume_matches(const TrainState& s, const Args& args) {
+  auto same = [&](const char* flag, int64_t saved) {
+    MT_CHECK(args.integer(flag) == saved, "--resume: --{} is {} but the checkpoint was trained with {}", flag,
+             args.integer(flag), saved);
+  };
+  same("batch", s.batch);
+  same("seq", s.seq);
+  same("accum", s.accum);
+  MT_CHECK(args.str("precision") == s.precision, "--resume: --precision is {} but the checkpoint used {}",
+           args.str("precision"), s.precision);
+}
+
+}  // namespace
+
+int run_train(int argc, char** argv) {
+  Args args("train", kTrainFlags, argc, argv, 2);
+  MT_CHECK(args.str("device") == "cpu", "meshtrain train: --device {} is not available in this build (cpu only)",
+           args.str("device"));
+  const int64_t batch = args.integer("batch"), seq = args.integer("seq"), accum = args.integer("accum");
+  const int64_t steps = args.integer("steps"), log_every = std::max<int64_t>(1, args.integer("log-every"));
+  MT_CHECK(batch > 0 && seq > 0 && accum > 0 && steps > 0,
+           "meshtrain train: --batch, --seq, --accum and --steps must be positive");
+  const int64_t stop_at = args.integer("stop-at") > 0 ? std::min(args.integer("stop-at"), steps) : steps;
+  const DType compute = parse_precision(args.str("precision"));
+  const std::string ckpt_dir = args.str("checkpoint-dir");
+  const bool resume = args.flag("resume");
+  MT_CHECK(!resume || !ckpt_dir.empty(), "meshtrain train: --resume needs --checkpoint-dir");
+
+  // Model and weights.
+  LoadedCheckpoint loaded;
+  ModelConfig cfg;
+  uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
+  if (resume) {
+    loaded = load_latest_checkpoint(ckpt_dir);
+    check_resume_matches(loaded.state, args);
+    cfg = loaded.config;
+    seed = loaded.state.seed;
+  } else if (!args.str("hf").empty()) {
+    cfg = read_hf_checkpoint(args.str("hf")).config;
+  } else {
+    cfg = resolve_config(args.str("config"));
+  }
+  cfg.attention_dropout = cfg.residual_dropout = args.real("dropout");
+  cfg.validate();
+  manual_seed(seed);
+  std::shared_ptr<CausalLM> model;
+  if (resume || !args.str("hf").empty()) {
+    {
+      InitDeviceGuard meta(Device::meta());
+      model = build_causal_lm(cfg);
+    }
+    HfCheckpoint ck;
+    ck.config = cfg;
+    ck.tensors = resume ? loaded.model : read_hf_checkpoint(args.str("hf")).tensors;
+    load_into_module(*model, ck);
+  } else {
+    model = build_causal_lm(cfg);
+  }
+  model->train();
+
+  // Data.
+  std::vector<int32_t> tokens = args.str("data").empty() ? embedded_corpus_tokens() : read_token_file(args.str("data"));
+  for (int32_t t : tokens)
+    MT_CHECK(t >= 0 && t < cfg.vocab_size, "{}: token id {} is out of range for vocab_size {}",
+             args.str("data").empty() ? "embedded corpus" : args.str("data"), t, cfg.vocab_size);
+  DataLoader loader(tokens, batch, seq);
+
+  // Optimizer on f32 master weights.
+  MasterWeights master(model->named_parameters(), compute);
+  AdamW opt(make_param_groups(master.named_masters(), args.real("weight-decay")), args.real("lr"), 0.9,
+            args.real("beta2"), 1e-8);
+  LrSchedule sched{args.real("lr"), args.real("min-lr"), args.integer("warmup"), steps};
+  int64_t start = 0;
+  if (resume) {
+    opt.load_state_dict(loaded.optimizer);
+    loader.set_position(loaded.state.data_position);
+    default_generator().set_offset(loaded.state.rng_offset);
+    start = loaded.state.step;
+    fmt::print("resumed from {} at step {}\n", loaded.path, start);
+  }
+  master.master_to_model();
+
+  std::unique_ptr<std::ofstream> metrics;
+  if (!args.str("metrics").empty()) {
+    metrics = std::make_unique<std::ofstream>(args.str("metrics"), start > 0 ? std::ios::app : std::ios::trunc);
+    MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file {}", args.str("metrics"));
+  }
+  const double peak = measured_peak_flops(), fpt = flops_per_token(cfg, seq);
+  fmt::print("model {} ({:.2f}M parameters), {} tokens (unigram entropy {:.4f} nats), batch {}x{}x{}, {} steps, "
+             "precision {}\n",
+             cfg.model_type, static_cast<double>(cfg.num_parameters()) / 1e6, tokens.size(), unigram_entropy(tokens),
+             batch, seq, accum, steps, args.str("precision"));
+
+  auto save = [&](int64_t done) {
+    if (ckpt_dir.empty()) return;
+    TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum};
+    std::string where = save_checkpoint(ckpt_dir, cfg, master.named_masters(), opt.state_dict(), s);
+    fmt::print("checkpoint {}\n", where);
+  };
+
+  for (int64_t step = start; step < stop_at; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    opt.set_lr(sched.lr(step));
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      auto [inputs, targets] = loader.next();
+      Tensor loss = model->loss(inputs, targets);
+      loss_sum += loss.item();
+      (accum > 1 ? div(loss, static_cast<double>(accum)) : loss).backward();
+    }
+    master.grads_to_master();
+    double norm = clip_grad_norm(master.masters(), args.real("grad-clip"));
+    opt.step();
+    opt.zero_grad();
+    model->zero_grad();
+    master.master_to_model();
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double loss = loss_sum / static_cast<double>(accum);
+    double tok_s = static_cast<double>(batch * seq * accum) / secs;
+    double mfu = tok_s * fpt / peak;
+    double mem = static_cast<double>(cpu_memory_stats().peak) / (1 << 20);
+    MT_CHECK(std::isfinite(loss), "meshtrain train: loss became {} at step {}; lower --lr or enable --grad-clip", loss,
+             step + 1);
+    if ((step + 1) % log_every == 0 || step + 1 == stop_at)
+      fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB\n",
+                 step + 1, steps, loss, norm, opt.lr(), tok_s, 100 * mfu, mem);
+    if (metrics) {
+      nlohmann::json j = {{"step", step + 1}, {"loss", loss},   {"grad_norm", norm}, {"lr", opt.lr()},
+                          {"tokens_per_s", tok_s}, {"mfu", mfu}, {"mem_peak_mib", mem}, {"step_s", secs}};
+      *metrics << j.dump() << "\n";
+      metrics->flush();
+    }
+    int64_t every = args.integer("checkpoint-every");
+    if (every > 0 && (step + 1) % every == 0 && step + 1 != stop_at) save(step + 1);
+  }
+  save(stop_at);
+  return 0;
+}
+
+}  // namespace mt::cli

@@ -1,1 +1,250 @@
-// PLACEHOLDER: replaced by its owner.
+// llm.c token shards, text token files and the DataLoader (see data.h for the formats).
+#include "models/data.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string_view>
+
+#include "runtime/error.h"
+
+namespace mt {
+
+namespace {
+
+// Explicit little-endian byte order, so files are portable whatever the host.
+void put_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+void put_u16(std::string& out, uint32_t v) {
+  out.push_back(static_cast<char>(v & 0xFF));
+  out.push_back(static_cast<char>((v >> 8) & 0xFF));
+}
+uint32_t get_u32(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+         (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+}
+uint32_t get_u16(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8);
+}
+
+// The whole file, or a clear error naming it.
+std::string read_all(const std::string& path, const char* what) {
+  std::error_code ec;
+  MT_CHECK(std::filesystem::exists(path, ec), "{}: file '{}' does not exist", what, path);
+  MT_CHECK(!std::filesystem::is_directory(path, ec), "{}: '{}' is a directory, not a file", what, path);
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.good(), "{}: cannot open '{}': {}", what, path, std::strerror(errno));
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  MT_CHECK(!in.bad(), "{}: error while reading '{}'", what, path);
+  return data;
+}
+
+// Writes "<path>.tmp.<pid>" then renames it over path, so readers never see half a file.
+void write_atomic(const std::string& path, const std::string& bytes, const char* what) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    MT_CHECK(out.good(), "{}: cannot create '{}': {}", what, tmp, std::strerror(errno));
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      MT_FAIL("{}: error while writing '{}'", what, tmp);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    MT_FAIL("{}: cannot rename '{}' to '{}': {}", what, tmp, path, ec.message());
+  }
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+// ---- llm.c token shards ----
+
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens) {
+  bool wide = false;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    MT_CHECK(tokens[i] >= 0, "write_token_file '{}': token {} at position {} is negative", path,
+             tokens[i], i);
+    if (tokens[i] >= 65536) wide = true;
+  }
+  MT_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+           "write_token_file '{}': {} tokens do not fit the int32 count of the header", path,
+           tokens.size());
+  std::string bytes;
+  bytes.reserve(static_cast<size_t>(kTokenFileHeaderBytes) + tokens.size() * (wide ? 4 : 2));
+  put_u32(bytes, static_cast<uint32_t>(wide ? kTokenFileMagicU32 : kTokenFileMagicU16));
+  put_u32(bytes, static_cast<uint32_t>(wide ? kTokenFileVersionU32 : kTokenFileVersionU16));
+  put_u32(bytes, static_cast<uint32_t>(tokens.size()));
+  for (int64_t i = 3; i < kTokenFileHeaderInts; ++i) put_u32(bytes, 0);
+  for (int32_t t : tokens) {
+    if (wide) {
+      put_u32(bytes, static_cast<uint32_t>(t));
+    } else {
+      put_u16(bytes, static_cast<uint32_t>(t));
+    }
+  }
+  write_atomic(path, bytes, "write_token_file");
+}
+
+std::vector<int32_t> read_token_file(const std::string& path) {
+  const std::string data = read_all(path, "read_token_file");
+  const int64_t size = static_cast<int64_t>(data.size());
+  MT_CHECK(size >= kTokenFileHeaderBytes,
+           "read_token_file '{}': file is {} bytes, too short for the {}-byte header (256 int32)", path,
+           size, kTokenFileHeaderBytes);
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
+  const auto magic = static_cast<int32_t>(get_u32(p));
+  const auto version = static_cast<int32_t>(get_u32(p + 4));
+  const auto count = static_cast<int32_t>(get_u32(p + 8));
+  int64_t width = 0;
+  if (magic == kTokenFileMagicU16) {
+    MT_CHECK(version == kTokenFileVersionU16,
+             "read_token_file '{}': unsupported version {} for magic {} (uint16 tokens; expected version {})",
+             path, version, magic, kTokenFileVersionU16);
+    width = 2;
+  } else if (magic == kTokenFileMagicU32) {
+    MT_CHECK(version == kTokenFileVersionU32 || version == 2,
+             "read_token_file '{}': unsupported version {} for magic {} (uint32 tokens; expected version {} or 2)",
+             path, version, magic, kTokenFileVersionU32);
+    width = 4;
+  } else {
+    MT_FAIL("read_token_file '{}': bad magic {}, expected {} (uint16 tokens) or {} (uint32 tokens); "
+            "is this an llm.c token file?",
+            path, magic, kTokenFileMagicU16, kTokenFileMagicU32);
+  }
+  MT_CHECK(count >= 0, "read_token_file '{}': negative token count {} in the header", path, count);
+  const int64_t body = size - kTokenFileHeaderBytes;
+  MT_CHECK(body == int64_t{count} * width,
+           "read_token_file '{}': header says {} tokens ({} bytes of uint{}), but the file has {} bytes "
+           "after the header",
+           path, count, int64_t{count} * width, width * 8, body);
+  std::vector<int32_t> tokens(static_cast<size_t>(count));
+  const unsigned char* q = p + kTokenFileHeaderBytes;
+  for (int64_t i = 0; i < count; ++i) {
+    if (width == 2) {
+      tokens[static_cast<size_t>(i)] = static_cast<int32_t>(get_u16(q + 2 * i));
+    } else {
+      const uint32_t v = get_u32(q + 4 * i);
+      MT_CHECK(v <= static_cast<uint32_t>(std::numeric_limits<int32_t>::max()),
+               "read_token_file '{}': token {} at position {} does not fit int32", path, v, i);
+      tokens[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+    }
+  }
+  return tokens;
+}
+
+// ---- text token files ----
+
+TokenRows read_token_lines(const std::string& path) {
+  const std::string data = read_all(path, "read_token_lines");
+  std::vector<std::string_view> lines;
+  std::string_view rest(data);
+  while (!rest.empty()) {
+    const size_t nl = rest.find('\n');
+    lines.push_back(rest.substr(0, nl));
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+  }
+  while (!lines.empty() && trim(lines.back()).empty()) lines.pop_back();  // trailing blank lines
+  MT_CHECK(!lines.empty(), "read_token_lines '{}': the file has no token lines", path);
+
+  TokenRows out;
+  out.rows = static_cast<int64_t>(lines.size());
+  for (size_t li = 0; li < lines.size(); ++li) {
+    const size_t line_no = li + 1;
+    const std::string_view line = trim(lines[li]);
+    MT_CHECK(!line.empty(), "read_token_lines '{}': line {} is blank (blank lines are allowed only at the end)",
+             path, line_no);
+    int64_t n = 0;
+    size_t start = 0;
+    while (true) {
+      const size_t comma = line.find(',', start);
+      const std::string_view field =
+          trim(line.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+      ++n;
+      MT_CHECK(!field.empty(), "read_token_lines '{}': line {}, id {} is empty (two commas in a row or a "
+               "comma at the end of the line?)", path, line_no, n);
+      int64_t id = 0;
+      const auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), id);
+      MT_CHECK(ec != std::errc::result_out_of_range, "read_token_lines '{}': line {}, id {}: '{}' is out of "
+               "the int64 range", path, line_no, n, field);
+      MT_CHECK(ec == std::errc() && end == field.data() + field.size(),
+               "read_token_lines '{}': line {}, id {}: '{}' is not an integer token id", path, line_no, n, field);
+      MT_CHECK(id >= 0, "read_token_lines '{}': line {}, id {}: token id {} is negative", path, line_no, n, id);
+      out.ids.push_back(id);
+      if (comma == std::string_view::npos) break;
+      start = comma + 1;
+    }
+    if (li == 0) {
+      out.cols = n;
+    } else {
+      MT_CHECK(n == out.cols, "read_token_lines '{}': line {} has {} ids, line 1 has {}", path, line_no, n,
+               out.cols);
+    }
+  }
+  return out;
+}
+
+void check_token_range(const TokenRows& rows, int64_t vocab_size, const std::string& path) {
+  MT_ASSERT(static_cast<int64_t>(rows.ids.size()) == rows.rows * rows.cols);
+  for (size_t i = 0; i < rows.ids.size(); ++i) {
+    const int64_t id = rows.ids[i];
+    MT_CHECK(id >= 0 && id < vocab_size,
+             "'{}': line {}, id {}: token id {} is out of range for vocab size {}", path,
+             static_cast<int64_t>(i) / rows.cols + 1, static_cast<int64_t>(i) % rows.cols + 1, id,
+             vocab_size);
+  }
+}
+
+// ---- DataLoader ----
+
+DataLoader::DataLoader(std::vector<int32_t> tokens, int64_t batch, int64_t seq, int rank, int world)
+    : tokens_(std::move(tokens)), batch_(batch), seq_(seq), rank_(rank), world_(world) {
+  MT_CHECK(batch > 0 && seq > 0, "DataLoader: batch ({}) and sequence length ({}) must be positive", batch,
+           seq);
+  MT_CHECK(world >= 1 && rank >= 0 && rank < world, "DataLoader: rank {} is not in [0, world {})", rank,
+           world);
+  MT_CHECK(num_tokens() >= tokens_per_step() + 1,
+           "DataLoader: the corpus has {} tokens, fewer than one global window of world {} x batch {} x "
+           "seq {} + 1 = {} tokens",
+           num_tokens(), world, batch, seq, tokens_per_step() + 1);
+}
+
+void DataLoader::set_position(int64_t pos) {
+  MT_CHECK(pos >= 0 && pos + tokens_per_step() + 1 <= num_tokens(),
+           "DataLoader::set_position: position {} leaves no room for a window of {} tokens in a corpus of {}",
+           pos, tokens_per_step() + 1, num_tokens());
+  pos_ = pos;
+}
+
+TokenBatch DataLoader::next() {
+  // x: [B, T], y: [B, T]; this rank's rows start at global row rank * B.
+  std::vector<int64_t> x(static_cast<size_t>(batch_ * seq_));
+  std::vector<int64_t> y(x.size());
+  const int64_t base = pos_ + static_cast<int64_t>(rank_) * batch_ * seq_;
+  for (int64_t i = 0; i < batch_ * seq_; ++i) {
+    x[static_cast<size_t>(i)] = tokens_[static_cast<size_t>(base + i)];
+    y[static_cast<size_t>(i)] = tokens_[static_cast<size_t>(base + i + 1)];
+  }
+  pos_ += tokens_per_step();
+  if (pos_ + tokens_per_step() + 1 > num_tokens()) pos_ = 0;
+  return {from_vector<int64_t>(x, Shape{batch_, seq_}), from_vector<int64_t>(y, Shape{batch_, seq_})};
+}
+
+}  // namespace mt

@@ -83,18 +83,28 @@ class Fields {
   const char* prefix_;
 };
 
+// transformers < 5 writes "rope_scaling" (null when unscaled) next to "rope_theta"; transformers
+// >= 5 writes "rope_parameters" holding rope_type and rope_theta together.
+const char* rope_key(const Fields& f) {
+  if (f.has("rope_scaling")) return "rope_scaling";
+  if (f.has("rope_parameters")) return "rope_parameters";
+  return nullptr;
+}
+
 RopeScaling parse_rope_scaling(const Fields& f, const std::string& path) {
   RopeScaling rs;
-  if (!f.has("rope_scaling")) return rs;
-  const json& v = f.at("rope_scaling");
-  if (!v.is_object()) f.fail("rope_scaling", fmt::format("must be null or an object, got {}", v.dump()));
-  Fields r(v, path, "rope_scaling.");
+  const char* key = rope_key(f);
+  if (!key) return rs;
+  const json& v = f.at(key);
+  if (!v.is_object()) f.fail(key, fmt::format("must be null or an object, got {}", v.dump()));
+  const std::string prefix = std::string(key) + ".";
+  Fields r(v, path, prefix.c_str());
   std::string type = r.has("rope_type") ? r.get_string("rope_type", "") : r.get_string("type", "");
-  if (type.empty()) f.fail("rope_scaling", "has neither 'rope_type' nor 'type'");
+  if (type.empty()) f.fail(key, "has neither 'rope_type' nor 'type'");
   auto factor = [&] {
     r.require("factor");
     double x = r.get_double("factor", 1.0);
-    if (!(x >= 1.0)) f.fail("rope_scaling", fmt::format("factor must be >= 1, got {}", x));
+    if (!(x >= 1.0)) f.fail(key, fmt::format("factor must be >= 1, got {}", x));
     return x;
   };
   if (type == "default") return rs;
@@ -111,13 +121,13 @@ RopeScaling parse_rope_scaling(const Fields& f, const std::string& path) {
     rs.high_freq_factor = r.get_double("high_freq_factor", 4.0);
     rs.original_max_position_embeddings = r.get_int("original_max_position_embeddings", 8192);
     if (!(rs.high_freq_factor > rs.low_freq_factor) || rs.original_max_position_embeddings <= 0)
-      f.fail("rope_scaling", fmt::format("llama3 needs high_freq_factor ({}) > low_freq_factor ({}) and a positive "
+      f.fail(key, fmt::format("llama3 needs high_freq_factor ({}) > low_freq_factor ({}) and a positive "
                                          "original_max_position_embeddings ({})",
                                          rs.high_freq_factor, rs.low_freq_factor,
                                          rs.original_max_position_embeddings));
     return rs;
   }
-  f.fail("rope_scaling", fmt::format("has rope type '{}', which meshtrain does not support (default, linear, llama3)",
+  f.fail(key, fmt::format("has rope type '{}', which meshtrain does not support (default, linear, llama3)",
                                      type));
 }
 
@@ -160,6 +170,8 @@ ModelConfig load_hf_config(const std::string& path) {
   c.max_position_embeddings = f.get_int("max_position_embeddings", moe ? 4096 * 32 : 2048);
   c.rms_norm_eps = f.get_double("rms_norm_eps", moe ? 1e-5 : 1e-6);
   c.rope_theta = f.get_double("rope_theta", moe ? 1e6 : 10000.0);
+  if (!f.has("rope_theta") && f.has("rope_parameters") && f.at("rope_parameters").is_object())
+    c.rope_theta = Fields(f.at("rope_parameters"), path, "rope_parameters.").get_double("rope_theta", c.rope_theta);
   c.rope_scaling = parse_rope_scaling(f, path);
   c.tie_word_embeddings = f.get_bool("tie_word_embeddings", false);
   c.attention_bias = f.get_bool("attention_bias", false);

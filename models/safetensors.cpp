@@ -114,7 +114,10 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
     if (v != 0 && nbytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(v)) overflow = true;
     nbytes *= static_cast<uint64_t>(v);
   }
-  if (out.shape.numel() == 0) overflow = false, nbytes = 0;
+  if (out.shape.numel() == 0) {  // a zero dim makes any other dim harmless
+    overflow = false;
+    nbytes = 0;
+  }
   MT_CHECK(!overflow, "safetensors '{}': tensor '{}': shape {} is too large", path, name, sh.dump());
   const json& off = e["data_offsets"];
   MT_CHECK(off.is_array() && off.size() == 2,

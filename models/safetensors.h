@@ -1,1 +1,53 @@
-// PLACEHOLDER: replaced by its owner.
+// safetensors (https://github.com/huggingface/safetensors): the file format Hugging Face
+// checkpoints use. An 8-byte little-endian header length N, N bytes of JSON naming each tensor's
+// dtype, shape and [begin, end) byte range in the data buffer that follows, then the buffer.
+// Reading validates everything a hostile or truncated file could get wrong, and every error names
+// the file (and the tensor). Writing is deterministic (same tensors, same bytes) and atomic, and
+// records a CRC-32 of the data buffer in the metadata ("mt.crc32") that reading verifies.
+// See docs/checkpoints.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace mt {
+
+struct SafetensorsFile {
+  std::vector<std::pair<std::string, Tensor>> tensors;  // in data-buffer order
+  std::map<std::string, std::string> metadata;          // "__metadata__" (mt.crc32 included)
+};
+
+// Reads every tensor into CPU memory. Throws mt::Error naming the file (and tensor) when the file
+// is missing or unreadable, the header is malformed, a dtype is unknown or unsupported, a shape
+// does not match its byte range, ranges leave the buffer, overlap or leave holes, or the
+// "mt.crc32" checksum does not match.
+SafetensorsFile read_safetensors(const std::string& path);
+
+// Writes `tensors` in the given order (names must be unique and not "__metadata__"); any strides,
+// any supported dtype, any device but meta. `metadata` is stored as "__metadata__" together with
+// "mt.crc32" (hex CRC-32 of the data buffer). Atomic: written to "<path>.tmp.<pid>" and renamed,
+// so `path` holds either its old content or the whole new file; on error nothing is left behind.
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// The safetensors dtype string ("F32", "BF16", ...) of a dtype.
+const char* safetensors_dtype_name(DType t);
+
+// CRC-32 (IEEE 802.3, the zlib/PNG polynomial), continuing from `crc` (0 to start).
+uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
+
+// Writes a file atomically: `fill` writes the content to a stream on "<path>.tmp.<pid>" in the
+// same directory, which is then flushed and renamed onto `path`. Throws naming `path` if it
+// cannot be written (the temporary file is removed); exceptions from `fill` propagate after the
+// same cleanup.
+void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& fill);
+
+}  // namespace mt

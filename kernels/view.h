@@ -18,6 +18,7 @@ struct KView {
   int ndim() const { return sizes.size(); }
   int64_t numel() const { return sizes.numel(); }
   bool is_contiguous() const {
+    if (numel() == 0) return true;
     int64_t expect = 1;
     for (int i = sizes.size() - 1; i >= 0; --i) {
       if (sizes[i] != 1 && strides[i] != expect) return false;

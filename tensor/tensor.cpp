@@ -31,6 +31,7 @@ int64_t Tensor::size(int64_t d) const { return impl_->sizes[wrap_dim(d, dim(), "
 int64_t Tensor::stride(int64_t d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to be out of place
   int64_t expect = 1;
   for (int i = dim() - 1; i >= 0; --i) {
     if (impl_->sizes[i] != 1 && impl_->strides[i] != expect) return false;

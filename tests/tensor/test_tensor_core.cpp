@@ -596,3 +596,9 @@ TEST_CASE("views of tensors that require grad are differentiable, as_strided is 
   REQUIRE(x.detach().as_strided({2}, {5}, 1).to_vector<double>() ==
           std::vector<double>{x.view({12}).to_vector<double>()[1], x.view({12}).to_vector<double>()[6]});
 }
+
+TEST_CASE("empty tensors are contiguous whatever their zero-size dims", "[cpu]") {
+  REQUIRE(mt::empty({2, 0, 5}).is_contiguous());
+  REQUIRE(mt::zeros({0}).is_contiguous());
+  REQUIRE(mt::empty({2, 0, 5}).transpose(0, 2).is_contiguous());
+}

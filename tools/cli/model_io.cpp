@@ -49,7 +49,7 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const Args& args) {
   }
   load_into_module(*model, ck);
   model->eval();
-  Tensor logits = (*model)({batch.inputs})[0];
+  Tensor logits = (*model)(std::vector<Tensor>{batch.inputs})[0];
   Tensor loss = cross_entropy(logits.to(DType::kF32), batch.targets);
   return {model, loss};
 }

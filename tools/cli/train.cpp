@@ -149,10 +149,22 @@ int run_train(int argc, char** argv) {
              args.str("data").empty() ? "embedded corpus" : args.str("data"), t, cfg.vocab_size);
   DataLoader loader(tokens, batch, seq);
 
-  // Optimizer on f32 master weights.
-  MasterWeights master(model->named_parameters(), compute);
-  AdamW opt(make_param_groups(master.named_masters(), args.real("weight-decay")), args.real("lr"), 0.9,
-            args.real("beta2"), 1e-8);
+  // The model holds f32 weights here (fresh init or loaded). For bf16, keep exact f32 copies as
+  // the optimizer's master weights and cast the model itself to bf16 for compute.
+  NamedTensors f32_weights;
+  if (compute != DType::kF32) {
+    for (auto& [name, p] : model->named_parameters()) f32_weights.emplace_back(name, p.detach().clone());
+    cast_parameters(*model, compute);
+  }
+  MasterWeights master(model->named_parameters());
+  if (compute != DType::kF32) master.load_state_dict(f32_weights);
+  f32_weights.clear();
+  AdamWOptions adam;
+  adam.lr = args.real("lr");
+  adam.beta1 = 0.9;
+  adam.beta2 = args.real("beta2");
+  adam.eps = 1e-8;
+  AdamW opt(make_param_groups(master.master_params(), args.real("weight-decay")), adam);
   LrSchedule sched{args.real("lr"), args.real("min-lr"), args.integer("warmup"), steps};
   int64_t start = 0;
   if (resume) {
@@ -178,7 +190,7 @@ int run_train(int argc, char** argv) {
   auto save = [&](int64_t done) {
     if (ckpt_dir.empty()) return;
     TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum};
-    std::string where = save_checkpoint(ckpt_dir, cfg, master.named_masters(), opt.state_dict(), s);
+    std::string where = save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s);
     fmt::print("checkpoint {}\n", where);
   };
 
@@ -193,7 +205,7 @@ int run_train(int argc, char** argv) {
       (accum > 1 ? div(loss, static_cast<double>(accum)) : loss).backward();
     }
     master.grads_to_master();
-    double norm = clip_grad_norm(master.masters(), args.real("grad-clip"));
+    double norm = clip_grad_norm(master.master_params(), args.real("grad-clip"));
     opt.step();
     opt.zero_grad();
     model->zero_grad();

@@ -4,6 +4,8 @@
 #include "models/llama.h"
 
 #include <cmath>
+#include <limits>
+#include <numbers>
 #include <string>
 
 #include "models/moe.h"
@@ -64,7 +66,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) {
     const float factor = static_cast<float>(rs.factor);
     const float low_wl = static_cast<float>(old_ctx / rs.low_freq_factor);
     const float high_wl = static_cast<float>(old_ctx / rs.high_freq_factor);
-    const float two_pi = static_cast<float>(2 * M_PI);
+    const float two_pi = static_cast<float>(2 * std::numbers::pi);
     const float low = static_cast<float>(rs.low_freq_factor);
     const float band = static_cast<float>(rs.high_freq_factor - rs.low_freq_factor);
     for (float& f : inv) {

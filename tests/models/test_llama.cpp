@@ -2,6 +2,7 @@
 // finite-difference gradients, tied embeddings, rope_scaling tables, a short training run,
 // meta-device init, dropout modes and input errors.
 #include <cmath>
+#include <numbers>
 #include <string>
 #include <vector>
 
@@ -341,7 +342,7 @@ TEST_CASE("llama: rope inv_freq for default, linear and llama3 scaling", "[cpu]"
     REQUIRE(inv[20] == Approx(8.570255489881478e-06).epsilon(1e-6));          // 22911: / 32
     REQUIRE(inv[31] == Approx(9.41830672543491e-08).epsilon(1e-6));           // / 32
     for (size_t i = 0; i < inv.size(); ++i) {
-      double f = std::pow(500000.0, -2.0 * static_cast<double>(i) / 64.0), wl = 2 * M_PI / f, e = f;
+      double f = std::pow(500000.0, -2.0 * static_cast<double>(i) / 64.0), wl = 2 * std::numbers::pi / f, e = f;
       if (wl > 8192) e = f / 32;
       else if (wl >= 2048) {
         double s = (8192 / wl - 1) / 3;

@@ -1,1 +1,149 @@
-// PLACEHOLDER: replaced by its owner.
+// LLaMA (and the shared skeleton of Mixtral) as meshtrain Modules whose parameter paths are the
+// Hugging Face names ("model.layers.0.self_attn.q_proj.weight", ...), computing what
+// transformers' modeling_llama.py computes: RMSNorm in f32, HF rotate_half RoPE with tables built
+// in f32 (default, linear and llama3 rope_scaling), causal GQA attention, SwiGLU MLP, f32 logits.
+// Mixtral differs only in the MLP (models/moe.h). docs/models.md has the details and the
+// parameter creation order (which fixes the Philox offsets of the initial weights).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "models/config.h"
+#include "tensor/module.h"
+#include "tensor/tensor.h"
+
+namespace mt {
+
+enum class Bias { kNo, kYes };
+
+// y = x @ weight^T + bias; weight [out, in] ~ normal(0, init_std), bias zeros.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, Bias bias, double init_std, DType dtype);
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;  // {x [..., in]} -> {[..., out]}
+  const Tensor& weight() const { return *weight_; }
+  Tensor bias() const { return bias_ ? *bias_ : Tensor(); }
+
+ private:
+  Tensor* weight_ = nullptr;
+  Tensor* bias_ = nullptr;
+};
+
+// {ids [...]} -> {weight[ids] [..., H]}; weight [V, H] ~ normal(0, init_std).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, double init_std, DType dtype);
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+  const Tensor& weight() const { return *weight_; }
+
+ private:
+  Tensor* weight_ = nullptr;
+};
+
+// HF LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in f32, times weight (ones at init).
+class RMSNorm : public Module {
+ public:
+  RMSNorm(int64_t dim, double eps, DType dtype);
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+
+ private:
+  Tensor* weight_ = nullptr;
+  double eps_;
+};
+
+// ---- rotary tables ----------------------------------------------------------------------------
+
+// HF's inv_freq [D/2] for the config, computed in float32 exactly as transformers does
+// (1 / theta^(2i/D), then rope_scaling: linear divides by factor, llama3 rescales bands).
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+// cos/sin [T, D/2] of positions 0..T-1: float32 (t * inv_freq), cos/sin in float32, then
+// converted to `dtype` (HF casts the tables to the activations' dtype).
+std::pair<Tensor, Tensor> rope_cos_sin(const ModelConfig& config, int64_t T, DType dtype,
+                                       Device device = Device::cpu());
+
+// ---- blocks -----------------------------------------------------------------------------------
+
+// q/k/v/o_proj. forward({x [B, T, H], cos [T, D/2], sin [T, D/2]}) -> {[B, T, H]}. The head
+// counts are read from the projections' output widths, so a plan may shard heads.
+class LlamaAttention : public Module {
+ public:
+  LlamaAttention(const ModelConfig& config, DType dtype);
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+
+ private:
+  std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
+  int64_t head_dim_;
+  double attention_dropout_;
+};
+
+// down_proj(silu(gate_proj(x)) * up_proj(x)).
+class LlamaMLP : public Module {
+ public:
+  LlamaMLP(const ModelConfig& config, DType dtype);
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+
+ private:
+  std::shared_ptr<Linear> gate_proj_, up_proj_, down_proj_;
+};
+
+// self_attn, mlp (llama) or block_sparse_moe (mixtral), input_layernorm, post_attention_layernorm.
+// forward({x, cos, sin}) -> {out} (llama) or {out, router_logits [B*T, E]} (mixtral).
+class LlamaDecoderLayer : public Module {
+ public:
+  LlamaDecoderLayer(const ModelConfig& config, DType dtype);
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+
+ private:
+  std::shared_ptr<LlamaAttention> self_attn_;
+  std::shared_ptr<Module> mlp_;  // LlamaMLP or MixtralSparseMoeBlock
+  std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
+  bool moe_;
+  double residual_dropout_;
+};
+
+// embed_tokens, layers, norm. forward({input_ids [B, T]}) -> {hidden [B, T, H] after the final
+// norm, then (mixtral) the router logits [B*T, E] of each layer}.
+class LlamaModel : public Module {
+ public:
+  LlamaModel(const ModelConfig& config, DType dtype);
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+  const std::shared_ptr<Embedding>& embed_tokens() const { return embed_tokens_; }
+
+ private:
+  ModelConfig config_;
+  std::shared_ptr<Embedding> embed_tokens_;
+  std::shared_ptr<ModuleList> layers_;
+  std::shared_ptr<RMSNorm> norm_;
+  // Last rotary tables built, reused while T, dtype and device stay the same.
+  Tensor cos_, sin_;
+};
+
+// LlamaForCausalLM / MixtralForCausalLM: model, lm_head (absent when tie_word_embeddings: the
+// logits then use model.embed_tokens.weight, and HF files omit lm_head.weight).
+// forward({input_ids [B, T] i64}) -> {logits [B, T, V] f32 (f64 for f64 weights), (mixtral) router
+// logits [B*T, E] of each layer}.
+class CausalLM : public Module {
+ public:
+  CausalLM(const ModelConfig& config, DType dtype);
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+  // Mean cross-entropy of logits(input_ids) against targets [B, T] (ignore_index -100), plus
+  // router_aux_loss_coef * load_balancing_loss for mixtral when config.output_router_logits.
+  Tensor loss(const Tensor& input_ids, const Tensor& targets);
+  const ModelConfig& config() const { return config_; }
+  DType dtype() const { return dtype_; }
+
+ private:
+  ModelConfig config_;
+  DType dtype_;
+  std::shared_ptr<LlamaModel> model_;
+  std::shared_ptr<Linear> lm_head_;  // null when tied
+};
+
+// Validates the config and builds the model; parameters are created on init_device() (meta
+// under InitDeviceGuard) from the default generator, in registration order.
+std::shared_ptr<CausalLM> build_causal_lm(const ModelConfig& config, DType dtype = DType::kF32);
+
+}  // namespace mt

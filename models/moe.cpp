@@ -1,1 +1,98 @@
-// PLACEHOLDER: replaced by its owner.
+// Mixtral sparse MoE block and load-balancing loss, following transformers' modeling_mixtral.py:
+// softmax of the router logits in f32, top-k, renormalize, cast to the hidden dtype; experts in
+// index order, each over its tokens in (top-k slot, token) order as torch.where yields them, their
+// weighted outputs index_add-ed into a zero buffer.
+#include "models/moe.h"
+
+#include <string>
+
+#include "runtime/error.h"
+#include "tensor/ops.h"
+
+namespace mt {
+
+MixtralExpert::MixtralExpert(const ModelConfig& c, DType dtype) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const double std = c.initializer_range;
+  // HF registers w1, w2, w3 in this order.
+  w1_ = register_module("w1", std::make_shared<Linear>(H, I, Bias::kNo, std, dtype));
+  w2_ = register_module("w2", std::make_shared<Linear>(I, H, Bias::kNo, std, dtype));
+  w3_ = register_module("w3", std::make_shared<Linear>(H, I, Bias::kNo, std, dtype));
+}
+
+std::vector<Tensor> MixtralExpert::forward(const std::vector<Tensor>& inputs) {
+  MT_CHECK(inputs.size() == 1, "MixtralExpert '{}': expected 1 input, got {}", path(), inputs.size());
+  const Tensor& x = inputs[0];
+  return {(*w2_)(mul(silu((*w1_)(x)), (*w3_)(x)))};
+}
+
+MixtralSparseMoeBlock::MixtralSparseMoeBlock(const ModelConfig& c, DType dtype)
+    : num_experts_(c.num_local_experts), top_k_(c.num_experts_per_tok) {
+  gate_ = register_module("gate", std::make_shared<Linear>(c.hidden_size, c.num_local_experts, Bias::kNo,
+                                                           c.initializer_range, dtype));
+  experts_ = register_module("experts", std::make_shared<ModuleList>());
+  for (int64_t e = 0; e < c.num_local_experts; ++e) experts_->push_back(std::make_shared<MixtralExpert>(c, dtype));
+}
+
+std::vector<Tensor> MixtralSparseMoeBlock::forward(const std::vector<Tensor>& inputs) {
+  MT_CHECK(inputs.size() == 1, "MixtralSparseMoeBlock '{}': expected 1 input, got {}", path(), inputs.size());
+  const Tensor& x = inputs[0];
+  MT_CHECK(x.dim() == 3, "MixtralSparseMoeBlock '{}': x must be [B, T, H], got {}", path(), x.desc());
+  const int64_t H = x.size(2);
+  Tensor xf = x.reshape(Shape{-1, H});  // [N, H]
+  const int64_t N = xf.size(0);
+  Tensor router_logits = (*gate_)(xf);  // [N, E]
+  const DType sdt = x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor probs = softmax(router_logits.to(sdt), 1);
+  auto [weights, selected] = topk(probs, top_k_, -1);  // [N, k] each
+  weights = div(weights, sum(weights, {-1}, KeepDim::kYes)).to(x.dtype());
+  Tensor flat_weights = weights.reshape(Shape{N * top_k_});
+
+  // Token lists per expert, in torch.where order over expert_mask[e] = [k, N]: slot-major.
+  const std::vector<int64_t> sel = selected.to_vector<int64_t>();
+  std::vector<std::vector<int64_t>> tokens(static_cast<size_t>(num_experts_)), slots(tokens.size());
+  for (int64_t j = 0; j < top_k_; ++j) {
+    for (int64_t n = 0; n < N; ++n) {
+      const auto e = static_cast<size_t>(sel[static_cast<size_t>(n * top_k_ + j)]);
+      tokens[e].push_back(n);
+      slots[e].push_back(n * top_k_ + j);
+    }
+  }
+  Tensor out = zeros(Shape{N, H}, x.options().with_grad(false));
+  for (int64_t e = 0; e < num_experts_; ++e) {
+    const auto& tok = tokens[static_cast<size_t>(e)];
+    if (tok.empty()) continue;  // HF skips experts that got no token
+    const auto n = static_cast<int64_t>(tok.size());
+    Tensor tix = from_vector<int64_t>(tok, Shape{n}), wix = from_vector<int64_t>(slots[static_cast<size_t>(e)], Shape{n});
+    if (tix.device() != x.device()) {
+      tix = tix.to(x.device());
+      wix = wix.to(x.device());
+    }
+    Tensor cur = (*experts_->at(static_cast<size_t>(e)))(index_select(xf, 0, tix));
+    cur = mul(cur, index_select(flat_weights, 0, wix).unsqueeze(1));
+    out = index_add(out, 0, tix, cur.to(x.dtype()));
+  }
+  return {out.view(x.shape()), router_logits};
+}
+
+Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k) {
+  MT_CHECK(!router_logits.empty(), "load_balancing_loss: no router logits given");
+  for (size_t i = 0; i < router_logits.size(); ++i)
+    MT_CHECK(router_logits[i].dim() == 2 && router_logits[i].size(1) == num_experts,
+             "load_balancing_loss: router logits {} must be [tokens, num_experts = {}], got {}", i, num_experts,
+             router_logits[i].desc());
+  MT_CHECK(top_k > 0 && top_k <= num_experts, "load_balancing_loss: top_k {} must be in [1, num_experts = {}]",
+           top_k, num_experts);
+  Tensor logits = router_logits.size() == 1 ? router_logits[0] : cat(router_logits, 0);  // [N, E]
+  Tensor probs = softmax(logits, -1);
+  Tensor selected = topk(probs, top_k, -1).second;  // [N, k]
+  // HF: expert_mask.float(); products with the probabilities promote to the wider type.
+  const DType dt = probs.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor mask = one_hot(selected, num_experts).to(dt);         // [N, k, E]
+  Tensor tokens_per_expert = mean(mask, {0});                   // [k, E]
+  Tensor router_prob_per_expert = mean(probs, {0}).to(dt);      // [E]
+  Tensor loss = sum(mul(tokens_per_expert, router_prob_per_expert.unsqueeze(0)));
+  return mul(loss, static_cast<double>(num_experts));
+}
+
+}  // namespace mt

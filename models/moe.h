@@ -1,1 +1,44 @@
-// PLACEHOLDER: replaced by its owner.
+// Mixtral's sparse mixture-of-experts MLP (HF MixtralSparseMoeBlock) and the router
+// load-balancing loss (HF load_balancing_loss_func without attention mask). Each expert runs only
+// on the tokens routed to it (index_select, expert MLP, times routing weight, index_add back), so
+// gradients reach the router through the routing weights.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "models/config.h"
+#include "models/llama.h"
+#include "tensor/module.h"
+
+namespace mt {
+
+// HF MixtralBlockSparseTop2MLP: w2(silu(w1(x)) * w3(x)); w1, w3 [I, H], w2 [H, I].
+class MixtralExpert : public Module {
+ public:
+  MixtralExpert(const ModelConfig& config, DType dtype);
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+
+ private:
+  std::shared_ptr<Linear> w1_, w2_, w3_;
+};
+
+// gate (Linear H -> E, no bias), experts.0 .. experts.{E-1}.
+// forward({x [B, T, H]}) -> {out [B, T, H], router_logits [B*T, E] (x's dtype)}.
+class MixtralSparseMoeBlock : public Module {
+ public:
+  MixtralSparseMoeBlock(const ModelConfig& config, DType dtype);
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+
+ private:
+  std::shared_ptr<Linear> gate_;
+  std::shared_ptr<ModuleList> experts_;
+  int64_t num_experts_, top_k_;
+};
+
+// num_experts * sum_{k,e} tokens_per_expert[k, e] * router_prob_per_expert[e] over the
+// concatenated router logits of all layers (softmax in the logits' dtype, as HF). f32 (f64 when
+// the logits are f64).
+Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k);
+
+}  // namespace mt

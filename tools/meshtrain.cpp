@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
       fmt::print("{}", kUsage);
       return 0;
     }
-    MT_FAIL("unknown command '{}'\n{}", cmd, kUsage);
+    MT_FAIL("unknown command '{}' (commands: train, eval, grad, init, smoke, version; meshtrain --help)", cmd);
   } catch (const mt::cli::HelpShown&) {
     return 0;
   } catch (const std::exception& e) {

@@ -86,13 +86,13 @@ expect_error "unknown config name" "llama-huge" -- "$BIN" init --config llama-hu
 expect_error "unknown flag" "--bogus" -- "$BIN" train --bogus 1
 
 # ---- train: resume equals an uninterrupted run ----------------------------------------------------
-T="--batch 2 --seq 32 --steps 12 --lr 3e-3 --warmup 2 --dropout 0.1 --metrics"
+T="--batch 2 --seq 32 --steps 20 --lr 3e-3 --warmup 2 --dropout 0.1 --metrics"
 "$BIN" train $T "$WORK/full.jsonl" --checkpoint-dir "$WORK/full" >"$WORK/full.out" || fail "train (full) exit"
-"$BIN" train $T "$WORK/part.jsonl" --stop-at 6 --checkpoint-dir "$WORK/part" >/dev/null || fail "train (part 1) exit"
+"$BIN" train $T "$WORK/part.jsonl" --stop-at 10 --checkpoint-dir "$WORK/part" >/dev/null || fail "train (part 1) exit"
 "$BIN" train $T "$WORK/part.jsonl" --resume --checkpoint-dir "$WORK/part" >"$WORK/part.out" || fail "train (resume) exit"
-cmp -s "$WORK/full/step-00000012/model.safetensors" "$WORK/part/step-00000012/model.safetensors" \
-  && pass "6 steps + resume + 6 steps == 12 steps (weights bit for bit)" || fail "resume weights differ"
-cmp -s "$WORK/full/step-00000012/optimizer.safetensors" "$WORK/part/step-00000012/optimizer.safetensors" \
+cmp -s "$WORK/full/step-00000020/model.safetensors" "$WORK/part/step-00000020/model.safetensors" \
+  && pass "10 steps + resume + 10 steps == 20 steps (weights bit for bit)" || fail "resume weights differ"
+cmp -s "$WORK/full/step-00000020/optimizer.safetensors" "$WORK/part/step-00000020/optimizer.safetensors" \
   && pass "resume: optimizer state bit for bit" || fail "resume optimizer state differs"
 diff <(python3 -c "import json,sys; [print(json.loads(l)['step'], repr(json.loads(l)['loss'])) for l in open(sys.argv[1])]" "$WORK/full.jsonl") \
      <(python3 -c "import json,sys; [print(json.loads(l)['step'], repr(json.loads(l)['loss'])) for l in open(sys.argv[1])]" "$WORK/part.jsonl") >/dev/null \

@@ -4,6 +4,13 @@
 #include "runtime/error.h"
 
 namespace mt::cli {
+namespace {
+std::string flag_list(const std::vector<FlagSpec>& specs) {
+  std::string out;
+  for (const auto& s : specs) out += (out.empty() ? "--" : ", --") + s.name;
+  return out;
+}
+}  // namespace
 
 Args::Args(const std::string& command, const std::vector<FlagSpec>& specs, int argc, char** argv, int first)
     : command_(command) {
@@ -14,7 +21,7 @@ Args::Args(const std::string& command, const std::vector<FlagSpec>& specs, int a
       fmt::print("{}", usage(command, specs));
       throw HelpShown{};
     }
-    MT_CHECK(a.rfind("--", 0) == 0, "meshtrain {}: unexpected argument '{}'\n{}", command, a, usage(command, specs));
+    MT_CHECK(a.rfind("--", 0) == 0, "meshtrain {}: unexpected argument '{}' (flags: {})", command, a, flag_list(specs));
     std::string name = a.substr(2), value;
     bool inline_value = false;
     if (auto eq = name.find('='); eq != std::string::npos) {
@@ -23,7 +30,8 @@ Args::Args(const std::string& command, const std::vector<FlagSpec>& specs, int a
       inline_value = true;
     }
     auto it = specs_.find(name);
-    MT_CHECK(it != specs_.end(), "meshtrain {}: unknown flag --{}\n{}", command, name, usage(command, specs));
+    MT_CHECK(it != specs_.end(), "meshtrain {}: unknown flag --{} (flags: {}; --help explains them)", command, name,
+             flag_list(specs));
     if (it->second.is_switch) {
       values_[name] = inline_value ? value : "1";
       continue;

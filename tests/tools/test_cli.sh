@@ -101,6 +101,19 @@ grep -q "grad norm" "$WORK/full.out" && grep -q "tok/s" "$WORK/full.out" && grep
   && pass "train prints loss, grad norm, lr, tok/s, MFU, memory" || fail "train step line"
 "$BIN" train $T "$WORK/bf.jsonl" --precision bf16 --steps 4 >/dev/null && pass "bf16 mixed precision trains" || fail "bf16 train"
 
+# ---- gradient accumulation: 2 micro-batches of 1 == one batch of 2 (same data, to rounding) --------
+A="--seq 32 --steps 3 --warmup 1 --lr 1e-3"
+"$BIN" train $A --batch 2 --accum 1 --metrics "$WORK/b2.jsonl" >/dev/null || fail "train batch 2"
+"$BIN" train $A --batch 1 --accum 2 --metrics "$WORK/a2.jsonl" >/dev/null || fail "train accum 2"
+python3 - "$WORK/b2.jsonl" "$WORK/a2.jsonl" <<'PY' && pass "accum 2 x batch 1 matches batch 2 (losses within 1e-5)" || fail "gradient accumulation"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 3
+for x, y in zip(a, b):
+    assert abs(x["loss"] - y["loss"]) < 1e-5 and abs(x["grad_norm"] - y["grad_norm"]) < 1e-4 * max(1, x["grad_norm"]), (x, y)
+PY
+
 # ---- train: llama-tiny on the embedded corpus learns more than unigram statistics -----------------
 "$BIN" train --steps 150 --batch 8 --seq 64 --metrics "$WORK/tiny.jsonl" >"$WORK/tiny.out" || fail "tiny train exit"
 python3 - "$WORK/tiny.out" "$WORK/tiny.jsonl" <<'PY' && pass "llama-tiny loss falls well below the unigram entropy" || fail "llama-tiny did not beat unigram entropy"

@@ -2,6 +2,8 @@
 // index) and the bridge between their tensors and a Module's parameters.
 #include "models/hf_checkpoint.h"
 
+#include "models/json_io.h"
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -61,16 +63,7 @@ bool is_shard_name(const std::string& name) {
 void read_indexed(const fs::path& dir, HfCheckpoint& ck) {
   const fs::path index_path = dir / kHfIndexFile;
   const std::string ip = index_path.string();
-  std::ifstream in(index_path);
-  MT_CHECK(in.is_open(), "checkpoint index '{}': cannot open", ip);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json doc;
-  try {
-    doc = json::parse(ss.str());
-  } catch (const json::exception& e) {
-    MT_FAIL("checkpoint index '{}': not valid JSON: {}", ip, e.what());
-  }
+  json doc = read_json_file(ip, "checkpoint index");
   MT_CHECK(doc.is_object() && doc.contains("weight_map") && doc["weight_map"].is_object(),
            "checkpoint index '{}': needs an object 'weight_map' of tensor name -> shard file", ip);
   std::map<std::string, std::string> weight_map;  // tensor -> shard

@@ -2,6 +2,8 @@
 // and MixtralConfig constructors use, so a config means here what it means to transformers.
 #include "models/hf_config.h"
 
+#include "models/json_io.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -136,16 +138,7 @@ RopeScaling parse_rope_scaling(const Fields& f, const std::string& path) {
 ModelConfig load_hf_config(const std::string& path) {
   std::error_code ec;
   MT_CHECK(fs::is_regular_file(path, ec), "config.json '{}': file does not exist", path);
-  std::ifstream in(path);
-  MT_CHECK(in.is_open(), "config.json '{}': cannot open", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json doc;
-  try {
-    doc = json::parse(ss.str());
-  } catch (const json::exception& e) {
-    MT_FAIL("config.json '{}': not valid JSON: {}", path, e.what());
-  }
+  json doc = read_json_file(path, "config.json");
   MT_CHECK(doc.is_object(), "config.json '{}': must hold a JSON object, got {}", path, doc.type_name());
   Fields f(doc, path);
 

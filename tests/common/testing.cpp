@@ -1,10 +1,38 @@
 // Implementation of the shared test helpers.
 #include "testing.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <random>
 
 namespace mt::testing {
+
+TempDir::TempDir() {
+  static int counter = 0;
+  path = std::filesystem::temp_directory_path() /
+         fmt::format("mt_test_{}_{}_{}", static_cast<long>(::getpid()), counter++, std::random_device{}());
+  std::filesystem::create_directories(path);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+std::string TempDir::write(const std::string& name, const std::string& text) const {
+  std::ofstream(file(name)) << text;
+  return file(name);
+}
+
+std::vector<std::string> TempDir::listing() const {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(path)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 Tensor rand(const Shape& shape, DType dtype, uint64_t seed, double lo, double hi) {
   std::mt19937_64 gen(seed);

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -11,6 +12,20 @@
 #include "tensor/ops.h"
 
 namespace mt::testing {
+
+// A fresh directory under the system temp dir, removed with everything in it on destruction.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  // Writes `text` to file(name) and returns that path.
+  std::string write(const std::string& name, const std::string& text) const;
+  // Names of the entries in the directory, sorted.
+  std::vector<std::string> listing() const;
+};
 
 // Values uniform in [lo, hi) from std::mt19937_64 (independent of meshtrain's own RNG).
 Tensor rand(const Shape& shape, DType dtype = DType::kF64, uint64_t seed = 1, double lo = -1, double hi = 1);

@@ -18,24 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           fmt::format("mt_config_{}_{}_{}", static_cast<long>(::getpid()), counter++, std::random_device{}());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(file(name)) << text;
-    return file(name);
-  }
-};
+using mt::testing::TempDir;
 
 void require_same(const ModelConfig& a, const ModelConfig& b) {
   REQUIRE(a.model_type == b.model_type);

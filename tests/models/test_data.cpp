@@ -22,26 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    std::random_device rd;
-    dir = fs::temp_directory_path() /
-          fmt::format("mt_test_data_{}_{}_{}", static_cast<long>(::getpid()), counter++, rd());
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-    return names;
-  }
-};
+using mt::testing::TempDir;
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
@@ -155,7 +136,7 @@ TEST_CASE("token file round trip, uint16 layout", "[cpu]") {
   REQUIRE(header_int(bytes, 2) == 6);
   for (int i = 3; i < 256; ++i) REQUIRE(header_int(bytes, i) == 0);
   REQUIRE(read_token_file(path) == tokens);
-  REQUIRE(tmp.entries() == std::vector<std::string>{"train.bin"});  // no temp file left
+  REQUIRE(tmp.listing() == std::vector<std::string>{"train.bin"});  // no temp file left
 
   // Overwrite in place with an empty stream.
   write_token_file(path, {});
@@ -174,10 +155,10 @@ TEST_CASE("token file round trip, uint32 layout", "[cpu]") {
   REQUIRE(header_int(bytes, 1) == kTokenFileVersionU32);
   REQUIRE(header_int(bytes, 2) == 6);
   REQUIRE(read_token_file(path) == tokens);
-  REQUIRE(tmp.entries() == std::vector<std::string>{"llama.bin"});
+  REQUIRE(tmp.listing() == std::vector<std::string>{"llama.bin"});
   REQUIRE_THROWS_WITH(write_token_file(tmp.file("neg.bin"), {1, -3}),
                       Contains("neg.bin") && Contains("token -3 at position 1"));
-  REQUIRE(tmp.entries() == std::vector<std::string>{"llama.bin"});
+  REQUIRE(tmp.listing() == std::vector<std::string>{"llama.bin"});
 }
 
 TEST_CASE("token files written by hand in the llm.c layout", "[cpu]") {
@@ -223,7 +204,7 @@ TEST_CASE("bad token files name the file and the problem", "[cpu]") {
   REQUIRE_THROWS_WITH(read_token_file(truncated),
                       Contains("header says 1 tokens (4 bytes of uint32)") && Contains("8 bytes"));
 
-  REQUIRE_THROWS_WITH(read_token_file(tmp.dir.string()), Contains("is a directory"));
+  REQUIRE_THROWS_WITH(read_token_file(tmp.path.string()), Contains("is a directory"));
 }
 
 // ---- text token files ----

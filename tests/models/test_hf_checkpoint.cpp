@@ -20,20 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           fmt::format("mt_hfckpt_{}_{}_{}", static_cast<long>(::getpid()), counter++, std::random_device{}());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using mt::testing::TempDir;
 
 std::vector<std::string> listing(const fs::path& dir) {
   std::vector<std::string> names;

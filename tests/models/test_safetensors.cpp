@@ -20,27 +20,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           fmt::format("mt_safetensors_{}_{}_{}", static_cast<long>(::getpid()), counter++,
-                       std::random_device{}());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  std::vector<std::string> listing() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-};
+using mt::testing::TempDir;
 
 std::vector<uint8_t> bytes_of(const Tensor& t) {
   Tensor c = t.contiguous();

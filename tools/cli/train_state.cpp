@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/hf_checkpoint.h"
+#include "models/json_io.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 
@@ -17,21 +18,7 @@ namespace fs = std::filesystem;
 namespace {
 
 void write_text_atomic(const fs::path& path, const std::string& text) {
-  fs::path tmp = path;
-  tmp += ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    MT_CHECK(f.good(), "cannot write {}", tmp.string());
-    f << text;
-    f.flush();
-    MT_CHECK(f.good(), "error writing {}", tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp);
-    MT_FAIL("cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
-  }
+  write_file_atomically(path.string(), [&](std::ostream& out) { out << text; });
 }
 
 std::string read_text(const fs::path& path) {
@@ -86,9 +73,8 @@ LoadedCheckpoint load_latest_checkpoint(const std::string& dir) {
   out.model = std::move(ck.tensors);
   out.optimizer = read_safetensors((fs::path(out.path) / "optimizer.safetensors").string()).tensors;
   const fs::path state_path = fs::path(out.path) / "trainer_state.json";
-  nlohmann::json j;
+  nlohmann::json j = read_json_file(state_path.string(), "trainer state");
   try {
-    j = nlohmann::json::parse(read_text(state_path));
     out.state.step = j.at("step").get<int64_t>();
     out.state.seed = j.at("seed").get<uint64_t>();
     out.state.rng_offset = j.at("rng_offset").get<uint64_t>();

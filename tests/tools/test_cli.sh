@@ -64,6 +64,36 @@ assert set(g) == set(w), (set(g) ^ set(w))
 assert all(v["dtype"] == "F32" and v["shape"] == w[k]["shape"] for k, v in g.items())
 PY
 
+# grad agrees with a central finite difference of eval on the most sensitive final-norm weight.
+python3 - "$BIN" "$WORK" <<'PY' && pass "grad matches a finite difference of eval" || fail "grad vs finite difference"
+import json, shutil, struct, subprocess, sys
+bin_, work = sys.argv[1], sys.argv[2]
+def header(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+    return b, n, json.loads(b[8:8 + n])
+gb, gn, gh = header(f"{work}/g.safetensors")
+name = "model.norm.weight"
+lo, hi = gh[name]["data_offsets"]
+g = struct.unpack(f"<{(hi - lo) // 4}f", gb[8 + gn + lo:8 + gn + hi])
+i = max(range(len(g)), key=lambda k: abs(g[k]))
+assert abs(g[i]) > 1e-4, f"gradient of {name} is ~0: {g[i]}"
+def loss_with(delta):
+    d = f"{work}/fd"; shutil.rmtree(d, ignore_errors=True); shutil.copytree(f"{work}/ck", d)
+    p = f"{d}/model.safetensors"; b, n, h = header(p)
+    meta = h.get("__metadata__", {}); meta.pop("mt.crc32", None)  # we edit the data by hand
+    off = 8 + n + h[name]["data_offsets"][0] + 4 * i
+    x = struct.unpack("<f", b[off:off + 4])[0] + delta
+    b = bytearray(b); b[off:off + 4] = struct.pack("<f", x)
+    hj = json.dumps(h).encode(); hj += b" " * (-len(hj) % 8)
+    open(p, "wb").write(struct.pack("<Q", len(hj)) + hj + bytes(b[8 + n:]))
+    out = subprocess.run([bin_, "eval", "--hf", d, "--tokens", f"{work}/tokens.txt"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["loss"]
+eps = 1e-2
+fd = (loss_with(eps) - loss_with(-eps)) / (2 * eps)
+print(f"{name}[{i}]: grad {g[i]:.6g}, finite difference {fd:.6g}")
+assert abs(fd - g[i]) <= 2e-3 * max(1.0, abs(g[i])) + 0.02 * abs(g[i]), (fd, g[i])
+PY
+
 # ---- bad inputs ---------------------------------------------------------------------------------
 expect_error "missing checkpoint dir" "$WORK/nope" -- "$BIN" eval --hf "$WORK/nope" --tokens "$WORK/tokens.txt"
 cp -r "$WORK/ck" "$WORK/corrupt"

@@ -71,8 +71,11 @@ int run_grad(int argc, char** argv) {
   const std::string out = args.required("out");
   auto [model, loss] = model_loss(args);
   loss.backward();
+  // The model's own parameters (not hf_state's detached export views, which carry no grad).
+  // Their paths are the HF names; tied models have no lm_head parameter. A parameter that got no
+  // gradient (an expert no token was routed to) contributes zeros, as in transformers.
   std::vector<std::pair<std::string, Tensor>> grads;
-  for (auto& [name, p] : hf_state(*model, model->config())) {
+  for (auto& [name, p] : model->named_parameters()) {
     Tensor g = p.grad().defined() ? p.grad() : zeros(p.shape(), p.options());
     grads.emplace_back(name, g.to(DType::kF32));
   }

@@ -1,0 +1,548 @@
+// Communicator front end: validates tensors (naming the collective, shapes and group), turns
+// 16-bit float reductions into gathers reduced in f32 in rank order, and waits on the transport
+// with a deadline. The transport itself is comm_backend.h (MPI or a world of one).
+#include "mesh/communicator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "mesh/comm_backend.h"
+#include "mesh/world.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+
+namespace mt {
+
+const char* comm_reduce_op_name(CommReduceOp op) {
+  switch (op) {
+    case CommReduceOp::kSum: return "sum";
+    case CommReduceOp::kAvg: return "avg";
+    case CommReduceOp::kMax: return "max";
+    case CommReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timeouts
+
+namespace {
+
+constexpr std::chrono::milliseconds kDefaultTimeout{300'000};
+
+std::chrono::milliseconds timeout_from_env() {
+  const char* s = std::getenv("MT_COLLECTIVE_TIMEOUT_S");
+  if (!s || !*s) return kDefaultTimeout;
+  char* end = nullptr;
+  const double secs = std::strtod(s, &end);
+  if (end == s || *end != '\0' || !(secs > 0)) {
+    MT_LOG_WARN("MT_COLLECTIVE_TIMEOUT_S='{}' is not a positive number of seconds; using {} s", s,
+                kDefaultTimeout.count() / 1000);
+    return kDefaultTimeout;
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(secs * 1000.0));
+}
+
+std::atomic<int64_t>& timeout_ms() {
+  static std::atomic<int64_t> ms{timeout_from_env().count()};
+  return ms;
+}
+
+}  // namespace
+
+std::chrono::milliseconds collective_timeout() { return std::chrono::milliseconds(timeout_ms().load()); }
+
+void set_collective_timeout(std::chrono::milliseconds timeout) {
+  MT_CHECK(timeout.count() > 0, "set_collective_timeout: timeout must be positive, got {} ms",
+           timeout.count());
+  timeout_ms().store(timeout.count());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work
+
+using Clock = std::chrono::steady_clock;
+
+struct Communicator::Impl {
+  std::shared_ptr<detail::CommHandle> handle;
+  int rank = 0;
+  int size = 1;
+  std::vector<int> world_ranks;
+  std::string description;
+};
+
+struct Work::State {
+  std::string op;
+  std::shared_ptr<const Communicator::Impl> comm;
+  std::vector<detail::RequestPtr> requests;
+  std::function<void()> finish;  // runs once, after every request completed
+  std::vector<Tensor> keep;      // buffers the transport reads or writes
+  Tensor result;
+  Clock::time_point start = Clock::now();
+  std::chrono::milliseconds timeout = collective_timeout();
+  bool done = false;
+  std::mutex mutex;
+
+  bool poll() {  // under mutex
+    for (auto& r : requests)
+      if (!r->test()) return false;
+    return true;
+  }
+  void complete() {  // under mutex
+    requests.clear();
+    if (finish) finish();
+    finish = nullptr;
+    keep.clear();
+    done = true;
+  }
+  void wait() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (done) return;
+    // Spin briefly (collectives on small tensors finish in microseconds), then back off so that
+    // oversubscribed ranks leave the cores to their peers.
+    for (int64_t iter = 0; !poll(); ++iter) {
+      const auto elapsed = Clock::now() - start;
+      if (elapsed > timeout) {
+        const double secs = std::chrono::duration<double>(elapsed).count();
+        abort_job(fmt::format(
+            "{} timed out after {:.1f} s (timeout {:.1f} s, set by MT_COLLECTIVE_TIMEOUT_S or "
+            "set_collective_timeout) on {}, group rank {} of {}, world rank {}: a peer is dead, "
+            "hung, or not calling the same collective",
+            op, secs, static_cast<double>(timeout.count()) / 1000.0, comm->description, comm->rank,
+            comm->size, world().rank()));
+      }
+      if (iter < 64) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(iter < 1024 ? 50 : 1000));
+      }
+    }
+    complete();
+  }
+  ~State() {
+    if (done) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      MT_LOG_ERROR("{} failed while its Work handle was dropped: {}", op, e.what());
+    }
+  }
+};
+
+void Work::wait() {
+  if (s_) s_->wait();
+}
+
+bool Work::is_completed() {
+  if (!s_) return true;
+  std::lock_guard<std::mutex> lock(s_->mutex);
+  if (s_->done) return true;
+  if (!s_->poll()) return false;
+  s_->complete();
+  return true;
+}
+
+Tensor Work::result() {
+  wait();
+  return s_ ? s_->result : Tensor();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+namespace {
+
+using detail::NativeOp;
+
+std::shared_ptr<Work::State> new_state(const char* op, const std::shared_ptr<Communicator::Impl>& c) {
+  auto s = std::make_shared<Work::State>();
+  s->op = op;
+  s->comm = c;
+  return s;
+}
+
+void check_host(const char* op, const char* what, const Tensor& t) {
+  MT_CHECK(t.defined(), "{}: {} is an undefined tensor", op, what);
+  MT_CHECK(!t.device().is_cuda(),
+           "{}: {} is a CUDA tensor ({}); NCCL collectives arrive with the CUDA backend (host "
+           "tensors only for now)",
+           op, what, t.desc());
+  MT_CHECK(t.device().is_cpu(), "{}: {} must be a host tensor, got {}", op, what, t.desc());
+  MT_CHECK(t.is_contiguous(), "{}: {} must be contiguous, got {} with strides {}", op, what,
+           t.desc(), t.strides());
+}
+
+void check_dim0(const char* op, const Tensor& t) {
+  MT_CHECK(t.dim() >= 1, "{}: expected a tensor with at least one dim (split along dim 0), got {}",
+           op, t.desc());
+}
+
+void check_same_dtype(const char* op, const Tensor& in, const Tensor& out) {
+  MT_CHECK(in.dtype() == out.dtype(), "{}: output dtype {} differs from input dtype {}", op,
+           out.dtype(), in.dtype());
+}
+
+void check_no_overlap(const char* op, const Tensor& in, const Tensor& out) {
+  const auto* a = static_cast<const char*>(in.data_ptr());
+  const auto* b = static_cast<const char*>(out.data_ptr());
+  if (!a || !b) return;
+  const int64_t na = in.numel() * dtype_size(in.dtype());
+  const int64_t nb = out.numel() * dtype_size(out.dtype());
+  MT_CHECK(a + na <= b || b + nb <= a, "{}: input and output must not overlap in memory", op);
+}
+
+Shape trailing(const Tensor& t) {
+  Shape s = t.shape();
+  s.erase(0);
+  return s;
+}
+
+Shape with_dim0(const Shape& trailing_dims, int64_t n) {
+  Shape s = trailing_dims;
+  s.insert(0, n);
+  return s;
+}
+
+int64_t row_numel(const Tensor& t) { return trailing(t).numel(); }
+
+void check_reduce_dtype(const char* op, DType dt, CommReduceOp rop) {
+  MT_CHECK(!(rop == CommReduceOp::kAvg && !is_floating(dt)),
+           "{}: avg needs a floating dtype, got {} (use sum and divide)", op, dt);
+  MT_CHECK(!(rop == CommReduceOp::kSum && dt == DType::kBool),
+           "{}: sum of bool is not supported (max is logical or, min is logical and)", op);
+}
+
+NativeOp native(CommReduceOp op) {
+  switch (op) {
+    case CommReduceOp::kSum:
+    case CommReduceOp::kAvg: return NativeOp::kSum;
+    case CommReduceOp::kMax: return NativeOp::kMax;
+    case CommReduceOp::kMin: return NativeOp::kMin;
+  }
+  return NativeOp::kSum;
+}
+
+// avg after a native sum: divide in the tensor's own precision (identical on every rank).
+void divide_in_place(Tensor& t, int size) {
+  if (size == 1) return;
+  const int64_t n = t.numel();
+  if (t.dtype() == DType::kF64) {
+    auto* p = t.data<double>();
+    for (int64_t i = 0; i < n; ++i) p[i] /= size;
+  } else if (t.dtype() == DType::kF32) {
+    auto* p = t.data<float>();
+    for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(size);
+  } else {
+    MT_ASSERT(false, "divide_in_place on {}", t.dtype());
+  }
+}
+
+// rows: [size, n] 16-bit floats, row r from group rank r. out[i] = op over rows in rank order,
+// accumulated in f32 and rounded once.
+template <class T>
+void reduce_rows16(const T* rows, int size, int64_t n, CommReduceOp op, T* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = static_cast<float>(rows[i]);
+    for (int r = 1; r < size; ++r) {
+      const float v = static_cast<float>(rows[static_cast<int64_t>(r) * n + i]);
+      switch (op) {
+        case CommReduceOp::kSum:
+        case CommReduceOp::kAvg: acc += v; break;
+        case CommReduceOp::kMax: acc = (v > acc || v != v) ? v : acc; break;
+        case CommReduceOp::kMin: acc = (v < acc || v != v) ? v : acc; break;
+      }
+    }
+    if (op == CommReduceOp::kAvg) acc /= static_cast<float>(size);
+    out[i] = T(acc);
+  }
+}
+
+void reduce_rows(const Tensor& rows, int size, int64_t n, CommReduceOp op, Tensor& out) {
+  if (out.dtype() == DType::kBF16) {
+    reduce_rows16(rows.data<BFloat16>(), size, n, op, out.data<BFloat16>());
+  } else {
+    MT_ASSERT(out.dtype() == DType::kF16, "reduce_rows on {}", out.dtype());
+    reduce_rows16(rows.data<Float16>(), size, n, op, out.data<Float16>());
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Communicator
+
+Communicator Communicator::create(const std::vector<int>& world_ranks, int tag, std::string description) {
+  const int me = world().rank();
+  MT_CHECK(std::find(world_ranks.begin(), world_ranks.end(), me) != world_ranks.end(),
+           "Communicator::create: world rank {} is not in the group {}", me, description);
+  auto impl = std::make_shared<Impl>();
+  impl->handle = detail::backend_create_group(world_ranks, tag);
+  impl->rank = detail::backend_rank(*impl->handle);
+  impl->size = detail::backend_size(*impl->handle);
+  impl->world_ranks = world_ranks;
+  impl->description = std::move(description);
+  MT_ASSERT(impl->size == static_cast<int>(world_ranks.size()), "group size {} != {}", impl->size,
+            world_ranks.size());
+  Communicator c;
+  c.impl_ = std::move(impl);
+  return c;
+}
+
+const Communicator::Impl& Communicator::impl(const char* op) const {
+  MT_CHECK(impl_ != nullptr, "{}: the communicator is undefined (default-constructed)", op);
+  return *impl_;
+}
+
+int Communicator::rank() const { return impl("rank").rank; }
+int Communicator::size() const { return impl("size").size; }
+const std::vector<int>& Communicator::world_ranks() const { return impl("world_ranks").world_ranks; }
+const std::string& Communicator::description() const { return impl("description").description; }
+
+void Communicator::all_reduce(Tensor& t, CommReduceOp op) { all_reduce_async(t, op).wait(); }
+void Communicator::all_gather(const Tensor& in, Tensor& out) { all_gather_async(in, out).wait(); }
+Tensor Communicator::all_gather_uneven(const Tensor& in) { return all_gather_uneven_async(in).result(); }
+void Communicator::reduce_scatter(const Tensor& in, Tensor& out, CommReduceOp op) {
+  reduce_scatter_async(in, out, op).wait();
+}
+void Communicator::all_to_all(const Tensor& in, Tensor& out) { all_to_all_async(in, out).wait(); }
+Tensor Communicator::all_to_allv(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                 std::vector<int64_t> recv_counts) {
+  return all_to_allv_async(in, send_counts, std::move(recv_counts)).result();
+}
+void Communicator::broadcast(Tensor& t, int root) { broadcast_async(t, root).wait(); }
+void Communicator::send(const Tensor& t, int peer, int tag) { send_async(t, peer, tag).wait(); }
+void Communicator::recv(Tensor& t, int peer, int tag) { recv_async(t, peer, tag).wait(); }
+void Communicator::barrier() { barrier_async().wait(); }
+
+Work Communicator::all_reduce_async(Tensor& t, CommReduceOp op) {
+  const char* name = "all_reduce";
+  const Impl& c = impl(name);
+  check_host(name, "tensor", t);
+  check_reduce_dtype(name, t.dtype(), op);
+  auto s = new_state(name, impl_);
+  s->keep = {t};
+  const int64_t n = t.numel();
+  if (detail::backend_reduces(t.dtype())) {
+    s->requests.push_back(detail::backend_iallreduce(*c.handle, t.data_ptr(), n, t.dtype(), native(op)));
+    if (op == CommReduceOp::kAvg) s->finish = [t, size = c.size]() mutable { divide_in_place(t, size); };
+  } else {
+    Tensor rows = empty(Shape{c.size, n}, t.dtype());
+    s->keep.push_back(rows);
+    s->requests.push_back(detail::backend_iallgather(*c.handle, t.data_ptr(), n, rows.data_ptr(), t.dtype()));
+    s->finish = [t, rows, n, op, size = c.size]() mutable { reduce_rows(rows, size, n, op, t); };
+  }
+  return Work(std::move(s));
+}
+
+Work Communicator::all_gather_async(const Tensor& in, Tensor& out) {
+  const char* name = "all_gather";
+  const Impl& c = impl(name);
+  check_host(name, "input", in);
+  check_host(name, "output", out);
+  check_dim0(name, in);
+  check_same_dtype(name, in, out);
+  const Shape want = with_dim0(trailing(in), in.size(0) * c.size);
+  MT_CHECK(out.shape() == want,
+           "{}: output shape {} must be {} (input {} gathered over {} ranks of {})", name,
+           out.shape(), want, in.shape(), c.size, c.description);
+  check_no_overlap(name, in, out);
+  auto s = new_state(name, impl_);
+  s->keep = {in, out};
+  s->requests.push_back(
+      detail::backend_iallgather(*c.handle, in.data_ptr(), in.numel(), out.data_ptr(), in.dtype()));
+  return Work(std::move(s));
+}
+
+Work Communicator::all_gather_uneven_async(const Tensor& in) {
+  const char* name = "all_gather_uneven";
+  const Impl& c = impl(name);
+  check_host(name, "input", in);
+  check_dim0(name, in);
+  // Exchange dtype, rank and sizes so that a mismatch is an error on every rank, not garbage.
+  constexpr int kMeta = kMaxDims + 2;
+  Tensor mine = zeros(Shape{kMeta}, DType::kI64);
+  auto* m = mine.data<int64_t>();
+  m[0] = static_cast<int64_t>(in.dtype());
+  m[1] = in.dim();
+  for (int d = 0; d < in.dim(); ++d) m[2 + d] = in.size(d);
+  Tensor all = empty(Shape{c.size, kMeta}, DType::kI64);
+  {
+    auto s = new_state("all_gather_uneven (size exchange)", impl_);
+    s->keep = {mine, all};
+    s->requests.push_back(detail::backend_iallgather(*c.handle, mine.data_ptr(), kMeta, all.data_ptr(), DType::kI64));
+    Work(std::move(s)).wait();
+  }
+  const auto* a = all.data<int64_t>();
+  std::vector<int64_t> counts(static_cast<size_t>(c.size));
+  int64_t rows = 0;
+  for (int r = 0; r < c.size; ++r) {
+    const int64_t* mr = a + static_cast<int64_t>(r) * kMeta;
+    Shape their;
+    for (int d = 0; d < mr[1]; ++d) their.push_back(mr[2 + d]);
+    Shape their_trailing = their;
+    if (!their.empty()) their_trailing.erase(0);
+    MT_CHECK(mr[0] == m[0] && mr[1] == m[1] && their_trailing == trailing(in),
+             "{}: group rank {} has {}{} but group rank {} has {}{}; only dim 0 may differ ({})",
+             name, r, dtype_name(static_cast<DType>(mr[0])), their, c.rank,
+             dtype_name(in.dtype()), in.shape(), c.description);
+    counts[static_cast<size_t>(r)] = their[0] * row_numel(in);
+    rows += their[0];
+  }
+  Tensor out = empty(with_dim0(trailing(in), rows), in.dtype());
+  auto s = new_state(name, impl_);
+  s->keep = {in, out};
+  s->result = out;
+  s->requests.push_back(detail::backend_iallgatherv(*c.handle, in.data_ptr(), in.numel(), out.data_ptr(),
+                                                    counts, in.dtype()));
+  return Work(std::move(s));
+}
+
+Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, CommReduceOp op) {
+  const char* name = "reduce_scatter";
+  const Impl& c = impl(name);
+  check_host(name, "input", in);
+  check_host(name, "output", out);
+  check_dim0(name, in);
+  check_same_dtype(name, in, out);
+  check_reduce_dtype(name, in.dtype(), op);
+  MT_CHECK(in.size(0) % c.size == 0,
+           "{}: input dim 0 ({}, shape {}) must divide evenly over {} ranks of {}", name,
+           in.size(0), in.shape(), c.size, c.description);
+  const Shape want = with_dim0(trailing(in), in.size(0) / c.size);
+  MT_CHECK(out.shape() == want, "{}: output shape {} must be {} (input {} over {} ranks of {})",
+           name, out.shape(), want, in.shape(), c.size, c.description);
+  check_no_overlap(name, in, out);
+  auto s = new_state(name, impl_);
+  s->keep = {in, out};
+  const int64_t n = out.numel();
+  if (detail::backend_reduces(in.dtype())) {
+    s->requests.push_back(detail::backend_ireduce_scatter(*c.handle, in.data_ptr(), out.data_ptr(), n,
+                                                          in.dtype(), native(op)));
+    if (op == CommReduceOp::kAvg) s->finish = [out, size = c.size]() mutable { divide_in_place(out, size); };
+  } else {
+    // Every rank receives its chunk from every rank ([size, n], in rank order), then reduces.
+    Tensor rows = empty(Shape{c.size, n}, in.dtype());
+    s->keep.push_back(rows);
+    s->requests.push_back(detail::backend_ialltoall(*c.handle, in.data_ptr(), rows.data_ptr(), n, in.dtype()));
+    s->finish = [out, rows, n, op, size = c.size]() mutable { reduce_rows(rows, size, n, op, out); };
+  }
+  return Work(std::move(s));
+}
+
+Work Communicator::all_to_all_async(const Tensor& in, Tensor& out) {
+  const char* name = "all_to_all";
+  const Impl& c = impl(name);
+  check_host(name, "input", in);
+  check_host(name, "output", out);
+  check_dim0(name, in);
+  check_same_dtype(name, in, out);
+  MT_CHECK(in.size(0) % c.size == 0,
+           "{}: input dim 0 ({}, shape {}) must divide evenly over {} ranks of {}", name,
+           in.size(0), in.shape(), c.size, c.description);
+  MT_CHECK(out.shape() == in.shape(), "{}: output shape {} must equal input shape {}", name,
+           out.shape(), in.shape());
+  check_no_overlap(name, in, out);
+  auto s = new_state(name, impl_);
+  s->keep = {in, out};
+  s->requests.push_back(detail::backend_ialltoall(*c.handle, in.data_ptr(), out.data_ptr(),
+                                                  in.numel() / c.size, in.dtype()));
+  return Work(std::move(s));
+}
+
+Work Communicator::all_to_allv_async(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                     std::vector<int64_t> recv_counts) {
+  const char* name = "all_to_allv";
+  const Impl& c = impl(name);
+  check_host(name, "input", in);
+  check_dim0(name, in);
+  MT_CHECK(static_cast<int>(send_counts.size()) == c.size,
+           "{}: {} send counts for a group of {} ranks ({})", name, send_counts.size(), c.size,
+           c.description);
+  int64_t total = 0;
+  for (int64_t n : send_counts) {
+    MT_CHECK(n >= 0, "{}: negative send count {}", name, n);
+    total += n;
+  }
+  MT_CHECK(total == in.size(0), "{}: send counts sum to {} but input dim 0 is {} (shape {})", name,
+           total, in.size(0), in.shape());
+  if (recv_counts.empty()) {
+    Tensor sc = from_vector<int64_t>(send_counts);
+    Tensor rc = empty(Shape{c.size}, DType::kI64);
+    auto s = new_state("all_to_allv (count exchange)", impl_);
+    s->keep = {sc, rc};
+    s->requests.push_back(detail::backend_ialltoall(*c.handle, sc.data_ptr(), rc.data_ptr(), 1, DType::kI64));
+    Work(std::move(s)).wait();
+    recv_counts = rc.to_vector<int64_t>();
+  }
+  MT_CHECK(static_cast<int>(recv_counts.size()) == c.size,
+           "{}: {} receive counts for a group of {} ranks ({})", name, recv_counts.size(), c.size,
+           c.description);
+  int64_t rows = 0;
+  for (int64_t n : recv_counts) {
+    MT_CHECK(n >= 0, "{}: negative receive count {}", name, n);
+    rows += n;
+  }
+  const int64_t row = row_numel(in);
+  std::vector<int64_t> se(send_counts), re(recv_counts);
+  for (auto& v : se) v *= row;
+  for (auto& v : re) v *= row;
+  Tensor out = empty(with_dim0(trailing(in), rows), in.dtype());
+  auto s = new_state(name, impl_);
+  s->keep = {in, out};
+  s->result = out;
+  s->requests.push_back(detail::backend_ialltoallv(*c.handle, in.data_ptr(), se, out.data_ptr(), re, in.dtype()));
+  return Work(std::move(s));
+}
+
+Work Communicator::broadcast_async(Tensor& t, int root) {
+  const char* name = "broadcast";
+  const Impl& c = impl(name);
+  check_host(name, "tensor", t);
+  MT_CHECK(root >= 0 && root < c.size, "{}: root {} is not a rank of the {}-rank group {}", name,
+           root, c.size, c.description);
+  auto s = new_state(name, impl_);
+  s->keep = {t};
+  s->requests.push_back(detail::backend_ibcast(*c.handle, t.data_ptr(), t.numel(), t.dtype(), root));
+  return Work(std::move(s));
+}
+
+Work Communicator::send_async(const Tensor& t, int peer, int tag) {
+  const char* name = "send";
+  const Impl& c = impl(name);
+  check_host(name, "tensor", t);
+  MT_CHECK(peer >= 0 && peer < c.size, "{}: peer {} is not a rank of the {}-rank group {}", name,
+           peer, c.size, c.description);
+  MT_CHECK(tag >= 0, "{}: tag must be non-negative, got {}", name, tag);
+  auto s = new_state(name, impl_);
+  s->keep = {t};
+  s->requests.push_back(detail::backend_isend(*c.handle, t.data_ptr(), t.numel(), t.dtype(), peer, tag));
+  return Work(std::move(s));
+}
+
+Work Communicator::recv_async(Tensor& t, int peer, int tag) {
+  const char* name = "recv";
+  const Impl& c = impl(name);
+  check_host(name, "tensor", t);
+  MT_CHECK(peer >= 0 && peer < c.size, "{}: peer {} is not a rank of the {}-rank group {}", name,
+           peer, c.size, c.description);
+  MT_CHECK(tag >= 0, "{}: tag must be non-negative, got {}", name, tag);
+  auto s = new_state(name, impl_);
+  s->keep = {t};
+  s->requests.push_back(detail::backend_irecv(*c.handle, t.data_ptr(), t.numel(), t.dtype(), peer, tag));
+  return Work(std::move(s));
+}
+
+Work Communicator::barrier_async() {
+  const char* name = "barrier";
+  const Impl& c = impl(name);
+  auto s = new_state(name, impl_);
+  s->requests.push_back(detail::backend_ibarrier(*c.handle));
+  return Work(std::move(s));
+}
+
+}  // namespace mt

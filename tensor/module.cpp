@@ -537,13 +537,13 @@ const InitRecord* Module::init_record(const std::string& path) const {
 
 void Module::materialize(Device device) {
   MT_CHECK(!device.is_meta(), "materialize: target device must hold storage, not meta");
-  std::vector<std::pair<Tensor, const InitRecord*>> todo;
+  std::vector<std::pair<Tensor, const InitRecord*>> to_fill;
   std::vector<std::string> orphans;
   std::unordered_set<const TensorImpl*> seen;
   visit_slots(*this, "", Slots::kAll, [&](const std::string& path, Slot& s) {
     if (!s.value.is_meta() || !seen.insert(s.value.impl()).second) return;
     if (s.init)
-      todo.emplace_back(s.value, &*s.init);
+      to_fill.emplace_back(s.value, &*s.init);
     else
       orphans.push_back(path);
   });
@@ -551,7 +551,7 @@ void Module::materialize(Device device) {
            "materialize {}: meta tensors without an init record (not created by param_normal/"
            "param_uniform/param_const): {}; load them with load_state_dict instead",
            where(), join_names(orphans));
-  for (auto& [t, rec] : todo) {
+  for (auto& [t, rec] : to_fill) {
     Tensor real = empty(rec->shape, TensorOptions(rec->dtype).with_device(device));
     rec->fill(real, 0, rec->shape.contiguous_strides());
     adopt_storage(t, real);

@@ -426,3 +426,13 @@ TEST_CASE("placement: sharded random numbers on a strided sub-view and a 2-D wei
   }
   REQUIRE(bits_equal(assemble(locals, shape, ps, {2, 3}), global));
 }
+
+TEST_CASE("placement: left to right differs from one flat shard", "[cpu]") {
+  std::vector<int64_t> sizes;
+  for (const Shape& c : all_coords({2, 2}))
+    sizes.push_back(local_layout({5}, PS("[S(0), S(0)]"), {2, 2}, c).local_shape[0]);
+  CHECK(sizes == std::vector<int64_t>{2, 1, 1, 1});
+  CHECK(dim0_sizes({5}, PS("S(0)"), 4) == std::vector<int64_t>{2, 2, 1, 0});
+  REQUIRE_THROWS_WITH(local_layout({6}, PS("[S(0), IS(0,2)]"), {2, 2}, {1, 0}), Contains("size 3 here"));
+  CHECK(local_layout({6}, PS("IS(0,2)"), {2}, {1}).local_shape == Shape{2});
+}

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "runtime/error.h"
+#include "tensor/autograd.h"
 #include "tensor/ops_index.h"
 #include "tensor/ops_pointwise.h"
 #include "tensor/random.h"
@@ -245,6 +246,7 @@ Tensor assemble(const std::vector<Tensor>& locals_by_rank, const Shape& global_s
     return r;
   };
 
+  NoGradGuard no_grad;  // a testing/checkpoint utility: never part of a graph
   Tensor global = zeros(global_shape, dtype);
   for (int64_t rank = 0; rank < world; ++rank) {
     const Shape coord = coord_of(rank);

@@ -131,6 +131,10 @@ grep -q "grad norm" "$WORK/full.out" && grep -q "tok/s" "$WORK/full.out" && grep
   && pass "train prints loss, grad norm, lr, tok/s, MFU, memory" || fail "train step line"
 "$BIN" train $T "$WORK/bf.jsonl" --precision bf16 --steps 4 >/dev/null && pass "bf16 mixed precision trains" || fail "bf16 train"
 
+# ---- train from a Hugging Face checkpoint ---------------------------------------------------------
+"$BIN" train --hf "$WORK/ck" --steps 3 --batch 2 --seq 32 --metrics "" --checkpoint-dir "$WORK/fromhf" >"$WORK/fromhf.out" \
+  && [ -f "$WORK/fromhf/step-00000003/model.safetensors" ] && pass "train --hf starts from a checkpoint" || fail "train --hf"
+
 # ---- gradient accumulation: 2 micro-batches of 1 == one batch of 2 (same data, to rounding) --------
 A="--seq 32 --steps 3 --warmup 1 --lr 1e-3"
 "$BIN" train $A --batch 2 --accum 1 --metrics "$WORK/b2.jsonl" >/dev/null || fail "train batch 2"

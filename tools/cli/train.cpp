@@ -112,6 +112,7 @@ int run_train(int argc, char** argv) {
 
   // Model and weights.
   LoadedCheckpoint loaded;
+  HfCheckpoint start_weights;  // --hf
   ModelConfig cfg;
   uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
   if (resume) {
@@ -120,7 +121,8 @@ int run_train(int argc, char** argv) {
     cfg = loaded.config;
     seed = loaded.state.seed;
   } else if (!args.str("hf").empty()) {
-    cfg = read_hf_checkpoint(args.str("hf")).config;
+    start_weights = read_hf_checkpoint(args.str("hf"));
+    cfg = start_weights.config;
   } else {
     cfg = resolve_config(args.str("config"));
   }
@@ -135,7 +137,7 @@ int run_train(int argc, char** argv) {
     }
     HfCheckpoint ck;
     ck.config = cfg;
-    ck.tensors = resume ? loaded.model : read_hf_checkpoint(args.str("hf")).tensors;
+    ck.tensors = resume ? std::move(loaded.model) : std::move(start_weights.tensors);
     load_into_module(*model, ck);
   } else {
     model = build_causal_lm(cfg);
@@ -165,7 +167,8 @@ int run_train(int argc, char** argv) {
   adam.beta2 = args.real("beta2");
   adam.eps = 1e-8;
   AdamW opt(make_param_groups(master.master_params(), args.real("weight-decay")), adam);
-  LrSchedule sched{args.real("lr"), args.real("min-lr"), args.integer("warmup"), steps};
+  // A run shorter than the warmup warms up over the whole run.
+  LrSchedule sched{args.real("lr"), args.real("min-lr"), std::min(args.integer("warmup"), steps), steps};
   int64_t start = 0;
   if (resume) {
     opt.load_state_dict(loaded.optimizer);

@@ -31,6 +31,12 @@ DeviceMesh& mesh_2d() {
   return m;
 }
 
+// Size-1 leading dim: a change on mesh dim 0 forces undoing dims 2 and 1 (right to left).
+DeviceMesh& mesh_3d() {
+  static DeviceMesh m({1, 2, 2}, {"p", "a", "b"});
+  return m;
+}
+
 Shape coord_of(const DeviceMesh& mesh) {
   Shape c;
   for (int64_t v : mesh.coordinates()) c.push_back(v);
@@ -175,6 +181,12 @@ TEST_CASE("redistribute: all pairs of R, S, P on a 1-D mesh", "[cpu][mpi]") {
 TEST_CASE("redistribute: all pairs of R, S, P on a [2, 2] mesh", "[cpu][mpi]") {
   if (P() != 4) return;
   for (const Shape& s : shapes()) all_pairs(global_tensor(s), basic_options(s.size(), false), mesh_2d());
+}
+
+TEST_CASE("redistribute: all pairs of R, S, P on a [1, 2, 2] mesh", "[cpu][mpi]") {
+  if (P() != 4) return;
+  for (const Shape& s : {Shape{7, 5}, Shape{3, 4, 2}})
+    all_pairs(global_tensor(s), basic_options(2, false), mesh_3d());
 }
 
 TEST_CASE("redistribute: interleaved and ragged shards", "[cpu][mpi]") {

@@ -58,6 +58,15 @@ Tensor grad_local(const Tensor& g, const DTensorSpec& spec, const Placements& wa
   return redistribute_local(g.detach(), spec.global_shape(), gs->placements(), want, spec.mesh());
 }
 
+// The gradient of a local term of P(avg|max|min) is not the gradient of the reduction (1/k, or a
+// mask): from_local / to_local do not differentiate through those yet.
+void check_local_grad(const Placements& ps, const char* op) {
+  for (const auto& p : ps)
+    MT_CHECK(!p.is_partial() || p.reduce_op() == PartialOp::kSum,
+             "{}: gradient through the local term of {} is not supported (placements {}); "
+             "redistribute to Replicate first", op, p.str(), placements_str(ps));
+}
+
 }  // namespace
 
 Shape DTensorSpec::local_shape() const {
@@ -117,6 +126,7 @@ Tensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements&
            world().rank(), coord_of(mesh), want, global_shape, placements_str(placements), local.shape());
   Tensor out = wrap(local, spec);
   if (needs_grad(local)) {
+    check_local_grad(placements, "from_local");
     record("FromLocalBackward", {local}, out, [spec](const std::vector<Tensor>& g) {
       return std::vector<Tensor>{grad_local(g[0], *spec, grad_placements(spec->placements()))};
     });
@@ -129,6 +139,7 @@ Tensor to_local(const Tensor& dt) {
   Tensor out = dt.detach();
   out.impl()->dist = nullptr;
   if (needs_grad(dt)) {
+    check_local_grad(s.placements(), "to_local");
     // The plain local gradient of the shard is a DTensor gradient with the input's placements,
     // Partial mapped to Replicate (the gradient of each term is the gradient of the reduction).
     auto spec = intern_spec(s.mesh(), grad_placements(s.placements()), s.global_shape());

@@ -139,6 +139,10 @@ TEST_CASE("dtensor: bad inputs throw", "[cpu][mpi]") {
   REQUIRE_THROWS_WITH(redistribute(dt, {Placement::replicate(), Placement::replicate()}),
                       Contains("redistribute"));
   REQUIRE_THROWS_WITH(distribute_tensor(dt, mesh, s0), Contains("already a DTensor"));
+  Tensor l = zeros(intern_spec(mesh, {Placement::partial(PartialOp::kMax)}, {5, 3})->local_shape(), DType::kF64);
+  l.requires_grad_();
+  REQUIRE_THROWS_WITH(from_local(l, mesh, {Placement::partial(PartialOp::kMax)}, {5, 3}),
+                      Contains("from_local") && Contains("P(max)"));
 }
 
 TEST_CASE("dtensor: redistribute forward equals redistribute_local", "[cpu][mpi]") {
@@ -191,7 +195,7 @@ TEST_CASE("dtensor: gradient through from_local / to_local and a chain", "[cpu][
     Shape shape{7, 3};
     Tensor g = global_tensor(shape);
     Tensor w = global_tensor(shape, 0.5, -2.0);
-    for (const Placements& ps : all_placements(mesh->ndim(), false)) {
+    for (const Placements& ps : all_placements(mesh->ndim(), true)) {
       INFO(mesh->str() << " " << placements_str(ps));
       Tensor l = local_shard(g, ps, mesh->shape(), coord_of(*mesh));
       l.requires_grad_();
@@ -201,7 +205,8 @@ TEST_CASE("dtensor: gradient through from_local / to_local and a chain", "[cpu][
       for (const Placements& q : all_placements(mesh->ndim(), true)) y = redistribute(y, q);
       sum(mul(w, full_tensor(y))).backward();
       REQUIRE(!l.grad().is_distributed());
-      require_equal(l.grad(), local_shard(w, ps, mesh->shape(), coord_of(*mesh)));
+      // Partial(sum) terms: the gradient of each term is the gradient of the sum (replicated).
+      require_equal(l.grad(), local_shard(w, grad_of(ps), mesh->shape(), coord_of(*mesh)));
     }
   }
 }

@@ -26,6 +26,20 @@ std::atomic<uint64_t> g_next_seq{0};
 bool GradMode::enabled() { return g_grad_enabled; }
 void GradMode::set(bool on) { g_grad_enabled = on; }
 
+namespace {
+// Sum of two gradients of one tensor; a DTensor gradient keeps its (interned) spec, and both
+// terms of a sum must hold the same placements (their local shards are added).
+Tensor add_grads(const Tensor& a, const Tensor& b) {
+  const auto& da = a.impl()->dist;
+  const auto& db = b.impl()->dist;
+  MT_CHECK(!da || !db || da == db, "autograd: summing DTensor gradients with different specs {} and {}",
+           da->str(), db->str());
+  Tensor out = add(a, b);
+  if (da || db) out.impl()->dist = da ? da : db;
+  return out;
+}
+}  // namespace
+
 Node::Node() : seq(g_next_seq.fetch_add(1, std::memory_order_relaxed)) {}
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>& grads) {
@@ -40,11 +54,13 @@ AccumulateGrad::AccumulateGrad(Tensor l) : leaf(std::move(l)) {
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
   Tensor g = std::move(grads[0]);
+  auto gspec = g.impl()->dist;  // a DTensor's gradient stays a DTensor (hooks and casts drop it)
   AutogradMeta& m = leaf.impl()->meta();
   for (auto& hook : m.hooks.snapshot()) {
     Tensor r = hook(g);
     if (r.defined()) g = r;
   }
+  if (g.impl()->dist) gspec = g.impl()->dist;
   MT_CHECK(g.shape() == leaf.shape(), "gradient {} does not match leaf {}", g.shape(), leaf.shape());
   if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
   if (!m.grad || !m.grad->defined()) {
@@ -55,10 +71,19 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
     bool exclusive = !GradMode::enabled() && g.use_count() == 1 && g.is_contiguous() &&
                      g.impl()->storage && g.impl()->storage->use_count() == 1;
     m.grad = std::make_unique<Tensor>(exclusive ? g : g.clone());
-  } else if (GradMode::enabled()) {
-    *m.grad = add(*m.grad, g);  // create_graph: keep the sum differentiable
+    m.grad->impl()->dist = gspec;
   } else {
-    m.grad->add_(g);
+    const auto& have = m.grad->impl()->dist;
+    MT_CHECK(!have || !gspec || have == gspec,
+             "gradient spec {} does not match the accumulated gradient's spec {}", gspec->str(),
+             have->str());
+    auto spec = have ? have : gspec;
+    if (GradMode::enabled()) {
+      *m.grad = add(*m.grad, g);  // create_graph: keep the sum differentiable
+    } else {
+      m.grad->add_(g);
+    }
+    m.grad->impl()->dist = spec;
   }
   for (auto& hook : m.post_accumulate_hooks.snapshot()) hook(leaf);
   return {};
@@ -237,7 +262,7 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
     if (!buf[slot].defined())
       buf[slot] = g;
     else
-      buf[slot] = add(buf[slot], g);
+      buf[slot] = add_grads(buf[slot], g);
   };
 
   std::priority_queue<Node*, std::vector<Node*>, ByNewest> ready;

@@ -13,6 +13,7 @@
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/shape.h"
+#include "tensor/dist_spec.h"
 #include "tensor/hooks.h"
 #include "tensor/rc.h"
 
@@ -60,6 +61,9 @@ class TensorImpl : public RefCounted {
   Device device;
   bool requires_grad = false;
   std::unique_ptr<AutogradMeta> autograd;
+  // Distributed spec (mesh/dtensor.h); null for a plain local tensor. Never copied by make_view,
+  // detach or copies: only mesh/dtensor.cpp attaches one (a view of a DTensor's storage is local).
+  std::shared_ptr<const DistSpec> dist;
 
   AutogradMeta& meta();  // creates on first use
 };
@@ -100,6 +104,9 @@ class Tensor {
   bool same(const Tensor& o) const { return impl_ == o.impl_; }
   int64_t use_count() const { return impl_ ? impl_->use_count() : 0; }
   TensorOptions options() const;
+  // DTensor (mesh/dtensor.h): a spec is attached and the storage is the local shard.
+  bool is_distributed() const { return impl_ && impl_->dist; }
+  const DistSpec* dist_spec() const { return impl_ ? impl_->dist.get() : nullptr; }
 
   // Raw data of the first element (CPU or CUDA pointer); nullptr for meta or empty tensors.
   void* data_ptr() const;

@@ -1,0 +1,182 @@
+#include "mesh/dtensor.h"
+
+#include <mutex>
+#include <unordered_map>
+
+#include "mesh/redistribute.h"
+#include "mesh/shard_layout.h"
+#include "mesh/world.h"
+#include "runtime/error.h"
+#include "tensor/autograd.h"
+
+namespace mt {
+
+namespace {
+
+Shape coord_of(const DeviceMesh& mesh) {
+  Shape c;
+  for (int64_t v : mesh.coordinates()) c.push_back(v);
+  return c;
+}
+
+std::string spec_key(const DeviceMesh& mesh, const Placements& placements, const Shape& shape) {
+  std::string key = mesh.str();
+  key += '|';
+  for (int r : mesh.world_ranks()) key += fmt::format("{},", r);
+  key += '|';
+  key += placements_str(placements);
+  key += fmt::format("|{}", shape);
+  return key;
+}
+
+// A DTensor over `local`'s storage (a fresh impl: `local` itself stays plain).
+Tensor wrap(const Tensor& local, std::shared_ptr<const DTensorSpec> spec) {
+  Tensor out = local.detach();
+  out.impl()->dist = std::move(spec);
+  return out;
+}
+
+// The placements a gradient of a DTensor with `ps` is brought to: Partial becomes Replicate (the
+// gradient of every term of a sum is the gradient of the sum), the others stay.
+Placements grad_placements(const Placements& ps) {
+  Placements g = ps;
+  for (auto& p : g)
+    if (p.is_partial()) p = Placement::replicate();
+  return g;
+}
+
+// The local tensor of gradient `g` for a DTensor of `spec`, under placements `want`. A gradient
+// without a spec (a zero fill, or an op that does not know DTensors) is taken as being `want`.
+Tensor grad_local(const Tensor& g, const DTensorSpec& spec, const Placements& want) {
+  const DistSpec* ds = g.dist_spec();
+  if (!ds) return g;
+  const auto* gs = dynamic_cast<const DTensorSpec*>(ds);
+  MT_ASSERT(gs, "gradient carries a foreign DistSpec {}", ds->str());
+  MT_CHECK(gs->global_shape() == spec.global_shape(),
+           "DTensor gradient: global shape {} does not match {}", gs->global_shape(), spec.global_shape());
+  if (gs->placements() == want) return g.detach();
+  return redistribute_local(g.detach(), spec.global_shape(), gs->placements(), want, spec.mesh());
+}
+
+// The gradient of a local term of P(avg|max|min) is not the gradient of the reduction (1/k, or a
+// mask): from_local / to_local do not differentiate through those yet.
+void check_local_grad(const Placements& ps, const char* op) {
+  for (const auto& p : ps)
+    MT_CHECK(!p.is_partial() || p.reduce_op() == PartialOp::kSum,
+             "{}: gradient through the local term of {} is not supported (placements {}); "
+             "redistribute to Replicate first", op, p.str(), placements_str(ps));
+}
+
+}  // namespace
+
+Shape DTensorSpec::local_shape() const {
+  return local_layout(global_shape_, placements_, mesh_.shape(), coord_of(mesh_)).local_shape;
+}
+
+std::string DTensorSpec::str() const {
+  return fmt::format("DTensorSpec({}, {}, {})", mesh_.str(), placements_str(placements_), global_shape_);
+}
+
+std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh& mesh, const Placements& placements,
+                                               const Shape& global_shape) {
+  static std::mutex mu;
+  static auto* table = new std::unordered_map<std::string, std::shared_ptr<const DTensorSpec>>();
+  std::string key = spec_key(mesh, placements, global_shape);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = table->find(key);
+    if (it != table->end()) return it->second;
+  }
+  MT_CHECK(static_cast<int>(placements.size()) == mesh.ndim(),
+           "DTensor: {} placements {} for mesh {}", placements.size(), placements_str(placements), mesh.str());
+  (void)local_layout(global_shape, placements, mesh.shape(), coord_of(mesh));  // validates
+  auto spec = std::make_shared<const DTensorSpec>(mesh, placements, global_shape);
+  std::lock_guard<std::mutex> lock(mu);
+  return table->emplace(std::move(key), std::move(spec)).first->second;
+}
+
+const DTensorSpec& dtensor_spec(const Tensor& t, const char* op) {
+  MT_CHECK(t.defined(), "{}: undefined tensor", op);
+  const DistSpec* ds = t.dist_spec();
+  MT_CHECK(ds, "{}: expected a DTensor, got a local tensor of shape {}", op, t.shape());
+  const auto* s = dynamic_cast<const DTensorSpec*>(ds);
+  MT_CHECK(s, "{}: unknown distributed spec {}", op, ds->str());
+  return *s;
+}
+
+Tensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Placements& placements) {
+  MT_CHECK(global.defined(), "distribute_tensor: undefined tensor");
+  MT_CHECK(!global.is_distributed(), "distribute_tensor: input is already a DTensor ({})",
+           global.dist_spec()->str());
+  auto spec = intern_spec(mesh, placements, global.shape());
+  NoGradGuard ng;
+  Tensor local = local_shard(global.detach(), placements, mesh.shape(), coord_of(mesh));
+  return wrap(local, std::move(spec));
+}
+
+Tensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                  const Shape& global_shape) {
+  MT_CHECK(local.defined(), "from_local: undefined tensor");
+  MT_CHECK(!local.is_distributed(), "from_local: input is already a DTensor ({})", local.dist_spec()->str());
+  auto spec = intern_spec(mesh, placements, global_shape);
+  Shape want = spec->local_shape();
+  MT_CHECK(local.shape() == want,
+           "from_local: rank {} (mesh coordinates {}) expected local shape {} for global shape {} "
+           "under {}, got {}",
+           world().rank(), coord_of(mesh), want, global_shape, placements_str(placements), local.shape());
+  Tensor out = wrap(local, spec);
+  if (needs_grad(local)) {
+    check_local_grad(placements, "from_local");
+    record("FromLocalBackward", {local}, out, [spec](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{grad_local(g[0], *spec, grad_placements(spec->placements()))};
+    });
+  }
+  return out;
+}
+
+Tensor to_local(const Tensor& dt) {
+  const DTensorSpec& s = dtensor_spec(dt, "to_local");
+  Tensor out = dt.detach();
+  out.impl()->dist = nullptr;
+  if (needs_grad(dt)) {
+    check_local_grad(s.placements(), "to_local");
+    // The plain local gradient of the shard is a DTensor gradient with the input's placements,
+    // Partial mapped to Replicate (the gradient of each term is the gradient of the reduction).
+    auto spec = intern_spec(s.mesh(), grad_placements(s.placements()), s.global_shape());
+    record("ToLocalBackward", {dt}, out, [spec](const std::vector<Tensor>& g) {
+      if (g[0].is_distributed()) return std::vector<Tensor>{g[0]};
+      return std::vector<Tensor>{wrap(g[0], spec)};
+    });
+  }
+  return out;
+}
+
+Tensor redistribute(const Tensor& dt, const Placements& dst) {
+  const DTensorSpec& s = dtensor_spec(dt, "redistribute");
+  MT_CHECK(dst.size() == s.placements().size(), "redistribute: {} destination placements {} for mesh {}",
+           dst.size(), placements_str(dst), s.mesh().str());
+  auto src_spec = intern_spec(s.mesh(), s.placements(), s.global_shape());
+  auto dst_spec = intern_spec(s.mesh(), dst, s.global_shape());
+  Tensor local = dt.detach();
+  local.impl()->dist = nullptr;
+  Tensor out_local = redistribute_local(local, s.global_shape(), s.placements(), dst, s.mesh());
+  Tensor out = wrap(out_local, dst_spec);
+  if (needs_grad(dt)) {
+    auto gdst_spec = intern_spec(s.mesh(), grad_placements(dst), s.global_shape());
+    record("RedistributeBackward", {dt}, out, [src_spec, gdst_spec](const std::vector<Tensor>& g) {
+      // The gradient arrives as a DTensor (a plain one is taken as grad_placements(dst)) and goes back
+      // to the source placements with Partial mapped to Replicate. Differentiable with create_graph.
+      const Placements want = grad_placements(src_spec->placements());
+      Tensor gd = g[0].is_distributed() ? g[0] : wrap(g[0], gdst_spec);
+      return std::vector<Tensor>{redistribute(gd, want)};
+    });
+  }
+  return out;
+}
+
+Tensor full_tensor(const Tensor& dt) {
+  const DTensorSpec& s = dtensor_spec(dt, "full_tensor");
+  return to_local(redistribute(dt, Placements(s.placements().size(), Placement::replicate())));
+}
+
+}  // namespace mt

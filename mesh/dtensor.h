@@ -1,0 +1,68 @@
+// DTensor core (docs/dtensor.md): a Tensor whose impl carries a DTensorSpec (mesh, one placement
+// per mesh dim, global shape) and whose storage is this rank's local shard. Specs are interned:
+// equal specs are the same pointer, so a spec compares and hashes as a pointer.
+// No sharding rules yet: ops do not dispatch on DTensors; go through to_local explicitly.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "mesh/device_mesh.h"
+#include "mesh/placement.h"
+#include "runtime/shape.h"
+#include "tensor/dist_spec.h"
+#include "tensor/tensor.h"
+
+namespace mt {
+
+class DTensorSpec : public DistSpec {
+ public:
+  DTensorSpec(DeviceMesh mesh, Placements placements, Shape global_shape)
+      : mesh_(std::move(mesh)), placements_(std::move(placements)), global_shape_(global_shape) {}
+  const DeviceMesh& mesh() const { return mesh_; }
+  const Placements& placements() const { return placements_; }
+  const Shape& global_shape() const { return global_shape_; }
+  // Local shape on this rank (local_layout at the mesh coordinates).
+  Shape local_shape() const;
+  // "DTensorSpec(DeviceMesh([2, 2], [\"a\", \"b\"]), [S(0), R], [5, 3])"
+  std::string str() const override;
+
+ private:
+  DeviceMesh mesh_;
+  Placements placements_;
+  Shape global_shape_;
+};
+
+// The one spec for (mesh, placements, global shape): equal arguments give the same pointer.
+// Meshes are equal when they print the same and have the same world ranks. Thread-safe.
+// Checks that placements has one entry per mesh dim and that split dims exist.
+std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh& mesh, const Placements& placements,
+                                               const Shape& global_shape);
+
+// The spec of a DTensor; throws naming `op` when `t` is not one.
+const DTensorSpec& dtensor_spec(const Tensor& t, const char* op);
+
+// Every rank passes the same global tensor; the result holds this rank's shard (local_shard:
+// Partial(sum) puts the value on coordinate 0 and zeros elsewhere). Not recorded by autograd:
+// the result is a fresh leaf (call requires_grad_() on it).
+Tensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Placements& placements);
+
+// Wraps this rank's local tensor (shares storage); its shape must be the local shape of
+// global_shape under placements at this rank. Differentiable: the gradient is the local tensor of
+// the incoming DTensor gradient redistributed to `placements` (Partial mapped to Replicate).
+Tensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                  const Shape& global_shape);
+
+// The local shard as a plain tensor sharing storage. Differentiable: the plain local gradient
+// becomes a DTensor gradient with the spec of `dt`.
+Tensor to_local(const Tensor& dt);
+
+// Redistributes to Replicate on every mesh dim and returns the plain global tensor. Collective.
+Tensor full_tensor(const Tensor& dt);
+
+// Changes the placements (redistribute_local, collective over the mesh dims that change).
+// Differentiable: the gradient arrives as a DTensor (any placements) and is redistributed to the
+// source placements with Partial mapped to Replicate (docs/dtensor.md, "Gradients").
+Tensor redistribute(const Tensor& dt, const Placements& dst);
+
+}  // namespace mt

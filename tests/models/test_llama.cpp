@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "models/llama.h"
+#include "model_testing.h"
 #include "testing.h"
 
 using namespace mt;
+using namespace mt::testing;
 using Catch::Contains;
 
 namespace {
@@ -62,18 +64,7 @@ Names hf_llama_names(const ModelConfig& c) {
   return n;
 }
 
-// Overwrites every parameter with values in [-0.5, 0.5) (norm weights around 1).
-void randomize(Module& m, uint64_t seed) {
-  NoGradGuard ng;
-  for (auto& [n, t] : m.named_parameters()) {
-    Tensor r = testing::rand(t.shape(), t.dtype(), seed++, -0.5, 0.5);
-    if (n.find("norm") != std::string::npos) r = add(r, 1.0);
-    Tensor tt = t;
-    tt.copy_(r);
-  }
-}
 
-Tensor ids_tensor(const std::vector<int64_t>& v, int64_t B, int64_t T) { return from_vector<int64_t>(v, Shape{B, T}); }
 
 // ---- naive reference: plain loops over std::vector<double> -------------------------------------
 
@@ -192,8 +183,6 @@ struct Naive {
   }
 };
 
-const std::vector<int64_t> kIds = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};  // B = 2, T = 5
-const std::vector<int64_t> kTargets = {1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
 
 }  // namespace
 
@@ -405,14 +394,7 @@ TEST_CASE("llama: meta construction + materialize equals direct construction bit
   }
   for (auto& t : meta->parameters()) REQUIRE(t.is_meta());
   meta->materialize();
-  auto a = direct->named_parameters(), b = meta->named_parameters();
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    REQUIRE(a[i].first == b[i].first);
-    REQUIRE(a[i].second.to_vector<float>() == b[i].second.to_vector<float>());
-  }
-  Tensor ids = ids_tensor(kIds, 2, 5);
-  REQUIRE(direct->forward({ids})[0].to_vector<float>() == meta->forward({ids})[0].to_vector<float>());
+  require_same_model(*direct, *meta);
 }
 
 TEST_CASE("llama: dropout changes outputs in train mode only", "[cpu]") {

@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "models/moe.h"
+#include "model_testing.h"
 #include "testing.h"
 
 using namespace mt;
+using namespace mt::testing;
 using Catch::Contains;
 
 namespace {
@@ -59,20 +61,8 @@ Names hf_mixtral_names(const ModelConfig& c) {
   return n;
 }
 
-void randomize(Module& m, uint64_t seed, double scale = 0.5) {
-  NoGradGuard ng;
-  for (auto& [n, t] : m.named_parameters()) {
-    Tensor r = testing::rand(t.shape(), t.dtype(), seed++, -scale, scale);
-    if (n.find("norm") != std::string::npos) r = add(r, 1.0);
-    Tensor tt = t;
-    tt.copy_(r);
-  }
-}
 
-Tensor ids_tensor(const std::vector<int64_t>& v, int64_t B, int64_t T) { return from_vector<int64_t>(v, Shape{B, T}); }
 
-const std::vector<int64_t> kIds = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};  // B = 2, T = 5
-const std::vector<int64_t> kTargets = {1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
 
 using Vec = std::vector<double>;
 
@@ -245,14 +235,7 @@ TEST_CASE("mixtral: meta construction + materialize equals direct construction b
     meta = build_causal_lm(c);
   }
   meta->materialize();
-  auto a = direct->named_parameters(), b = meta->named_parameters();
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    REQUIRE(a[i].first == b[i].first);
-    REQUIRE(a[i].second.to_vector<float>() == b[i].second.to_vector<float>());
-  }
-  Tensor ids = ids_tensor(kIds, 2, 5);
-  REQUIRE(direct->forward({ids})[0].to_vector<float>() == meta->forward({ids})[0].to_vector<float>());
+  require_same_model(*direct, *meta);
 }
 
 TEST_CASE("mixtral: f32 and bf16 forwards are close to f64", "[cpu]") {

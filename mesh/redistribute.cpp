@@ -19,16 +19,6 @@
 namespace mt {
 namespace {
 
-CommReduceOp comm_op(PartialOp op) {
-  switch (op) {
-    case PartialOp::kSum: return CommReduceOp::kSum;
-    case PartialOp::kAvg: return CommReduceOp::kAvg;
-    case PartialOp::kMax: return CommReduceOp::kMax;
-    case PartialOp::kMin: return CommReduceOp::kMin;
-  }
-  return CommReduceOp::kSum;
-}
-
 // A fresh contiguous copy (never sharing storage with t).
 Tensor fresh(const Tensor& t) { return t.is_contiguous() ? t.clone() : t.contiguous(); }
 
@@ -106,7 +96,7 @@ Tensor to_replicate(const Ctx& c, const Tensor& x, const Placement& p, int j, co
   Communicator comm = c.mesh.comm(j);
   if (p.is_partial()) {
     Tensor y = fresh(x);
-    comm.all_reduce(y, comm_op(p.reduce_op()));
+    comm.all_reduce(y, comm_reduce_op(p.reduce_op()));
     return y;
   }
   const int d = p.dim();
@@ -209,7 +199,7 @@ Tensor partial_to_shard(const Ctx& c, const Tensor& x, const Placement& p, const
   Shape os = y.shape();
   os[0] = n / k;
   Tensor out = empty(os, y.dtype());
-  comm.reduce_scatter(y, out, comm_op(p.reduce_op()));
+  comm.reduce_scatter(y, out, comm_reduce_op(p.reduce_op()));
   return from_front(out, d);
 }
 
@@ -270,6 +260,16 @@ Tensor redistribute_local(const Tensor& local, const Shape& global_shape, const 
   if (x.same(local)) x = fresh(x);
   MT_ASSERT(x.shape() == dst_local, "{}: produced shape {}, expected {}", c.what, x.shape(), dst_local);
   return x;
+}
+
+CommReduceOp comm_reduce_op(PartialOp op) {
+  switch (op) {
+    case PartialOp::kSum: return CommReduceOp::kSum;
+    case PartialOp::kAvg: return CommReduceOp::kAvg;
+    case PartialOp::kMax: return CommReduceOp::kMax;
+    case PartialOp::kMin: return CommReduceOp::kMin;
+  }
+  return CommReduceOp::kSum;
 }
 
 }  // namespace mt

@@ -4,6 +4,7 @@
 // of those mesh dims: every rank of the mesh calls it with the same arguments.
 #pragma once
 
+#include "mesh/communicator.h"
 #include "mesh/device_mesh.h"
 #include "mesh/placement.h"
 #include "runtime/shape.h"
@@ -20,5 +21,8 @@ namespace mt {
 // Not recorded by autograd.
 Tensor redistribute_local(const Tensor& local, const Shape& global_shape, const Placements& src,
                           const Placements& dst, const DeviceMesh& mesh);
+
+// The collective reduction that resolves a Partial placement's op.
+CommReduceOp comm_reduce_op(PartialOp op);
 
 }  // namespace mt

@@ -77,16 +77,6 @@ Tensor source_local(const Tensor& global, const Placements& src, const DeviceMes
   return t;
 }
 
-CommReduceOp to_comm(PartialOp op) {
-  switch (op) {
-    case PartialOp::kSum: return CommReduceOp::kSum;
-    case PartialOp::kAvg: return CommReduceOp::kAvg;
-    case PartialOp::kMax: return CommReduceOp::kMax;
-    case PartialOp::kMin: return CommReduceOp::kMin;
-  }
-  return CommReduceOp::kSum;
-}
-
 // True when the placements fit the shape at every coordinate of the mesh (same answer on every rank).
 bool fits(const Shape& shape, const Placements& ps, const Shape& mesh_shape) {
   const int64_t n = mesh_shape.numel();
@@ -117,7 +107,7 @@ bool check_pair(const Tensor& global, const Placements& src, const Placements& d
   for (int j = mesh.ndim() - 1; j >= 0; --j) {
     const Placement& p = dst[static_cast<size_t>(j)];
     if (!p.is_partial()) continue;
-    mesh.comm(j).all_reduce(got, to_comm(p.reduce_op()));
+    mesh.comm(j).all_reduce(got, comm_reduce_op(p.reduce_op()));
     reduced[static_cast<size_t>(j)] = Placement::replicate();
   }
   const Tensor want = local_shard(global, reduced, mesh.shape(), coord_of(mesh));

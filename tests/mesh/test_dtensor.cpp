@@ -14,6 +14,7 @@
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "mesh_testing.h"
 #include "testing.h"
 
 using namespace mt;
@@ -21,16 +22,9 @@ using Catch::Contains;
 
 namespace {
 
-int P() { return world().size(); }
-
-DeviceMesh& mesh_1d() {
-  static DeviceMesh m({P()}, {"x"});
-  return m;
-}
-DeviceMesh& mesh_2d() {
-  static DeviceMesh m({2, 2}, {"a", "b"});
-  return m;
-}
+int P() { return testing::world_size(); }
+using testing::mesh_1d;
+using testing::mesh_2d;
 
 Shape coord_of(const DeviceMesh& mesh) {
   Shape c;

@@ -13,6 +13,7 @@
 #include "mesh/shard_layout.h"
 #include "mesh/world.h"
 #include "runtime/error.h"
+#include "mesh_testing.h"
 #include "testing.h"
 
 using namespace mt;
@@ -20,16 +21,9 @@ using Catch::Contains;
 
 namespace {
 
-int P() { return world().size(); }
-
-DeviceMesh& mesh_1d() {
-  static DeviceMesh m({P()}, {"x"});
-  return m;
-}
-DeviceMesh& mesh_2d() {
-  static DeviceMesh m({2, 2}, {"a", "b"});
-  return m;
-}
+int P() { return testing::world_size(); }
+using testing::mesh_1d;
+using testing::mesh_2d;
 
 // Size-1 leading dim: a change on mesh dim 0 forces undoing dims 2 and 1 (right to left).
 DeviceMesh& mesh_3d() {

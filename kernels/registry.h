@@ -43,6 +43,18 @@ void register_cpu_loss(KernelTable& t);       // cross_entropy(_bwd)
 void register_cpu_attention(KernelTable& t);  // attention(_bwd)
 void register_cpu_random(KernelTable& t);     // random
 
+// The CUDA backend (kernels/cuda/*.cu, built when MT_HAVE_CUDA): the same families.
+void register_cuda_copy(KernelTable& t);
+void register_cuda_pointwise(KernelTable& t);
+void register_cuda_reduce(KernelTable& t);
+void register_cuda_matmul(KernelTable& t);
+void register_cuda_norm(KernelTable& t);
+void register_cuda_rope(KernelTable& t);
+void register_cuda_index(KernelTable& t);
+void register_cuda_loss(KernelTable& t);
+void register_cuda_attention(KernelTable& t);
+void register_cuda_random(KernelTable& t);
+
 }  // namespace mt
 
 // Calls the kernel of `family` for device type `dev`, or throws naming both.

@@ -1,0 +1,110 @@
+// Shared by every CUDA kernel file (kernels/cuda/*.cu): error checks, the stream kernels launch
+// on, a POD view that device code can index (KView holds Shape, whose methods are host-only),
+// and float conversions for the 16-bit storage types.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/view.h"
+#include "runtime/error.h"
+
+// Throws mt::Error with the CUDA error string, the expression, file and line.
+#define MT_CUDA_CHECK(expr)                                                                      \
+  do {                                                                                           \
+    cudaError_t err_ = (expr);                                                                   \
+    if (err_ != cudaSuccess)                                                                     \
+      ::mt::cuda_fail(err_, #expr, __FILE__, __LINE__);                                          \
+  } while (0)
+// After a launch: reports launch-configuration errors at the launching line.
+#define MT_CUDA_LAUNCH_CHECK() MT_CUDA_CHECK(cudaGetLastError())
+
+namespace mt {
+
+[[noreturn]] void cuda_fail(cudaError_t err, const char* expr, const char* file, int line);
+
+namespace cuda {
+// The stream that kernels of the calling thread launch on (runtime/cuda/stream.h owns it).
+cudaStream_t current_stream();
+}  // namespace cuda
+
+// A view device code can index: data pointer, rank, sizes and element strides by value.
+struct CView {
+  void* data;
+  int ndim;
+  int64_t sizes[kMaxDims];
+  int64_t strides[kMaxDims];
+
+  template <class T>
+  __host__ __device__ T* ptr() const { return static_cast<T*>(data); }
+  // Element offset of the `linear`-th element in row-major order of sizes.
+  __host__ __device__ int64_t offset(int64_t linear) const {
+    int64_t off = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      int64_t i = linear % sizes[d];
+      linear /= sizes[d];
+      off += i * strides[d];
+    }
+    return off;
+  }
+};
+
+inline CView cview(const KView& v) {
+  CView c{};
+  c.data = v.data;
+  c.ndim = v.sizes.size();
+  for (int i = 0; i < c.ndim; ++i) {
+    c.sizes[i] = v.sizes[i];
+    c.strides[i] = v.strides[i];
+  }
+  return c;
+}
+
+// Device storage types of meshtrain dtypes: kF64 double, kF32 float, kBF16 __nv_bfloat16,
+// kF16 __half, kI64 int64_t, kI32 int32_t, kU8 uint8_t, kBool bool. Arithmetic happens in
+// acc_t (float for 16-bit floats) and rounds once on store (round to nearest even, like the CPU).
+template <class T> struct Acc { using type = T; };
+template <> struct Acc<__nv_bfloat16> { using type = float; };
+template <> struct Acc<__half> { using type = float; };
+template <class T> using acc_t = typename Acc<T>::type;
+
+template <class T> __device__ __forceinline__ acc_t<T> to_acc(T x) { return x; }
+template <> __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+
+template <class T, class A> __device__ __forceinline__ T from_acc(A x) { return static_cast<T>(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc(double x) { return __double2bfloat16(x); }
+template <> __device__ __forceinline__ __half from_acc(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __half from_acc(double x) { return __double2half(x); }
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Blocks for a 1-D grid-stride launch over n elements (capped; kernels loop).
+inline unsigned grid_for(int64_t n, int threads = 256) {
+  int64_t b = ceil_div(n, threads);
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
+}
+
+}  // namespace mt
+
+// Like MT_DISPATCH_FLOAT (runtime/dtype.h) with device storage types: binds `scalar_t` and runs
+// the block, e.g. MT_CUDA_DISPATCH_FLOAT(p.x.dtype, "rms_norm", { launch<scalar_t>(p); });
+#define MT_CUDA_DTYPE_CASE(enum_name, type, ...) \
+  case ::mt::DType::enum_name: {                 \
+    using scalar_t = type;                       \
+    __VA_ARGS__;                                 \
+    break;                                       \
+  }
+#define MT_CUDA_DISPATCH_FLOAT(dt, name, ...)                                                 \
+  switch (dt) {                                                                               \
+    MT_CUDA_DTYPE_CASE(kF64, double, __VA_ARGS__)                                             \
+    MT_CUDA_DTYPE_CASE(kF32, float, __VA_ARGS__)                                              \
+    MT_CUDA_DTYPE_CASE(kBF16, __nv_bfloat16, __VA_ARGS__)                                     \
+    MT_CUDA_DTYPE_CASE(kF16, __half, __VA_ARGS__)                                             \
+    default:                                                                                  \
+      MT_FAIL("{}: dtype {} is not supported on cuda (floating types only)", name,             \
+              ::mt::dtype_name(dt));                                                          \
+  }

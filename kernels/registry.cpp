@@ -22,12 +22,29 @@ KernelTable make_cpu_table() {
   return t;
 }
 
+KernelTable make_noop_table() {
+  KernelTable t;
+#define MT_NOOP_SLOT(name, P) t.name = [](const P&) {};
+  MT_KERNEL_LIST(MT_NOOP_SLOT)
+#undef MT_NOOP_SLOT
+  return t;
+}
+
+thread_local bool g_meta_kernels = false;
+
 }  // namespace
+
+MetaKernelsGuard::MetaKernelsGuard() : prev_(g_meta_kernels) { g_meta_kernels = true; }
+MetaKernelsGuard::~MetaKernelsGuard() { g_meta_kernels = prev_; }
+bool MetaKernelsGuard::active() { return g_meta_kernels; }
 
 const KernelTable& kernels(DeviceType type) {
   static const KernelTable cpu = make_cpu_table();
   static const KernelTable none;  // CUDA kernels arrive with the CUDA backend
-  return type == DeviceType::kCPU ? cpu : none;
+  static const KernelTable noop = make_noop_table();
+  if (type == DeviceType::kCPU) return cpu;
+  if (type == DeviceType::kMeta && g_meta_kernels) return noop;
+  return none;
 }
 
 void missing_kernel(const char* family, DeviceType type) {

@@ -31,6 +31,21 @@ struct KernelTable {
 const KernelTable& kernels(DeviceType type);
 [[noreturn]] void missing_kernel(const char* family, DeviceType type);
 
+// Shape inference runs ops on meta tensors (DTensor dispatch, on a propagation-cache miss): while
+// a MetaKernelsGuard lives on this thread, every meta kernel is a no-op (and reading a meta
+// tensor's values gives zeros) instead of an error.
+class MetaKernelsGuard {
+ public:
+  MetaKernelsGuard();
+  ~MetaKernelsGuard();
+  MetaKernelsGuard(const MetaKernelsGuard&) = delete;
+  MetaKernelsGuard& operator=(const MetaKernelsGuard&) = delete;
+  static bool active();
+
+ private:
+  bool prev_;
+};
+
 // Per-family registration, one function per file in kernels/cpu/.
 void register_cpu_copy(KernelTable& t);       // fill, arange, copy
 void register_cpu_pointwise(KernelTable& t);  // unary, binary, where

@@ -3,6 +3,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "mesh/dispatch.h"
 #include "mesh/redistribute.h"
 #include "mesh/shard_layout.h"
 #include "mesh/world.h"
@@ -54,8 +55,8 @@ Tensor grad_local(const Tensor& g, const DTensorSpec& spec, const Placements& wa
   MT_ASSERT(gs, "gradient carries a foreign DistSpec {}", ds->str());
   MT_CHECK(gs->global_shape() == spec.global_shape(),
            "DTensor gradient: global shape {} does not match {}", gs->global_shape(), spec.global_shape());
-  if (gs->placements() == want) return g.detach();
-  return redistribute_local(g.detach(), spec.global_shape(), gs->placements(), want, spec.mesh());
+  if (gs->placements() == want) return local_view(g.detach());
+  return redistribute_local(local_view(g.detach()), spec.global_shape(), gs->placements(), want, spec.mesh());
 }
 
 // The gradient of a local term of P(avg|max|min) is not the gradient of the reduction (1/k, or a
@@ -73,8 +74,27 @@ Shape DTensorSpec::local_shape() const {
   return local_layout(global_shape_, placements_, mesh_.shape(), coord_of(mesh_)).local_shape;
 }
 
+std::string DTensorSpec::placements_str() const { return mt::placements_str(placements_); }
+
+bool DTensorSpec::is_replicated() const {
+  for (const auto& p : placements_)
+    if (!p.is_replicate()) return false;
+  return true;
+}
+
+bool DTensorSpec::has_partial() const {
+  for (const auto& p : placements_)
+    if (p.is_partial()) return true;
+  return false;
+}
+
+std::shared_ptr<const DistSpec> DTensorSpec::grad_spec() const {
+  if (grad_) return grad_;
+  return shared_from_this();
+}
+
 std::string DTensorSpec::str() const {
-  return fmt::format("DTensorSpec({}, {}, {})", mesh_.str(), placements_str(placements_), global_shape_);
+  return fmt::format("DTensorSpec({}, {}, {})", mesh_.str(), mt::placements_str(placements_), global_shape_);
 }
 
 std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh& mesh, const Placements& placements,
@@ -90,7 +110,9 @@ std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh& mesh, const Pla
   MT_CHECK(static_cast<int>(placements.size()) == mesh.ndim(),
            "DTensor: {} placements {} for mesh {}", placements.size(), placements_str(placements), mesh.str());
   (void)local_layout(global_shape, placements, mesh.shape(), coord_of(mesh));  // validates
-  auto spec = std::make_shared<const DTensorSpec>(mesh, placements, global_shape);
+  auto spec = std::make_shared<DTensorSpec>(mesh, placements, global_shape);
+  if (spec->has_partial()) spec->grad_ = intern_spec(mesh, grad_placements(placements), global_shape);
+  install_dist_dispatch();
   std::lock_guard<std::mutex> lock(mu);
   return table->emplace(std::move(key), std::move(spec)).first->second;
 }

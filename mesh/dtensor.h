@@ -1,7 +1,7 @@
 // DTensor core (docs/dtensor.md): a Tensor whose impl carries a DTensorSpec (mesh, one placement
 // per mesh dim, global shape) and whose storage is this rank's local shard. Specs are interned:
 // equal specs are the same pointer, so a spec compares and hashes as a pointer.
-// No sharding rules yet: ops do not dispatch on DTensors; go through to_local explicitly.
+// Ops on DTensors dispatch through sharding rules (mesh/dispatch.cpp, docs/sharding.md).
 #pragma once
 
 #include <memory>
@@ -15,13 +15,17 @@
 
 namespace mt {
 
-class DTensorSpec : public DistSpec {
+class DTensorSpec : public DistSpec, public std::enable_shared_from_this<DTensorSpec> {
  public:
   DTensorSpec(DeviceMesh mesh, Placements placements, Shape global_shape)
       : mesh_(std::move(mesh)), placements_(std::move(placements)), global_shape_(global_shape) {}
   const DeviceMesh& mesh() const { return mesh_; }
   const Placements& placements() const { return placements_; }
-  const Shape& global_shape() const { return global_shape_; }
+  const Shape& global_shape() const override { return global_shape_; }
+  std::string placements_str() const override;
+  bool is_replicated() const override;
+  bool has_partial() const override;
+  std::shared_ptr<const DistSpec> grad_spec() const override;
   // Local shape on this rank (local_layout at the mesh coordinates).
   Shape local_shape() const;
   // "DTensorSpec(DeviceMesh([2, 2], [\"a\", \"b\"]), [S(0), R], [5, 3])"
@@ -31,6 +35,8 @@ class DTensorSpec : public DistSpec {
   DeviceMesh mesh_;
   Placements placements_;
   Shape global_shape_;
+  std::shared_ptr<const DTensorSpec> grad_;  // set by intern_spec when Partial; else this spec
+  friend std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh&, const Placements&, const Shape&);
 };
 
 // The one spec for (mesh, placements, global shape): equal arguments give the same pointer.

@@ -29,14 +29,18 @@ void GradMode::set(bool on) { g_grad_enabled = on; }
 namespace {
 // Sum of two gradients of one tensor; a DTensor gradient keeps its (interned) spec, and both
 // terms of a sum must hold the same placements (their local shards are added).
-Tensor add_grads(const Tensor& a, const Tensor& b) {
-  const auto& da = a.impl()->dist;
-  const auto& db = b.impl()->dist;
-  MT_CHECK(!da || !db || da == db, "autograd: summing DTensor gradients with different specs {} and {}",
-           da->str(), db->str());
-  Tensor out = add(a, b);
-  if (da || db) out.impl()->dist = da ? da : db;
-  return out;
+// DTensor gradients are added by DTensor dispatch (same placements, or Partial + Replicate).
+Tensor add_grads(const Tensor& a, const Tensor& b) { return add(a, b); }
+
+// A tensor like `meta`'s output filled with `value`: local shape, and the spec of a DTensor.
+Tensor filled_like(const Node::OutputMeta& meta, double value) {
+  Tensor t = full(meta.shape, value, TensorOptions(meta.dtype).with_device(meta.device));
+  t.impl()->dist = meta.dist;
+  return t;
+}
+
+Node::OutputMeta output_meta(const Tensor& t) {
+  return {t.local_shape(), t.dtype(), t.device(), t.impl()->dist};
 }
 }  // namespace
 
@@ -48,7 +52,7 @@ std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>& grads) {
 }
 
 AccumulateGrad::AccumulateGrad(Tensor l) : leaf(std::move(l)) {
-  outputs.push_back({leaf.shape(), leaf.dtype(), leaf.device()});
+  outputs.push_back(output_meta(leaf));
   output_hooks.resize(1);
 }
 
@@ -118,7 +122,7 @@ void set_history(const std::shared_ptr<Node>& node, const std::vector<Tensor>& i
   node->output_hooks.resize(outputs.size());
   for (size_t k = 0; k < outputs.size(); ++k) {
     Tensor& out = *outputs[k];
-    node->outputs.push_back({out.shape(), out.dtype(), out.device()});
+    node->outputs.push_back(output_meta(out));
     out.impl()->requires_grad = true;
     AutogradMeta& m = out.impl()->meta();
     m.grad_fn = node;
@@ -189,8 +193,9 @@ void Tensor::retain_grad() {
 }
 
 Tensor Tensor::detach() const {
-  Tensor out = make_view(*this, shape(), strides(), offset());
+  Tensor out = make_view(*this, local_shape(), strides(), offset());
   if (!impl_->storage) out.impl()->device = device();
+  out.impl()->dist = impl_->dist;
   return out;
 }
 
@@ -297,7 +302,8 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
       for (size_t k = 0; k < grads.size(); ++k) {
         const auto& meta = n->outputs[k];
         if (!grads[k].defined())
-          grads[k] = zeros(meta.shape, TensorOptions(meta.dtype).with_device(meta.device));
+          grads[k] = filled_like({meta.shape, meta.dtype, meta.device,
+                                  meta.dist ? meta.dist->grad_spec() : nullptr}, 0.0);
         for (auto& hook : n->output_hooks[k].snapshot()) {
           Tensor r = hook(grads[k]);
           if (r.defined()) grads[k] = r;
@@ -332,7 +338,9 @@ std::vector<Tensor> default_root_grads(const std::vector<Tensor>& roots, const s
     Tensor g = i < grads.size() ? grads[i] : Tensor();
     if (!g.defined()) {
       MT_CHECK(r.numel() == 1, "{}: a gradient must be given for non-scalar output {}", api, r.desc());
-      g = ones(r.shape(), r.options());
+      // The gradient of a Partial root is the Replicate one (each term's gradient is 1).
+      auto spec = r.impl()->dist ? r.impl()->dist->grad_spec() : nullptr;
+      g = filled_like({r.local_shape(), r.dtype(), r.device(), spec}, 1.0);
     }
     MT_CHECK(g.shape() == r.shape(), "{}: gradient {} does not match output {}", api, g.desc(), r.desc());
     out.push_back(g);

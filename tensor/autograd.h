@@ -35,9 +35,10 @@ class Node : public std::enable_shared_from_this<Node> {
   bool released = false;
   // Metadata of each output, for zero-filling undefined gradients.
   struct OutputMeta {
-    Shape shape;
+    Shape shape;  // local shape
     DType dtype;
     Device device;
+    std::shared_ptr<const DistSpec> dist;  // a DTensor output's spec: zero fills keep it
   };
   std::vector<OutputMeta> outputs;
   // Hooks on the gradient of output k of this node (non-leaf tensor hooks).

@@ -7,6 +7,7 @@
 #include "kernels/registry.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
 #include "tensor/ops_nn.h"
 #include "tensor/pointwise_util.h"
 
@@ -15,6 +16,11 @@ namespace mt {
 Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Tensor& v0, Causal causal,
                                     double scale) {
   const char* op = "scaled_dot_product_attention";
+  if (any_dist(q0, k0, v0)) [[unlikely]] {
+    DistOp d{op, DistRule::kAttention};
+    d.args[0] = causal == Causal::kYes;
+    return dist_dispatch1(d, {q0, k0, v0}, MT_DIST_LOCAL(scaled_dot_product_attention(l[0], l[1], l[2], causal, scale)));
+  }
   check_same_device(q0, k0, op);
   check_same_device(q0, v0, op);
   MT_CHECK(q0.dim() == 4 && k0.dim() == 4 && v0.dim() == 4,

@@ -9,6 +9,7 @@
 #include "kernels/registry.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_pointwise.h"
 #include "tensor/ops_reduce.h"
@@ -70,9 +71,21 @@ Tensor pad_to(Tensor t, const Shape& shape) {
 
 }  // namespace
 
+namespace {
+// Gather-like ops on DTensors: inputs of the output's rank share its placements, the others are
+// Replicate, and dim `dim` is not split.
+Tensor dist_gather_like(const char* op, int dim, const std::vector<Tensor>& in, DistLocalFn local) {
+  DistOp d{op, DistRule::kGatherLike};
+  d.args[0] = dim;
+  return dist_dispatch1(d, in, local);
+}
+}  // namespace
+
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   const char* op = "index_select";
   check_at_least_1d(x, op);
+  if (any_dist(x, index)) [[unlikely]]
+    return dist_gather_like(op, wrap_dim(dim, x.dim(), op), {x, index}, MT_DIST_LOCAL(index_select(l[0], dim, l[1])));
   check_index_dtype(index, op);
   check_same_device(x, index, op);
   MT_CHECK(index.dim() <= 1, "{}: index must be 1-D, got {}", op, index.desc());
@@ -102,6 +115,9 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 Tensor index_add(const Tensor& x0, int64_t dim, const Tensor& index, const Tensor& src0, double alpha) {
   const char* op = "index_add";
   check_at_least_1d(x0, op);
+  if (any_dist(x0, index, src0)) [[unlikely]]
+    return dist_gather_like(op, wrap_dim(dim, x0.dim(), op), {x0, index, src0},
+                            MT_DIST_LOCAL(index_add(l[0], dim, l[1], l[2], alpha)));
   check_index_dtype(index, op);
   check_same_device(x0, index, op);
   check_same_device(x0, src0, op);
@@ -145,6 +161,8 @@ Tensor index_add(const Tensor& x0, int64_t dim, const Tensor& index, const Tenso
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   const char* op = "gather";
   check_at_least_1d(x, op);
+  if (any_dist(x, index)) [[unlikely]]
+    return dist_gather_like(op, wrap_dim(dim, x.dim(), op), {x, index}, MT_DIST_LOCAL(gather(l[0], dim, l[1])));
   check_index_dtype(index, op);
   check_same_device(x, index, op);
   const int d = wrap_dim(dim, x.dim(), op);
@@ -172,6 +190,9 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 Tensor scatter_add(const Tensor& x0, int64_t dim, const Tensor& index, const Tensor& src0) {
   const char* op = "scatter_add";
   check_at_least_1d(x0, op);
+  if (any_dist(x0, index, src0)) [[unlikely]]
+    return dist_gather_like(op, wrap_dim(dim, x0.dim(), op), {x0, index, src0},
+                            MT_DIST_LOCAL(scatter_add(l[0], dim, l[1], l[2])));
   check_index_dtype(index, op);
   check_same_device(x0, index, op);
   check_same_device(x0, src0, op);
@@ -210,6 +231,15 @@ std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, TopkOrde
   const char* op = "topk";
   check_at_least_1d(x, op);
   const int d = wrap_dim(dim, x.dim(), op);
+  if (x.is_distributed()) [[unlikely]] {
+    DistOp dop{op, DistRule::kSlice};
+    dop.args[0] = d;
+    auto r = dist_dispatch(dop, {x}, [&](const std::vector<Tensor>& l, const DistCtx&) {
+      auto [v, i] = topk(l[0], k, dim, order);
+      return std::vector<Tensor>{v, i};
+    });
+    return {r[0], r[1]};
+  }
   const int last = x.dim() - 1;
   const int64_t n = x.shape()[d];
   MT_CHECK(k >= 0 && k <= n, "{}: k = {} is out of range [0, {}] for dim {} of {}", op, k, n, d, x.desc());
@@ -244,6 +274,10 @@ std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, TopkOrde
 Tensor one_hot(const Tensor& index, int64_t num_classes) {
   const char* op = "one_hot";
   check_index_dtype(index, op);
+  if (index.is_distributed()) [[unlikely]] {
+    MT_CHECK(num_classes >= 0, "{}: num_classes must be given for a DTensor index {}", op, index.desc());
+    return dist_gather_like(op, index.dim(), {index}, MT_DIST_LOCAL(one_hot(l[0], num_classes)));
+  }
   if (num_classes < 0) {  // -1: infer from the largest index, like PyTorch
     MT_CHECK(num_classes == -1, "{}: num_classes must be >= 0 or -1, got {}", op, num_classes);
     num_classes = index.numel() == 0 ? 0 : max(index).item_int() + 1;
@@ -271,6 +305,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   MT_CHECK(t0.defined(), "{}: tensor 0 is undefined", op);
   MT_CHECK(t0.dim() >= 1, "{}: zero-dim tensor 0 ({}) cannot be concatenated", op, t0.desc());
   const int d = wrap_dim(dim, t0.dim(), op);
+  if (any_dist(tensors)) [[unlikely]]
+    return dist_gather_like(op, d, tensors, MT_DIST_LOCAL(cat(l, dim)));
   DType t = t0.dtype();
   Shape os = t0.shape();
   os[d] = 0;
@@ -379,6 +415,8 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
 
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
   const char* op = "embedding";
+  if (any_dist(weight, ids)) [[unlikely]]
+    return dist_dispatch1({op, DistRule::kEmbedding}, {weight, ids}, MT_DIST_LOCAL(embedding(l[0], l[1])));
   MT_CHECK(weight.defined() && weight.dim() == 2, "{}: weight must be 2-D [V, C], got {}", op, weight.defined() ? weight.desc() : "undefined");
   check_index_dtype(ids, op);
   check_same_device(weight, ids, op);

@@ -11,6 +11,7 @@
 #include "kernels/registry.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
 #include "tensor/ops_pointwise.h"
 #include "tensor/ops_reduce.h"
 #include "tensor/pointwise_util.h"
@@ -111,6 +112,8 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, const char* op) {
 }  // namespace
 
 Tensor matmul(const Tensor& a0, const Tensor& b0) {
+  if (any_dist(a0, b0)) [[unlikely]]
+    return dist_dispatch1({"matmul", DistRule::kMatmul}, {a0, b0}, MT_DIST_LOCAL(matmul(l[0], l[1])));
   check_same_device(a0, b0, "matmul");
   MT_CHECK(a0.dim() >= 1 && b0.dim() >= 1, "matmul: both operands need at least 1 dim, got {} and {}",
            a0.desc(), b0.desc());
@@ -134,6 +137,8 @@ Tensor matmul(const Tensor& a0, const Tensor& b0) {
 }
 
 Tensor bmm(const Tensor& a0, const Tensor& b0) {
+  if (any_dist(a0, b0)) [[unlikely]]
+    return dist_dispatch1({"bmm", DistRule::kMatmul}, {a0, b0}, MT_DIST_LOCAL(bmm(l[0], l[1])));
   check_same_device(a0, b0, "bmm");
   MT_CHECK(a0.dim() == 3 && b0.dim() == 3, "bmm: expected 3-D operands [B, M, K] and [B, K, N], got {} and {}",
            a0.shape(), b0.shape());
@@ -146,6 +151,14 @@ Tensor bmm(const Tensor& a0, const Tensor& b0) {
 }
 
 Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
+  if (any_dist(x0, w0, bias0)) [[unlikely]] {
+    // x @ w^T (+ bias): the matmul rule with a transposed right operand (args[0] = 1); a bias is
+    // added by one rank where the product is Partial.
+    DistOp d{"linear", DistRule::kMatmul};
+    d.args[0] = 1;
+    if (!bias0.defined()) return dist_dispatch1(d, {x0, w0}, MT_DIST_LOCAL(linear(l[0], l[1])));
+    return dist_dispatch1(d, {x0, w0, bias0}, MT_DIST_LOCAL(linear(l[0], l[1], ctx.partial_root ? l[2] : Tensor())));
+  }
   check_same_device(x0, w0, "linear");
   MT_CHECK(w0.dim() == 2, "linear: weight must be 2-D [out, in], got {} (x {})", w0.shape(), x0.shape());
   MT_CHECK(x0.dim() >= 1 && x0.size(-1) == w0.size(1),

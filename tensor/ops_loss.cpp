@@ -7,6 +7,7 @@
 #include "kernels/registry.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_pointwise.h"
 #include "tensor/ops_reduce.h"
@@ -15,6 +16,12 @@
 namespace mt {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+  if (any_dist(logits, target)) [[unlikely]] {
+    DistOp d{"cross_entropy", DistRule::kCrossEntropy};
+    d.args[0] = ignore_index;
+    d.args[1] = static_cast<int64_t>(reduction);
+    return dist_dispatch1(d, {logits, target}, MT_DIST_LOCAL(cross_entropy(l[0], l[1], ignore_index, reduction)));
+  }
   check_same_device(logits, target, "cross_entropy");
   MT_CHECK(is_floating(logits.dtype()), "cross_entropy: logits must be floating, got {}", logits.desc());
   MT_CHECK(target.dtype() == DType::kI64 || target.dtype() == DType::kI32,

@@ -7,6 +7,7 @@
 #include "kernels/registry.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_pointwise.h"
 #include "tensor/ops_reduce.h"
@@ -63,6 +64,11 @@ Tensor softmax_last(const Tensor& x0, SoftmaxKind kind) {
 Tensor softmax_any(const Tensor& x, int64_t dim, SoftmaxKind kind) {
   const char* name = kind == SoftmaxKind::kLog ? "log_softmax" : "softmax";
   MT_CHECK(x.defined(), "{}: undefined input", name);
+  if (x.is_distributed()) [[unlikely]] {
+    DistOp d{name, DistRule::kSlice};  // the softmax dim must not be split
+    d.args[0] = x.dim() == 0 ? 0 : wrap_dim(dim, x.dim(), name);
+    return dist_dispatch1(d, {x}, MT_DIST_LOCAL(softmax_any(l[0], dim, kind)));
+  }
   MT_CHECK(is_floating(x.dtype()), "{}: expected a floating tensor, got {}", name, x.desc());
   if (x.dim() == 0) {
     wrap_dim(dim, 1, name);
@@ -97,6 +103,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_any(x, dim, So
 
 Tensor rms_norm(const Tensor& x0, const Tensor& weight0, double eps) {
   check_norm_input(x0, "rms_norm");
+  if (any_dist(x0, weight0)) [[unlikely]]
+    return dist_dispatch1({"rms_norm", DistRule::kNorm}, {x0, weight0}, MT_DIST_LOCAL(rms_norm(l[0], l[1], eps)));
   Tensor w = feature_param(weight0, x0, "rms_norm", "weight");
   Tensor x = x0.contiguous();
   Tensor out = empty(x.shape(), x.options());
@@ -122,6 +130,9 @@ Tensor rms_norm(const Tensor& x0, const Tensor& weight0, double eps) {
 
 Tensor layer_norm(const Tensor& x0, const Tensor& weight0, const Tensor& bias0, double eps) {
   check_norm_input(x0, "layer_norm");
+  if (any_dist(x0, weight0, bias0)) [[unlikely]]
+    return dist_dispatch1({"layer_norm", DistRule::kNorm}, {x0, weight0, bias0},
+                          MT_DIST_LOCAL(layer_norm(l[0], l[1], l[2], eps)));
   Tensor w = feature_param(weight0, x0, "layer_norm", "weight");
   Tensor b = feature_param(bias0, x0, "layer_norm", "bias");
   Tensor x = x0.contiguous();

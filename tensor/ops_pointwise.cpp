@@ -8,6 +8,7 @@
 #include "kernels/registry.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
 #include "tensor/pointwise_util.h"
 
 namespace mt {
@@ -37,6 +38,20 @@ const char* binary_name(BinaryOp op) {
 
 bool is_comparison(BinaryOp op) { return op >= BinaryOp::kEq; }
 
+const char* unary_name(UnaryOp op) {
+  static const char* kNames[] = {"neg",  "exp",  "log",     "sqrt",   "rsqrt", "abs",  "relu",
+                                 "gelu", "gelu", "silu",    "sigmoid", "tanh", "pow",  "clamp",
+                                 "affine", "sign", "sin",   "cos",    "reciprocal", "gelu_grad",
+                                 "gelu_grad", "silu_grad", "logical_not"};
+  return kNames[static_cast<int>(op)];
+}
+
+DistRule binary_rule(BinaryOp op) {
+  if (op == BinaryOp::kAdd || op == BinaryOp::kSub) return DistRule::kLinear;
+  if (op == BinaryOp::kMul || op == BinaryOp::kDiv) return DistRule::kMulLike;
+  return DistRule::kElementwise;
+}
+
 // Runs the binary kernel on a and b (already of one dtype), output dtype `out_dtype`.
 Tensor run_binary(BinaryOp op, const Tensor& a, const Tensor& b, DType out_dtype) {
   const char* name = binary_name(op);
@@ -49,6 +64,11 @@ Tensor run_binary(BinaryOp op, const Tensor& a, const Tensor& b, DType out_dtype
 
 Tensor binary(BinaryOp op, const Tensor& a0, const Tensor& b0) {
   const char* name = binary_name(op);
+  if (any_dist(a0, b0)) [[unlikely]] {
+    DistOp d{name, binary_rule(op)};
+    d.args[0] = op == BinaryOp::kDiv;
+    return dist_dispatch1(d, {a0, b0}, MT_DIST_LOCAL(binary(op, l[0], l[1])));
+  }
   check_same_device(a0, b0, name);
   DType t = promote(a0.dtype(), b0.dtype());
   if (op == BinaryOp::kDiv && is_integral(t)) t = DType::kF32;  // true division
@@ -126,6 +146,9 @@ Tensor run_unary(UnaryOp op, const Tensor& x, double alpha = 0, double beta = 0,
 template <class Back>
 Tensor float_unary(UnaryOp op, const char* name, const Tensor& x0, Back back, double alpha = 0) {
   MT_CHECK(x0.defined(), "{}: undefined tensor", name);
+  if (x0.is_distributed()) [[unlikely]]
+    return dist_dispatch1({unary_name(op), DistRule::kElementwise}, {x0},
+                          MT_DIST_LOCAL(float_unary(op, name, l[0], back, alpha)));
   Tensor x = is_floating(x0.dtype()) ? x0 : x0.to(DType::kF32);
   Tensor out = run_unary(op, x, alpha);
   if (needs_grad(x)) {
@@ -149,6 +172,12 @@ DType scalar_result_dtype(const Tensor& a, double s) {
 
 // alpha * x + beta, keeping x's dtype when the scalars allow it.
 Tensor affine(const Tensor& x0, double alpha, double beta) {
+  if (x0.is_distributed()) [[unlikely]] {
+    // alpha * x is linear; a constant is added by one rank of each Partial mesh dim.
+    if (beta == 0) return dist_dispatch1({"mul", DistRule::kLinear}, {x0}, MT_DIST_LOCAL(affine(l[0], alpha, 0)));
+    return dist_dispatch1({"add", DistRule::kAffineScalar}, {x0},
+                          MT_DIST_LOCAL(affine(l[0], alpha, ctx.partial_root ? beta : 0.0)));
+  }
   DType t = promote(scalar_result_dtype(x0, alpha), scalar_result_dtype(x0, beta));
   Tensor x = x0.to(t);
   Tensor out = run_unary(UnaryOp::kAffine, x, alpha, beta);
@@ -177,12 +206,14 @@ Tensor div(const Tensor& a, double s) {
 
 Tensor neg(const Tensor& x) {
   MT_CHECK(x.dtype() != DType::kBool, "neg: not defined for bool tensor {}", x.desc());
+  if (x.is_distributed()) [[unlikely]] return dist_dispatch1({"neg", DistRule::kLinear}, {x}, MT_DIST_LOCAL(neg(l[0])));
   Tensor out = run_unary(UnaryOp::kNeg, x);
   if (needs_grad(x)) record("NegBackward", {x}, out, [](const auto& g) { return std::vector<Tensor>{neg(g[0])}; });
   return out;
 }
 
 Tensor abs(const Tensor& x) {
+  if (x.is_distributed()) [[unlikely]] return dist_dispatch1({"abs", DistRule::kElementwise}, {x}, MT_DIST_LOCAL(abs(l[0])));
   Tensor out = run_unary(UnaryOp::kAbs, x);
   if (needs_grad(x))
     record("AbsBackward", {x}, out, [x](const auto& g) { return std::vector<Tensor>{mul(g[0], sign(x))}; });
@@ -190,6 +221,7 @@ Tensor abs(const Tensor& x) {
 }
 
 Tensor sign(const Tensor& x) {
+  if (x.is_distributed()) [[unlikely]] return dist_dispatch1({"sign", DistRule::kElementwise}, {x}, MT_DIST_LOCAL(sign(l[0])));
   Tensor out = run_unary(UnaryOp::kSign, x);
   if (needs_grad(x))
     record("SignBackward", {x}, out, [](const auto& g) { return std::vector<Tensor>{zeros_like(g[0])}; });
@@ -197,6 +229,7 @@ Tensor sign(const Tensor& x) {
 }
 
 Tensor relu(const Tensor& x) {
+  if (x.is_distributed()) [[unlikely]] return dist_dispatch1({"relu", DistRule::kElementwise}, {x}, MT_DIST_LOCAL(relu(l[0])));
   Tensor out = run_unary(UnaryOp::kRelu, x);
   if (needs_grad(x))
     record("ReluBackward", {x}, out, [x](const auto& g) {
@@ -288,6 +321,8 @@ Tensor gelu(const Tensor& x, GeluApprox approx) {
 
 Tensor clamp(const Tensor& x, double lo, double hi) {
   MT_CHECK(!(lo > hi), "clamp: lower bound {} is above upper bound {}", lo, hi);
+  if (x.is_distributed()) [[unlikely]]
+    return dist_dispatch1({"clamp", DistRule::kElementwise}, {x}, MT_DIST_LOCAL(clamp(l[0], lo, hi)));
   Tensor out = run_unary(UnaryOp::kClamp, x, lo, hi);
   if (needs_grad(x))
     record("ClampBackward", {x}, out, [x, lo, hi](const auto& g) {
@@ -328,11 +363,17 @@ Tensor le(const Tensor& a, double s) { return compare_scalar(BinaryOp::kLe, a, s
 Tensor gt(const Tensor& a, double s) { return compare_scalar(BinaryOp::kGt, a, s); }
 Tensor ge(const Tensor& a, double s) { return compare_scalar(BinaryOp::kGe, a, s); }
 
-Tensor logical_not(const Tensor& x) { return run_unary(UnaryOp::kLogicalNot, x, 0, 0, DType::kBool, false); }
+Tensor logical_not(const Tensor& x) {
+  if (x.is_distributed()) [[unlikely]]
+    return dist_dispatch1({"logical_not", DistRule::kElementwise}, {x}, MT_DIST_LOCAL(logical_not(l[0])));
+  return run_unary(UnaryOp::kLogicalNot, x, 0, 0, DType::kBool, false);
+}
 Tensor logical_and(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kLogicalAnd, a, b); }
 Tensor logical_or(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kLogicalOr, a, b); }
 
 Tensor where(const Tensor& cond, const Tensor& a0, const Tensor& b0) {
+  if (any_dist(cond, a0, b0)) [[unlikely]]
+    return dist_dispatch1({"where", DistRule::kElementwise}, {cond, a0, b0}, MT_DIST_LOCAL(where(l[0], l[1], l[2])));
   check_same_device(a0, b0, "where");
   check_same_device(cond, a0, "where");
   MT_CHECK(cond.dtype() == DType::kBool, "where: condition must be bool, got {}", cond.desc());
@@ -367,6 +408,11 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_inplace(*this, "add_");
+  if (any_dist(*this, other)) {
+    check_inplace_dist(*this, other, "add_");
+    local_view(*this).add_(local_view(other), alpha);
+    return *this;
+  }
   check_same_device(*this, other, "add_");
   MT_CHECK(broadcast_shapes(shape(), other.shape(), "add_") == shape(),
            "add_: {} does not broadcast into {}", other.desc(), desc());
@@ -380,6 +426,11 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 
 Tensor& Tensor::mul_(const Tensor& other) {
   check_inplace(*this, "mul_");
+  if (any_dist(*this, other)) {
+    check_inplace_dist(*this, other, "mul_");
+    local_view(*this).mul_(local_view(other));
+    return *this;
+  }
   check_same_device(*this, other, "mul_");
   MT_CHECK(broadcast_shapes(shape(), other.shape(), "mul_") == shape(),
            "mul_: {} does not broadcast into {}", other.desc(), desc());

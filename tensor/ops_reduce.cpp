@@ -7,6 +7,7 @@
 #include "kernels/registry.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
 #include "tensor/ops_pointwise.h"
 
 namespace mt {
@@ -87,7 +88,19 @@ Tensor expand_back(const Tensor& g, const Shape& kshape, const Shape& xshape) {
   return g.reshape(kshape).expand(xshape);
 }
 
+// DTensor dispatch of a reduction: args = (mask of reduced dims, keepdim, ReduceOp).
+Tensor dist_reduce(ReduceOp op, const Tensor& x, const std::vector<bool>& mask, KeepDim keep, DistLocalFn local) {
+  DistOp d{reduce_name(op), DistRule::kReduce};
+  for (size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) d.args[0] |= int64_t{1} << i;
+  d.args[1] = keep == KeepDim::kYes;
+  d.args[2] = static_cast<int64_t>(op);
+  return dist_dispatch1(d, {x}, local);
+}
+
 Tensor reduce_minmax(ReduceOp op, const Tensor& x, const std::vector<bool>& mask, KeepDim keep) {
+  if (x.is_distributed()) [[unlikely]]
+    return dist_reduce(op, x, mask, keep, MT_DIST_LOCAL(reduce_minmax(op, l[0], mask, keep)));
   Tensor out = run_reduce(op, x, mask, keep, x.dtype());
   if (needs_grad(x)) {
     Shape ks = keep_shape(x, mask), xs = x.shape();
@@ -109,6 +122,8 @@ Tensor reduce_minmax(ReduceOp op, const Tensor& x, const std::vector<bool>& mask
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, KeepDim keep) {
   auto mask = reduced_mask(x, dims, "sum");
+  if (x.is_distributed()) [[unlikely]]
+    return dist_reduce(ReduceOp::kSum, x, mask, keep, MT_DIST_LOCAL(sum(l[0], dims, keep)));
   Tensor out = run_reduce(ReduceOp::kSum, x, mask, keep, sum_dtype(x.dtype()));
   if (needs_grad(x)) {
     Shape ks = keep_shape(x, mask), xs = x.shape();
@@ -122,6 +137,12 @@ Tensor sum(const Tensor& x) { return sum(x, {}, KeepDim::kNo); }
 Tensor mean(const Tensor& x0, const std::vector<int64_t>& dims, KeepDim keep) {
   Tensor x = float_input(x0);
   auto mask = reduced_mask(x, dims, "mean");
+  if (x.is_distributed()) [[unlikely]] {
+    // sum / (global count): a sum over a sharded dim is Partial, and so is its mean.
+    Shape ks = keep_shape(x, mask);
+    double count = static_cast<double>(std::max<int64_t>(x.numel() / std::max<int64_t>(ks.numel(), 1), 1));
+    return div(sum(x, dims, keep), count);
+  }
   Tensor out = run_reduce(ReduceOp::kMean, x, mask, keep, x.dtype());
   if (needs_grad(x)) {
     Shape ks = keep_shape(x, mask), xs = x.shape();
@@ -145,15 +166,21 @@ Tensor min(const Tensor& x, int64_t dim, KeepDim keep) {
 }
 
 Tensor argmax(const Tensor& x, int64_t dim, KeepDim keep) {
+  if (x.is_distributed()) [[unlikely]]
+    return dist_reduce(ReduceOp::kArgmax, x, reduced_mask(x, {dim}, "argmax"), keep, MT_DIST_LOCAL(argmax(l[0], dim, keep)));
   return run_reduce(ReduceOp::kArgmax, x, reduced_mask(x, {dim}, "argmax"), keep, DType::kI64);
 }
 Tensor argmin(const Tensor& x, int64_t dim, KeepDim keep) {
+  if (x.is_distributed()) [[unlikely]]
+    return dist_reduce(ReduceOp::kArgmin, x, reduced_mask(x, {dim}, "argmin"), keep, MT_DIST_LOCAL(argmin(l[0], dim, keep)));
   return run_reduce(ReduceOp::kArgmin, x, reduced_mask(x, {dim}, "argmin"), keep, DType::kI64);
 }
 
 Tensor var(const Tensor& x0, const std::vector<int64_t>& dims, int64_t correction, KeepDim keep) {
   Tensor x = float_input(x0);
   auto mask = reduced_mask(x, dims, "var");
+  if (x.is_distributed()) [[unlikely]]
+    return dist_reduce(ReduceOp::kVar, x, mask, keep, MT_DIST_LOCAL(var(l[0], dims, correction, keep)));
   Tensor out = run_reduce(ReduceOp::kVar, x, mask, keep, x.dtype(), correction);
   if (needs_grad(x)) {
     Shape ks = keep_shape(x, mask), xs = x.shape();

@@ -7,6 +7,7 @@
 #include "kernels/registry.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
 #include "tensor/ops_nn.h"
 #include "tensor/pointwise_util.h"
 
@@ -71,6 +72,9 @@ void check_table(const Tensor& x, const Tensor& t, const char* which, const Tens
 }  // namespace
 
 Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle style) {
+  if (any_dist(x, cos, sin)) [[unlikely]]
+    return dist_dispatch1({"rotary_embedding", DistRule::kRope}, {x, cos, sin},
+                          MT_DIST_LOCAL(rotary_embedding(l[0], l[1], l[2], style)));
   check_same_device(x, cos, "rotary_embedding");
   check_same_device(x, sin, "rotary_embedding");
   MT_CHECK(is_floating(x.dtype()), "rotary_embedding: x must be floating, got {}", x.desc());

@@ -10,6 +10,7 @@
 #include "kernels/registry.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_pointwise.h"
 
@@ -89,7 +90,15 @@ Tensor& fill_inplace(const char* op, Tensor& t, RandomDist dist, double a, doubl
   check_inplace(t, op);
   check_params(op, dist, a, b, t.dtype());
   Generator& g = gen ? *gen : default_generator();
+  // Every rank reserves the blocks of the global tensor (numel() of a DTensor is global).
   const uint64_t offset = g.reserve(random_blocks(dist, t.dtype(), t.numel(), a, b));
+  if (t.is_distributed()) {  // each rank fills its shard with the global tensor's values there
+    DistRandomFill fill{dist, a, b, g.seed(), offset};
+    DistOp d{op, DistRule::kRandomFill};
+    d.extra = &fill;
+    dist_dispatch(d, {t}, MT_DIST_LOCAL());
+    return t;
+  }
   fill_random(t, dist, a, b, g.seed(), offset, 0, t.shape().contiguous_strides());
   return t;
 }
@@ -162,6 +171,13 @@ Tensor dropout(const Tensor& x, double p, Generator* gen) {
   MT_CHECK(is_floating(x.dtype()), "dropout: input must be floating, got {}", x.desc());
   if (p == 0) return x;
   const double keep = 1 - p;
+  if (x.is_distributed()) [[unlikely]] {
+    // The mask is the global tensor's mask, drawn shard by shard; the product is dispatched.
+    Tensor mask = empty(x.local_shape(), x.options().with_grad(false));
+    mask.impl()->dist = x.impl()->dist;
+    fill_inplace("dropout", mask, RandomDist::kBernoulli, keep, 0, gen);
+    return div(mul(x, mask), keep);
+  }
   Tensor mask = bernoulli(x.shape(), keep, x.options().with_grad(false), gen);
   Tensor out;
   {

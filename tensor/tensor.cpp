@@ -7,6 +7,8 @@
 #include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
+#include "tensor/dist_spec.h"
 
 namespace mt {
 
@@ -27,11 +29,13 @@ AutogradMeta& TensorImpl::meta() {
 
 // ---- metadata ---------------------------------------------------------------------------------
 
-int64_t Tensor::size(int64_t d) const { return impl_->sizes[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+
+const Shape& Tensor::dist_global_shape() const { return impl_->dist->global_shape(); }
 int64_t Tensor::stride(int64_t d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
-  if (numel() == 0) return true;  // no element to be out of place
+  if (impl_->sizes.numel() == 0) return true;  // no element to be out of place (local storage)
   int64_t expect = 1;
   for (int i = dim() - 1; i >= 0; --i) {
     if (impl_->sizes[i] != 1 && impl_->strides[i] != expect) return false;
@@ -56,26 +60,47 @@ KView Tensor::view_info() const {
   KView v;
   v.data = data_ptr();
   v.dtype = dtype();
-  v.sizes = shape();
+  v.sizes = impl_->sizes;  // a DTensor's kernels see its local shard
   v.strides = strides();
   return v;
 }
 
+namespace {
+// Values are read from the local shard: only a replicated DTensor holds all of them here.
+Tensor readable(const Tensor& t, const char* api) {
+  if (t.is_meta() && MetaKernelsGuard::active()) return zeros(t.local_shape(), t.dtype());  // shape inference
+  const DistSpec* d = t.dist_spec();
+  if (!d) return t;
+  MT_CHECK(d->is_replicated(),
+           "{}: {} is a DTensor with placements {}; only a replicated DTensor holds all its values "
+           "on every rank: call full_tensor() (or to_local() for this rank's shard) first",
+           api, t.desc(), d->placements_str());
+  return local_view(t);
+}
+}  // namespace
+
+Tensor local_view(const Tensor& t) {
+  if (!t.is_distributed()) return t;
+  Tensor out = make_view(t, t.local_shape(), t.strides(), t.offset());
+  if (!t.impl()->storage) out.impl()->device = t.device();
+  return out;
+}
+
 double Tensor::item() const {
   MT_CHECK(numel() == 1, "item: tensor {} has {} elements, expected exactly 1", desc(), numel());
-  Tensor host = to(Device::cpu()).to(DType::kF64).contiguous();
+  Tensor host = readable(*this, "item").to(Device::cpu()).to(DType::kF64).contiguous();
   return *host.data<double>();
 }
 
 int64_t Tensor::item_int() const {
   MT_CHECK(numel() == 1, "item_int: tensor {} has {} elements, expected exactly 1", desc(), numel());
-  Tensor host = to(Device::cpu()).to(DType::kI64).contiguous();
+  Tensor host = readable(*this, "item_int").to(Device::cpu()).to(DType::kI64).contiguous();
   return *host.data<int64_t>();
 }
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor host = to(Device::cpu()).to(dtype_of<T>::value).contiguous();
+  Tensor host = readable(*this, "to_vector").to(Device::cpu()).to(dtype_of<T>::value).contiguous();
   std::vector<T> out(static_cast<size_t>(numel()));
   if (!out.empty()) std::memcpy(out.data(), host.data_ptr(), out.size() * sizeof(T));
   return out;
@@ -87,6 +112,8 @@ template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
 template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 
 std::string Tensor::desc() const {
+  if (impl_->dist)
+    return fmt::format("{}{} {} {}", dtype_name(dtype()), shape(), device(), impl_->dist->placements_str());
   return fmt::format("{}{} {}", dtype_name(dtype()), shape(), device());
 }
 
@@ -196,6 +223,8 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
+  if (is_distributed()) [[unlikely]]
+    return dist_dispatch1({"clone", DistRule::kLinear}, {*this}, MT_DIST_LOCAL(l[0].clone()));
   Tensor out = copy_to_new(*this, dtype());
   if (needs_grad(*this)) record("CloneBackward", {*this}, out, [](const auto& g) { return std::vector<Tensor>{g[0]}; });
   return out;
@@ -203,6 +232,9 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
+  if (is_distributed()) [[unlikely]]  // a cast of Partial terms is a cast of the sum up to rounding
+    return dist_dispatch1({"to", is_floating(t) ? DistRule::kLinear : DistRule::kElementwise}, {*this},
+                          MT_DIST_LOCAL(l[0].to(t)));
   Tensor out = copy_to_new(*this, t);
   if (needs_grad(*this) && is_floating(t)) {
     DType back = dtype();
@@ -234,6 +266,11 @@ void bump_version(const Tensor& t) {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
+  if (is_distributed() || src.is_distributed()) {
+    check_inplace_dist(*this, src, "copy_");
+    local_view(*this).copy_(local_view(src));
+    return *this;
+  }
   Shape b = broadcast_shapes(src.shape(), shape(), "copy_");
   MT_CHECK(b == shape(), "copy_: source {} does not broadcast to destination {}", src.shape(), shape());
   Tensor s = src.dim() == dim() && src.shape() == shape() ? src : src.expand(shape());
@@ -246,6 +283,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
+  MT_CHECK(!is_distributed() || !impl_->dist->has_partial() || value == 0,
+           "fill_({}): {} is Partial: every rank would hold a term equal to the value", value, desc());
   FillParams p;
   p.out = view_info();
   p.value = value;

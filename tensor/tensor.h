@@ -91,11 +91,14 @@ class Tensor {
   bool defined() const { return static_cast<bool>(impl_); }
   TensorImpl* impl() const { return impl_.get(); }
   int dim() const { return impl_->sizes.size(); }
-  const Shape& shape() const { return impl_->sizes; }
+  // The logical shape: for a DTensor the global shape (its spec's), else the storage geometry.
+  const Shape& shape() const { return impl_->dist ? dist_global_shape() : impl_->sizes; }
+  // The shape of the elements this rank holds (== shape() for a plain tensor).
+  const Shape& local_shape() const { return impl_->sizes; }
   const Shape& strides() const { return impl_->strides; }
   int64_t size(int64_t d) const;
   int64_t stride(int64_t d) const;
-  int64_t numel() const { return impl_->sizes.numel(); }
+  int64_t numel() const { return shape().numel(); }
   int64_t offset() const { return impl_->offset; }
   DType dtype() const { return impl_->dtype; }
   Device device() const { return impl_->device; }
@@ -132,7 +135,7 @@ class Tensor {
                 bool create_graph = false) const;
   HookHandle register_hook(GradHook hook);
   HookHandle register_post_accumulate_grad_hook(PostAccumulateHook hook);
-  Tensor detach() const;  // shares storage, no history
+  Tensor detach() const;  // shares storage, no history (a DTensor stays one)
 
   // ---- views (share storage; differentiable) ----
   Tensor view(const Shape& shape) const;      // one dim may be -1
@@ -169,6 +172,7 @@ class Tensor {
   std::string desc() const;
 
  private:
+  const Shape& dist_global_shape() const;
   Rc<TensorImpl> impl_;
 };
 
@@ -194,6 +198,9 @@ Tensor from_vector(const std::vector<T>& values) {
 
 // Internal: a tensor sharing `base`'s storage with new geometry (no autograd).
 Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, int64_t offset);
+// Internal: the local shard of a DTensor as a plain tensor sharing storage (no autograd); a plain
+// tensor is returned as is.
+Tensor local_view(const Tensor& t);
 // Throws unless t may be written in place (not a tensor needing grad while grad mode is on).
 void check_inplace(const Tensor& t, const char* op);
 void bump_version(const Tensor& t);

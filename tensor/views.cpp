@@ -6,6 +6,7 @@
 
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_dispatch.h"
 
 namespace mt {
 namespace {
@@ -81,11 +82,17 @@ Shape infer_size(const Shape& shape, int64_t numel, const char* op, const Tensor
 
 Tensor Tensor::as_strided(const Shape& sizes, const Shape& strides, int64_t off) const {
   MT_CHECK(!needs_grad(*this), "as_strided: not differentiable; {} requires grad (detach it first)", desc());
+  MT_CHECK(!is_distributed(), "as_strided: not defined for DTensor {} (use to_local())", desc());
   return make_view(*this, sizes, strides, off);
 }
 
 Tensor Tensor::view(const Shape& shape) const {
   Shape sizes = infer_size(shape, numel(), "view", *this);
+  if (is_distributed()) [[unlikely]] {
+    DistOp d{"view", DistRule::kView};
+    d.shape = sizes;
+    return dist_dispatch1(d, {*this}, MT_DIST_LOCAL(l[0].view(ctx.meta_run ? sizes : ctx.out_local_shape)));
+  }
   auto st = view_strides(this->shape(), strides(), sizes);
   MT_CHECK(st.has_value(),
            "view: cannot view {} with strides {} as {}: the memory is not laid out for it; use "
@@ -99,12 +106,23 @@ Tensor Tensor::view(const Shape& shape) const {
 
 Tensor Tensor::reshape(const Shape& shape) const {
   Shape sizes = infer_size(shape, numel(), "reshape", *this);
+  if (is_distributed()) [[unlikely]] {
+    DistOp d{"reshape", DistRule::kView};
+    d.shape = sizes;
+    return dist_dispatch1(d, {*this}, MT_DIST_LOCAL(l[0].reshape(ctx.meta_run ? sizes : ctx.out_local_shape)));
+  }
   if (view_strides(this->shape(), strides(), sizes)) return view(sizes);
   return contiguous().view(sizes);
 }
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   MT_CHECK(static_cast<int>(dims.size()) == dim(), "permute: {} dims given for {}", dims.size(), desc());
+  if (is_distributed()) [[unlikely]] {
+    DistOp d{"permute", DistRule::kView};
+    d.args[0] = 1;
+    for (int64_t v : dims) d.shape.push_back(wrap_dim(v, dim(), "permute"));
+    return dist_dispatch1(d, {*this}, MT_DIST_LOCAL(l[0].permute(dims)));
+  }
   Shape sizes, st;
   std::vector<int64_t> inverse(dims.size(), -1);
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -136,6 +154,12 @@ Tensor Tensor::t() const {
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
   int dd = wrap_dim(d, dim(), "slice");
   MT_CHECK(step > 0, "slice: step must be positive, got {}", step);
+  if (is_distributed()) [[unlikely]] {
+    DistOp op{"slice", DistRule::kSlice};
+    op.args[0] = dd;
+    op.args[2] = 1;  // linear: Partial passes
+    return dist_dispatch1(op, {*this}, MT_DIST_LOCAL(l[0].slice(dd, start, end, step)));
+  }
   int64_t n = shape()[dd];
   if (start < 0) start += n;
   if (end < 0) end += n;
@@ -164,6 +188,13 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
   int dd = wrap_dim(d, dim(), "select");
+  if (is_distributed()) [[unlikely]] {
+    DistOp op{"select", DistRule::kSlice};
+    op.args[0] = dd;
+    op.args[1] = 1;  // the dim is removed
+    op.args[2] = 1;  // linear: Partial passes
+    return dist_dispatch1(op, {*this}, MT_DIST_LOCAL(l[0].select(dd, index)));
+  }
   int64_t n = shape()[dd];
   MT_CHECK(index >= -n && index < n, "select: index {} out of range for dim {} of size {} in {}", index, dd,
            n, desc());
@@ -181,6 +212,12 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
 
 Tensor Tensor::expand(const Shape& shape) const {
   MT_CHECK(shape.size() >= dim(), "expand: cannot expand {} to fewer dims {}", desc(), shape);
+  if (is_distributed()) [[unlikely]] {
+    DistOp d{"expand", DistRule::kView};
+    d.args[0] = 2;
+    d.shape = shape;
+    return dist_dispatch1(d, {*this}, MT_DIST_LOCAL(l[0].expand(ctx.meta_run ? shape : ctx.out_local_shape)));
+  }
   int lead = shape.size() - dim();
   Shape sizes = shape, st = Shape::filled(shape.size(), 0);
   for (int i = 0; i < shape.size(); ++i) {

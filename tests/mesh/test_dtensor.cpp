@@ -96,14 +96,14 @@ TEST_CASE("dtensor: distribute_tensor / to_local / full_tensor round trip", "[cp
         Tensor dt = distribute_tensor(g, *mesh, ps);
         REQUIRE(dt.is_distributed());
         REQUIRE(dt.dist_spec() == intern_spec(*mesh, ps, shape).get());
-        REQUIRE(dtensor_spec(dt, "t").local_shape() == dt.shape());
+        REQUIRE(dtensor_spec(dt, "t").local_shape() == dt.local_shape());
+        REQUIRE(dt.shape() == shape);  // a DTensor's shape is the global shape
         Tensor loc = to_local(dt);
         REQUIRE(!loc.is_distributed());
         REQUIRE(loc.data_ptr() == dt.data_ptr());
         require_equal(loc, local_shard(g, ps, mesh->shape(), coord_of(*mesh)));
-        // Views and detach of a DTensor are plain local tensors.
-        REQUIRE(!dt.detach().is_distributed());
-        REQUIRE(!dt.flatten().is_distributed());
+        // detach keeps the spec.
+        REQUIRE(dt.detach().dist_spec() == dt.dist_spec());
         Tensor full = full_tensor(dt);
         REQUIRE(!full.is_distributed());
         require_equal(full, g);

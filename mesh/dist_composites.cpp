@@ -1,0 +1,173 @@
+#include "mesh/dist_composites.h"
+
+#include "mesh/dtensor.h"
+#include "mesh/shard_layout.h"
+#include "runtime/error.h"
+#include "tensor/ops.h"
+
+namespace mt {
+
+namespace {
+
+Shape coord_of(const DeviceMesh& mesh) {
+  Shape c;
+  for (int64_t v : mesh.coordinates()) c.push_back(v);
+  return c;
+}
+
+const DTensorSpec* spec_of(const Tensor& t) { return t.is_distributed() ? &dtensor_spec(t, "dispatch") : nullptr; }
+
+// Mesh dims whose placement splits tensor dim `dim` (bitmask).
+uint32_t dims_splitting(const DTensorSpec* s, int dim) {
+  uint32_t m = 0;
+  if (!s) return 0;
+  for (size_t d = 0; d < s->placements().size(); ++d)
+    if (s->placements()[d].splits() && s->placements()[d].dim() == dim) m |= 1u << d;
+  return m;
+}
+
+// This rank's rows [lo, lo + n) of tensor dim `dim` under `s` (one contiguous range: Shard only).
+std::pair<int64_t, int64_t> local_range(const DTensorSpec& s, int dim, const char* op) {
+  for (const auto& p : s.placements())
+    MT_CHECK(!(p.splits() && p.dim() == dim) || p.is_shard(),
+             "{}: the split of dim {} must be a Shard, got {} (placements {})", op, dim, p.str(),
+             placements_str(s.placements()));
+  LocalLayout lay = local_layout(s.global_shape(), s.placements(), s.mesh().shape(), coord_of(s.mesh()));
+  const auto& segs = lay.segments[static_cast<size_t>(dim)];
+  if (segs.empty()) return {0, 0};
+  return {segs[0].global_start, lay.local_shape[dim]};
+}
+
+// Partial(max|min|sum) -> Replicate: the all-reduce of a rule's Partial result.
+Tensor settle(const Tensor& t) {
+  const DTensorSpec& s = dtensor_spec(t, "settle");
+  Placements ps = s.placements();
+  bool any = false;
+  for (auto& p : ps)
+    if (p.is_partial()) {
+      p = Placement::replicate();
+      any = true;
+    }
+  return any ? redistribute(t, ps) : t;
+}
+
+// A local [.., n] index tensor shifted into [0, n_local): (index, valid mask).
+std::pair<Tensor, Tensor> local_index(const Tensor& ids, int64_t lo, int64_t n) {
+  Tensor shifted = sub(ids, static_cast<double>(lo)).to(ids.dtype());
+  Tensor valid = logical_and(ge(shifted, 0.0), lt(shifted, static_cast<double>(n)));
+  return {where(valid, shifted, 0.0), valid};
+}
+
+Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& ids, uint32_t vocab_dims) {
+  const DTensorSpec& ws = *spec_of(weight);
+  const DTensorSpec* is = spec_of(ids);
+  const int nd = ws.mesh().ndim();
+  Placements out(static_cast<size_t>(nd));
+  for (int d = 0; d < nd; ++d) {
+    const Placement& w = ws.placements()[d];
+    const Placement ip = is ? is->placements()[d] : Placement::replicate();
+    if ((vocab_dims >> d) & 1) {
+      MT_CHECK(ip.is_replicate(), "embedding: the table is split over the vocabulary on mesh dim {} ({}), so the ids "
+               "must be Replicate there, got {}", d, w.str(), ip.str());
+      out[d] = Placement::partial(PartialOp::kSum);
+      continue;
+    }
+    MT_CHECK(w.is_replicate() && !ip.is_partial(),
+             "embedding: on mesh dim {} the table {} must be Replicate and the ids not Partial (got ids {})", d,
+             w.str(), ip.str());
+    out[d] = ip;  // ids dim j is output dim j
+  }
+  auto [lo, n] = local_range(ws, 0, "embedding");
+  Tensor wl = to_local(weight);
+  Tensor il = is ? to_local(ids) : ids;
+  Shape os = il.local_shape();
+  os.push_back(wl.local_shape()[1]);
+  Tensor local;
+  if (n == 0) {
+    local = zeros(os, wl.options());
+  } else {
+    auto [idx, valid] = local_index(il, lo, n);
+    local = mul(embedding(wl, idx), valid.unsqueeze(-1).to(wl.dtype()));
+  }
+  Shape gs = ids.shape();
+  gs.push_back(weight.shape()[1]);
+  return from_local(local, ws.mesh(), out, gs);
+}
+
+// Per-row losses (vocabulary split): lse - logit[target], masked where target == ignore_index.
+Tensor vocab_parallel_rows(const Tensor& logits0, const Tensor& target, int64_t ignore, uint32_t vocab_dims) {
+  Tensor logits = logits0.dtype() == DType::kF64 ? logits0 : logits0.to(DType::kF32);
+  const DTensorSpec& ls = *spec_of(logits);
+  const DTensorSpec* ts = spec_of(target);
+  const int last = logits.dim() - 1;
+  for (int d = 0; d < ls.mesh().ndim(); ++d) {
+    const Placement tp = ts ? ts->placements()[d] : Placement::replicate();
+    const Placement& lp = ls.placements()[d];
+    const Placement want = ((vocab_dims >> d) & 1) ? Placement::replicate() : lp;
+    MT_CHECK(tp == want, "cross_entropy: logits {} are split over the vocabulary; the target must be {} on mesh dim {}, "
+             "got {}", placements_str(ls.placements()), want.str(), d, tp.str());
+  }
+  Tensor m = settle(max(logits.detach(), last, KeepDim::kYes));
+  Tensor z = sub(logits, m);
+  Tensor lse = log(settle(sum(exp(z), {last})));
+  auto [lo, n] = local_range(ls, last, "cross_entropy");
+  Tensor zl = to_local(z);
+  Tensor tl = ts ? to_local(target) : target;
+  Tensor picked;
+  if (n == 0) {
+    picked = zeros(tl.local_shape(), zl.options());
+  } else {
+    auto [idx, valid] = local_index(tl, lo, n);
+    picked = mul(gather(zl, -1, idx.unsqueeze(-1)).squeeze(-1), valid.to(zl.dtype()));
+  }
+  Placements rows = ls.placements();
+  for (size_t d = 0; d < rows.size(); ++d)
+    if ((vocab_dims >> d) & 1) rows[d] = Placement::partial(PartialOp::kSum);
+  Tensor zt = settle(from_local(picked, ls.mesh(), rows, target.shape()));
+  return where(ne(target, static_cast<double>(ignore)), sub(lse, zt), 0.0);
+}
+
+Tensor all_replicate(const Tensor& t) {
+  if (!t.is_distributed()) return t;
+  const DTensorSpec& s = dtensor_spec(t, "cross_entropy");
+  return redistribute(t, Placements(s.placements().size()));
+}
+
+Tensor cross_entropy_composite(const Tensor& logits, const Tensor& target, int64_t ignore, Reduction red,
+                               uint32_t vocab_dims) {
+  Tensor rows = vocab_dims ? vocab_parallel_rows(logits, target, ignore, vocab_dims)
+                           : cross_entropy(logits, target, ignore, Reduction::kNone);
+  if (red == Reduction::kNone) return rows;
+  Tensor total = all_replicate(sum(rows));
+  if (red == Reduction::kSum) return total;
+  Tensor count = all_replicate(sum(ne(target, static_cast<double>(ignore)).to(total.dtype())));
+  return div(total, local_view(count).detach());
+}
+
+}  // namespace
+
+std::optional<Tensor> dist_composite(const DistOp& op, const std::vector<Tensor>& in) {
+  if (op.rule == DistRule::kEmbedding) {
+    uint32_t v = dims_splitting(spec_of(in[0]), 0);
+    if (v) return vocab_parallel_embedding(in[0], in[1], v);
+    return std::nullopt;
+  }
+  if (op.rule == DistRule::kCrossEntropy) {
+    const auto red = static_cast<Reduction>(op.args[1]);
+    uint32_t v = dims_splitting(spec_of(in[0]), in[0].dim() - 1);
+    if (!v && red == Reduction::kNone) return std::nullopt;
+    return cross_entropy_composite(in[0], in[1], op.args[0], red, v);
+  }
+  return std::nullopt;
+}
+
+Tensor dist_random_fill(const DistOp& op, const Tensor& t) {
+  const DTensorSpec& s = dtensor_spec(t, op.name);
+  const auto* f = static_cast<const DistRandomFill*>(op.extra);
+  Tensor l = local_view(t);
+  fill_random_sharded(l, f->dist, f->a, f->b, f->seed, f->offset, s.global_shape(), s.placements(), s.mesh().shape(),
+                      coord_of(s.mesh()));
+  return t;
+}
+
+}  // namespace mt

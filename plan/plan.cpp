@@ -24,7 +24,9 @@ struct Token {
 // Splits a line into whitespace-separated tokens; parentheses and brackets group (so
 // "RS(0, [2, 1])" is one token), "->" is always a token of its own, '#' starts a comment.
 // A backslash escapes the next character (regexes: "\(" does not open a group, "\#" is no comment).
-std::vector<Token> tokenize(std::string_view line) {
+// The first `ungrouped` tokens (keyword, module regex, tensor) do not group, so an unbalanced
+// parenthesis in a regex is reported as a bad regex, not as a swallowed line.
+std::vector<Token> tokenize(std::string_view line, size_t ungrouped = 0) {
   std::vector<Token> out;
   std::string cur;
   int cur_col = 0, depth = 0;
@@ -52,8 +54,9 @@ std::vector<Token> tokenize(std::string_view line) {
       ++i;
       continue;
     }
-    if (c == '(' || c == '[') ++depth;
-    if ((c == ')' || c == ']') && depth > 0) --depth;
+    bool grouping = out.size() >= ungrouped;
+    if (grouping && (c == '(' || c == '[')) ++depth;
+    if (grouping && (c == ')' || c == ']') && depth > 0) --depth;
     if (cur.empty()) cur_col = col;
     cur += c;
   }
@@ -411,7 +414,7 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
     std::string_view line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
     pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
     ++line_no;
-    auto toks = tokenize(line);
+    auto toks = tokenize(line, 3);
     if (toks.empty()) continue;
     PlanLoc line_loc{filename, line_no, 1};
     auto loc_of = [&](const Token& t) { return PlanLoc{filename, line_no, t.column}; };

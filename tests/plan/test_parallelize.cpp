@@ -3,6 +3,7 @@
 // bit for bit; ZeRO-3's gather/release hooks; and llama_tp in static-eager mode (plain local
 // tensors, the plan's hooks doing the communication) reproducing the single-device logits and
 // gradients.
+#include <cmath>
 #include <cstdlib>
 
 #include "mesh/dtensor.h"
@@ -141,6 +142,10 @@ TEST_CASE("parallelize: llama_tp in static-eager mode matches the single-device 
     const DTensorSpec& s = dtensor_spec(gp[i].second, "test");
     Tensor full = g.is_distributed() ? full_tensor(g)
                                      : full_tensor(from_local(g, mesh, s.placements(), s.global_shape()));
-    REQUIRE_CLOSE(full, wp[i].second.grad().to_vector<double>(), 1e-4, 1e-6);
+    // The issue's parity measure: within 1e-5 of the gradient's largest magnitude.
+    std::vector<double> want_g = wp[i].second.grad().to_vector<double>();
+    double max_abs = 0;
+    for (double v : want_g) max_abs = std::max(max_abs, std::abs(v));
+    REQUIRE_CLOSE(full, want_g, 0.0, 1e-5 * max_abs);
   }
 }

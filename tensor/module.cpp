@@ -394,6 +394,10 @@ Tensor Module::get_parameter(const std::string& path) const {
   return find_slot(path, Slots::kParams, "get_parameter")->value;
 }
 
+Tensor& Module::parameter_slot(const std::string& path) {
+  return const_cast<Slot*>(find_slot(path, Slots::kParams, "parameter_slot"))->value;
+}
+
 Tensor Module::get_buffer(const std::string& path) const {
   return find_slot(path, Slots::kBuffers, "get_buffer")->value;
 }

@@ -120,6 +120,10 @@ class Module : public std::enable_shared_from_this<Module> {
   NamedModules named_modules();  // the root is ""
   NamedModules named_children() const;
   Tensor get_parameter(const std::string& path) const;
+  // The slot that holds parameter `path` (what the owning module's forward reads). For
+  // parallelize() (plan/parallelize.h), which swaps in the compute-time (RUN) placement of a
+  // parameter for the forward and puts the stored one back after.
+  Tensor& parameter_slot(const std::string& path);
   Tensor get_buffer(const std::string& path) const;
   std::shared_ptr<Module> get_module(const std::string& path);
   // Where this module was last registered, from its root ("" for a root).

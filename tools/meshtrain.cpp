@@ -17,6 +17,7 @@ constexpr const char* kUsage =
     "  grad     loss and gradients of a Hugging Face checkpoint on a token file\n"
     "  init     write freshly initialized weights as a Hugging Face checkpoint\n"
     "  smoke    quick engine check: fit a small MLP\n"
+    "  plan     print a plan's hook IR and local parameter shapes for a model and world size\n"
     "  version  print the version and the backends built in\n";
 
 }  // namespace
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(cmd, "grad")) return mt::cli::run_grad(argc, argv);
     if (!std::strcmp(cmd, "init")) return mt::cli::run_init(argc, argv);
     if (!std::strcmp(cmd, "smoke")) return mt::cli::run_smoke(argc, argv);
+    if (!std::strcmp(cmd, "plan")) return mt::cli::run_plan(argc, argv);
     if (!std::strcmp(cmd, "version")) {
       fmt::print("meshtrain {} (cuda: {}, mpi: {})\n", MT_VERSION, MT_HAVE_CUDA ? "yes" : "no", MT_HAVE_MPI ? "yes" : "no");
       return 0;
@@ -37,7 +39,7 @@ int main(int argc, char** argv) {
       fmt::print("{}", kUsage);
       return 0;
     }
-    MT_FAIL("unknown command '{}' (commands: train, eval, grad, init, smoke, version; meshtrain --help)", cmd);
+    MT_FAIL("unknown command '{}' (commands: train, eval, grad, init, smoke, plan, version; meshtrain --help)", cmd);
   } catch (const mt::cli::HelpShown&) {
     return 0;
   } catch (const std::exception& e) {

@@ -1,0 +1,400 @@
+// Plan -> HookIR: resolve every entry's regexes against the model's module paths and parameter
+// names, merge what the entries say per tensor and mesh dim (later entries win), check what can be
+// checked without running (parameters: split dims in range, no Partial storage, every mesh
+// coordinate's local layout valid), and emit the records in a valid order.
+#include "plan/lower.h"
+
+#include <algorithm>
+#include <map>
+#include <regex>
+
+#include "mesh/shard_layout.h"
+#include "runtime/error.h"
+
+namespace mt {
+
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string shown(const std::string& path) { return path.empty() ? "(root)" : path; }
+
+// The `n` names closest to `pattern` (backslashes removed, so "model\.norm" compares as
+// "model.norm"), nearest first.
+std::string nearest(const std::string& pattern, const std::vector<std::string>& names, size_t n = 5) {
+  std::string plain;
+  for (char c : pattern)
+    if (c != '\\') plain += c;
+  std::vector<std::pair<size_t, size_t>> scored;  // (distance, index)
+  for (size_t i = 0; i < names.size(); ++i) scored.emplace_back(edit_distance(plain, names[i]), i);
+  std::stable_sort(scored.begin(), scored.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  std::string s;
+  for (size_t i = 0; i < std::min(n, scored.size()); ++i) { s += i ? ", " : ""; s += shown(names[scored[i].second]); }
+  return s.empty() ? "(none)" : s;
+}
+
+// Per mesh dim, the last entry's placement (nullopt: no entry named the dim).
+using DimSlots = std::vector<std::optional<DimPlacement>>;
+
+void merge(DimSlots& slots, const How& how, const PlanMesh& mesh) {
+  for (const auto& d : how) slots[mesh.dim_index(d.dim)] = d;
+}
+
+struct ParamState {
+  std::string path, module, name;
+  Shape shape;
+  DimSlots init, run;
+  std::vector<PlanLoc> from;
+};
+
+struct IoState {
+  DimSlots annotate, src, dst, grad_src, grad_dst;
+  bool has_annotate = false, has_src = false, has_dst = false, has_grad = false;
+  std::vector<PlanLoc> from, grad_from;
+};
+
+struct ModuleState {
+  std::string path;
+  std::vector<size_t> params;                   // indices into params
+  std::map<std::pair<int, int>, IoState> io;    // (is_output, index)
+  std::map<std::string, std::pair<DimSlots, std::vector<PlanLoc>>> factories;
+};
+
+Placements resolve(const DimSlots& slots) {
+  Placements ps(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i]) ps[i] = slots[i]->placement;
+  return ps;
+}
+
+// Parameter placements: owner(k) resolved, Partial rejected, split dims in range.
+Placements resolve_param(const DimSlots& slots, const ParamState& p, const PlanMesh& mesh, const char* phase) {
+  Placements ps(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!slots[i]) continue;
+    const DimPlacement& d = *slots[i];
+    if (d.owner >= 0) {
+      MT_CHECK(d.owner < mesh.shape[i], "{}: {} of parameter {}: mesh dim '{}' has {} coordinates; expected "
+               "owner(K) with K < {}",
+               d.loc.str(), d.str(), p.path, d.dim, mesh.shape[i], mesh.shape[i]);
+      MT_CHECK(p.shape.size() >= 1, "{}: {} cannot own the 0-dim parameter {}", d.loc.str(), d.str(), p.path);
+      std::vector<int64_t> units(static_cast<size_t>(mesh.shape[i]), 0);
+      units[static_cast<size_t>(d.owner)] = 1;
+      ps[i] = Placement::ragged_shard(0, units, std::max<int64_t>(p.shape[0], 1));
+      continue;
+    }
+    const Placement& pl = d.placement;
+    MT_CHECK(!pl.is_partial(), "{}: {} ({}) of parameter {}: a parameter cannot be Partial; expected R or a "
+             "shard (S, IS, RS)",
+             d.loc.str(), d.str(), phase, p.path);
+    MT_CHECK(!pl.splits() || pl.dim() < static_cast<int>(p.shape.size()),
+             "{}: {} ({}) does not fit parameter {} of shape {}: tensor dim {} is out of range; expected a dim "
+             "in 0..{}",
+             d.loc.str(), d.str(), phase, p.path, p.shape, pl.dim(), static_cast<int>(p.shape.size()) - 1);
+    ps[i] = pl;
+  }
+  // Every coordinate's layout (IS groups must divide, RS units must sum, ...).
+  Shape coord(std::vector<int64_t>(mesh.shape.size(), 0));
+  while (true) {
+    try {
+      (void)local_layout(p.shape, ps, mesh.shape, coord);
+    } catch (const Error& e) {
+      PlanLoc blame = p.from.empty() ? PlanLoc{} : p.from.back();
+      for (const auto& s : slots)
+        if (s && (s->owner >= 0 || s->placement.splits())) blame = s->loc;
+      MT_FAIL("{}: placements {} ({}) do not fit parameter {} of shape {} on mesh {} at coordinate {}: {}",
+              blame.str(), placements_on(ps, mesh), phase, p.path, p.shape, mesh.str(), coord, e.what());
+    }
+    size_t k = coord.size();
+    while (k > 0 && ++coord[k - 1] == mesh.shape[k - 1]) coord[--k] = 0;
+    if (k == 0) break;
+  }
+  return ps;
+}
+
+std::string redist_on(const Placements& src, const Placements& dst, const PlanMesh& mesh) {
+  std::string s;
+  for (size_t i = 0; i < src.size(); ++i)
+    if (src[i] != dst[i]) s += fmt::format("{}{}->{}@{}", s.empty() ? "" : ",", src[i].str(), dst[i].str(), mesh.names[i]);
+  return s;
+}
+
+}  // namespace
+
+const char* hook_point_name(HookPoint h) {
+  switch (h) {
+    case HookPoint::kParamInit: return "param_init";
+    case HookPoint::kForwardPre: return "forward_pre";
+    case HookPoint::kForward: return "forward";
+    case HookPoint::kBackwardPre: return "backward_pre";
+    case HookPoint::kBackward: return "backward";
+  }
+  return "?";
+}
+
+std::string placements_on(const Placements& ps, const PlanMesh& mesh) {
+  std::string s;
+  for (size_t i = 0; i < ps.size(); ++i)
+    if (!ps[i].is_replicate()) s += fmt::format("{}{}@{}", s.empty() ? "" : ",", ps[i].str(), mesh.names[i]);
+  return s.empty() ? "R" : s;
+}
+
+std::string HookRecord::action_str(const PlanMesh& mesh) const {
+  switch (action) {
+    case HookAction::kInit: return "init(" + placements_on(*dst, mesh) + ")";
+    case HookAction::kGather: return "redist(" + redist_on(*src, *dst, mesh) + ")";
+    case HookAction::kRelease: return "release";
+    case HookAction::kGrad: return "grad(" + redist_on(*src, *dst, mesh) + ")";
+    case HookAction::kFactory: return "factory(" + placements_on(*dst, mesh) + ")";
+    case HookAction::kActivation: {
+      std::string s;
+      if (annotate) s = "annotate(" + placements_on(*annotate, mesh) + ")";
+      const Placements* from = annotate ? &*annotate : src ? &*src : nullptr;
+      if (dst) {
+        std::string part = from ? (*from == *dst ? "" : "redist(" + redist_on(*from, *dst, mesh) + ")")
+                                : "to(" + placements_on(*dst, mesh) + ")";
+        if (!part.empty()) { s += s.empty() ? "" : ","; s += part; }
+      }
+      return s;
+    }
+  }
+  return "?";
+}
+
+std::string HookRecord::str(const PlanMesh& mesh) const {
+  std::string where = module.empty() ? hook_point_name(hook) : module + "." + hook_point_name(hook);
+  return fmt::format("{}:{}:{}", where, tensor, action_str(mesh));
+}
+
+std::string HookIR::str() const {
+  std::string s;
+  for (const auto& r : records) s += r.str(mesh) + "\n";
+  return s;
+}
+
+const Placements& HookIR::init_placements(const std::string& path) const {
+  for (const auto& r : records)
+    if (r.action == HookAction::kInit && (r.module.empty() ? r.tensor : r.module + "." + r.tensor) == path)
+      return *r.dst;
+  MT_FAIL("HookIR: no param_init record for '{}'", path);
+}
+
+HookIR lower(const Plan& plan, Module& model, const DeviceMesh& mesh) {
+  PlanMesh pm = plan.resolve_mesh(mesh.size());
+  MT_CHECK(pm.names == mesh.names() && pm.shape == mesh.shape(),
+           "lower: plan {} declares mesh {} for {} ranks, but the given mesh is {}", plan.source(), pm.str(),
+           mesh.size(), mesh.str());
+  return lower(plan, model, pm);
+}
+
+HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
+  const size_t nd = mesh.names.size();
+  // ---- the model: modules in pre-order, parameters (deduplicated) by owning module ----
+  std::vector<ModuleState> modules;
+  std::map<std::string, size_t> module_index;
+  std::vector<std::string> module_paths;
+  for (auto& [path, m] : model.named_modules()) {
+    module_index[path] = modules.size();
+    modules.push_back({path, {}, {}, {}});
+    module_paths.push_back(path);
+  }
+  std::vector<ParamState> params;
+  for (auto& [path, t] : model.named_parameters()) {
+    MT_CHECK(!t.is_distributed(), "lower: parameter {} is already a DTensor ({}); parallelize a model once",
+             path, t.dist_spec()->str());
+    size_t dot = path.rfind('.');
+    ParamState p;
+    p.path = path;
+    p.module = dot == std::string::npos ? "" : path.substr(0, dot);
+    p.name = dot == std::string::npos ? path : path.substr(dot + 1);
+    p.shape = t.shape();
+    p.init.assign(nd, std::nullopt);
+    p.run.assign(nd, std::nullopt);
+    modules[module_index.at(p.module)].params.push_back(params.size());
+    params.push_back(std::move(p));
+  }
+
+  // ---- entries ----
+  for (const PlanEntry& e : plan.entries()) {
+    std::regex mre(e.module_re, std::regex::ECMAScript);
+    std::vector<size_t> matched;
+    for (size_t i = 0; i < modules.size(); ++i)
+      if (std::regex_match(modules[i].path, mre)) matched.push_back(i);
+    MT_CHECK(!matched.empty(), "{}: module regex '{}' matches no module path of the model; nearest module paths: "
+             "{}",
+             e.module_loc.str(), e.module_re, nearest(e.module_re, module_paths));
+    IoRef io = parse_io_ref(e.tensor);
+    if (e.kind == PlanEntryKind::kFactory) {
+      for (size_t mi : matched) {
+        auto& [slots, from] = modules[mi].factories[e.tensor];
+        if (slots.empty()) slots.assign(nd, std::nullopt);
+        merge(slots, e.how, mesh);
+        from.push_back(e.loc);
+      }
+      continue;
+    }
+    if (io.valid()) {
+      for (size_t mi : matched) {
+        IoState& s = modules[mi].io[{io.is_input ? 0 : 1, io.index}];
+        for (auto* d : {&s.annotate, &s.src, &s.dst, &s.grad_src, &s.grad_dst})
+          if (d->empty()) d->assign(nd, std::nullopt);
+        s.from.push_back(e.loc);
+        switch (e.kind) {
+          case PlanEntryKind::kPlace: merge(s.dst, e.how, mesh), s.has_dst = true; break;
+          case PlanEntryKind::kAnnotate: merge(s.annotate, e.how, mesh), s.has_annotate = true; break;
+          case PlanEntryKind::kRedistribute:
+            merge(s.src, e.src, mesh), merge(s.dst, e.how, mesh);
+            s.has_src = s.has_dst = true;
+            if (!e.grad_src.empty()) {
+              merge(s.grad_src, e.grad_src, mesh), merge(s.grad_dst, e.grad_dst, mesh);
+              s.has_grad = true;
+              s.grad_from.push_back(e.loc);
+            }
+            break;
+          case PlanEntryKind::kFactory: break;
+        }
+      }
+      continue;
+    }
+    // Parameters.
+    std::regex tre(e.tensor, std::regex::ECMAScript);
+    size_t hits = 0;
+    std::vector<std::string> names;
+    for (size_t mi : matched)
+      for (size_t pi : modules[mi].params) {
+        ParamState& p = params[pi];
+        if (std::find(names.begin(), names.end(), p.name) == names.end()) names.push_back(p.name);
+        if (!std::regex_match(p.name, tre)) continue;
+        ++hits;
+        if (e.phase != PlanPhase::kRun) merge(p.init, e.how, mesh);
+        if (e.phase != PlanPhase::kInit) merge(p.run, e.how, mesh);
+        p.from.push_back(e.loc);
+      }
+    if (hits == 0) {
+      std::string mods;
+      for (size_t i = 0; i < std::min<size_t>(3, matched.size()); ++i) { mods += i ? ", " : ""; mods += shown(modules[matched[i]].path); }
+      if (matched.size() > 3) mods += fmt::format(", ... ({} modules)", matched.size());
+      MT_FAIL("{}: parameter regex '{}' matches no parameter of the modules matched by '{}' ({}); their "
+              "parameters: {}; expected a parameter name, <in>:K or <out>:K",
+              e.tensor_loc.str(), e.tensor, e.module_re, mods, names.empty() ? "(none)" : nearest(e.tensor, names, 20));
+    }
+  }
+
+  // ---- records ----
+  HookIR ir;
+  ir.mesh = mesh;
+  std::vector<Placements> init_ps(params.size()), run_ps(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    ParamState& p = params[i];
+    DimSlots run = p.run;
+    for (size_t d = 0; d < nd; ++d)
+      if (!run[d]) run[d] = p.init[d];  // RUN defaults to INIT per mesh dim
+    init_ps[i] = resolve_param(p.init, p, mesh, "INIT");
+    run_ps[i] = resolve_param(run, p, mesh, "RUN");
+    HookRecord r;
+    r.module = p.module;
+    r.hook = HookPoint::kParamInit;
+    r.tensor = p.name;
+    r.action = HookAction::kInit;
+    r.dst = init_ps[i];
+    r.global_shape = p.shape;
+    r.from = p.from;
+    ir.records.push_back(std::move(r));
+  }
+  for (const ModuleState& m : modules) {
+    auto param_record = [&](size_t pi, HookPoint hook, HookAction action) {
+      HookRecord r;
+      r.module = m.path;
+      r.hook = hook;
+      r.tensor = params[pi].name;
+      r.action = action;
+      r.src = action == HookAction::kGather ? init_ps[pi] : run_ps[pi];
+      r.dst = action == HookAction::kGather ? run_ps[pi] : init_ps[pi];
+      r.global_shape = params[pi].shape;
+      r.from = params[pi].from;
+      return r;
+    };
+    auto io_record = [&](const std::pair<int, int>& key, const IoState& s, HookPoint hook, bool grad) {
+      HookRecord r;
+      r.module = m.path;
+      r.hook = hook;
+      r.io_input = key.first == 0;
+      r.io_index = key.second;
+      r.tensor = fmt::format("{}:{}", r.io_input ? "<in>" : "<out>", key.second);
+      if (grad) {
+        r.action = HookAction::kGrad;
+        r.src = resolve(s.grad_src);
+        r.dst = resolve(s.grad_dst);
+        r.from = s.grad_from;
+      } else {
+        r.action = HookAction::kActivation;
+        if (s.has_annotate) r.annotate = resolve(s.annotate);
+        if (s.has_src) r.src = resolve(s.src);
+        if (s.has_dst) r.dst = resolve(s.dst);
+        r.from = s.from;
+        if (r.annotate && r.src && *r.annotate != *r.src)
+          MT_FAIL("{}: {} of {}: annotate says {} but redistribute expects {} (entries at {}); expected one "
+                  "source placement",
+                  s.from.back().str(), r.tensor, shown(m.path), placements_on(*r.annotate, mesh),
+                  placements_on(*r.src, mesh), [&] {
+                    std::string l;
+                    for (auto& f : s.from) { l += l.empty() ? "" : ", "; l += f.str(); }
+                    return l;
+                  }());
+      }
+      return r;
+    };
+    auto keep = [](const HookRecord& r) {
+      if (r.action == HookAction::kGrad) return *r.src != *r.dst;
+      if (r.action == HookAction::kActivation) {
+        const auto& from = r.annotate ? r.annotate : r.src;
+        return r.annotate.has_value() || (r.dst && (!from || *from != *r.dst));
+      }
+      return true;
+    };
+    auto emit = [&](HookRecord r) {
+      if (keep(r)) ir.records.push_back(std::move(r));
+    };
+    // forward_pre: parameters gathered for compute, factories, inputs.
+    for (size_t pi : m.params)
+      if (init_ps[pi] != run_ps[pi]) emit(param_record(pi, HookPoint::kForwardPre, HookAction::kGather));
+    for (const auto& [label, f] : m.factories) {
+      HookRecord r;
+      r.module = m.path;
+      r.hook = HookPoint::kForwardPre;
+      r.tensor = label;
+      r.action = HookAction::kFactory;
+      r.dst = resolve(f.first);
+      r.from = f.second;
+      emit(std::move(r));
+    }
+    for (const auto& [key, s] : m.io)
+      if (key.first == 0) emit(io_record(key, s, HookPoint::kForwardPre, false));
+    // forward: outputs, then parameters released.
+    for (const auto& [key, s] : m.io)
+      if (key.first == 1) emit(io_record(key, s, HookPoint::kForward, false));
+    for (size_t pi : m.params)
+      if (init_ps[pi] != run_ps[pi]) emit(param_record(pi, HookPoint::kForward, HookAction::kRelease));
+    // backward_pre: gradients of outputs; backward: gradients of inputs.
+    for (const auto& [key, s] : m.io)
+      if (key.first == 1 && s.has_grad) emit(io_record(key, s, HookPoint::kBackwardPre, true));
+    for (const auto& [key, s] : m.io)
+      if (key.first == 0 && s.has_grad) emit(io_record(key, s, HookPoint::kBackward, true));
+  }
+  return ir;
+}
+
+}  // namespace mt

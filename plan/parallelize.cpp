@@ -1,0 +1,226 @@
+// parallelize(): parameters become shard-only DTensors (the TensorImpl is reused so that module
+// members, optimizers and state dicts see them), and the IR's records become module hooks, one
+// closure per module and hook point (the fused records of that module). See parallelize.h for
+// what each record does at run time.
+#include "plan/parallelize.h"
+
+#include <map>
+
+#include "mesh/dtensor.h"
+#include "mesh/redistribute.h"
+#include "mesh/shard_layout.h"
+#include "runtime/error.h"
+#include "tensor/autograd.h"
+
+namespace mt {
+
+namespace {
+
+thread_local std::vector<FactoryScope> g_factories;
+
+Shape coord_of(const DeviceMesh& mesh) {
+  Shape c;
+  for (int64_t v : mesh.coordinates()) c.push_back(v);
+  return c;
+}
+
+std::string where(const HookRecord& r, const PlanMesh& pm) {
+  std::string from;
+  for (const auto& f : r.from) { from += from.empty() ? "" : ", "; from += f.str(); }
+  return fmt::format("{} (plan {})", r.str(pm), from.empty() ? "?" : from);
+}
+
+// The parameter `p` becomes a DTensor of `ps` whose storage is this rank's shard.
+void shard_parameter(const std::string& path, const Tensor& p, const InitRecord* rec, const DeviceMesh& mesh,
+                     const Placements& ps, Device device) {
+  auto spec = intern_spec(mesh, ps, p.shape());
+  LocalLayout lay = local_layout(p.shape(), ps, mesh.shape(), coord_of(mesh));
+  Tensor local;
+  if (p.is_meta()) {
+    MT_CHECK(rec != nullptr,
+             "parallelize: parameter {} is on the meta device but has no init record (registered directly); "
+             "materialize or load it before parallelize",
+             path);
+    local = empty(lay.local_shape, TensorOptions(p.dtype()).with_device(device));
+    for (const ShardPiece& piece : lay.pieces) {
+      Tensor v = block_view(local, piece.local_offset, piece.sizes);
+      rec->fill(v, piece.global_base, lay.global_strides);
+    }
+  } else {
+    NoGradGuard ng;
+    local = local_shard(p.detach(), ps, mesh.shape(), coord_of(mesh)).to(device);
+  }
+  MT_CHECK(!p.grad_fn(), "parallelize: parameter {} has autograd history", path);
+  if (p.grad().defined()) p.set_grad(Tensor());
+  TensorImpl* impl = p.impl();
+  impl->storage = local.impl()->storage;
+  impl->sizes = local.shape();
+  impl->strides = local.strides();
+  impl->offset = local.offset();
+  impl->device = local.device();
+  impl->dtype = local.dtype();
+  impl->dist = std::move(spec);
+}
+
+Tensor activation(const Tensor& t, const HookRecord& r, const DeviceMesh& mesh, const PlanMesh& pm) {
+  if (!t.defined()) return t;
+  Tensor x = t;
+  bool static_eager = false;
+  auto check_is = [&](const Placements& want, const char* what) {
+    const auto& have = dtensor_spec(x, "parallelize").placements();
+    MT_CHECK(have == want, "{}: {} expects {}, but the tensor is a DTensor with {}", where(r, pm), what,
+             placements_on(want, pm), placements_on(have, pm));
+  };
+  if (r.annotate) {
+    if (x.is_distributed())
+      check_is(*r.annotate, "annotate");
+    else
+      x = from_local(x, mesh, *r.annotate, infer_global_shape(x.shape(), *r.annotate, mesh));
+  } else if (r.src) {
+    if (x.is_distributed()) {
+      check_is(*r.src, "redistribute");
+    } else {
+      x = from_local(x, mesh, *r.src, infer_global_shape(x.shape(), *r.src, mesh));
+      static_eager = true;
+    }
+  }
+  if (r.dst) {
+    if (!x.is_distributed())  // a plain value is the global tensor, the same on every rank
+      x = from_local(x, mesh, Placements(mesh.ndim(), Placement::replicate()), x.shape());
+    if (dtensor_spec(x, "parallelize").placements() != *r.dst) x = redistribute(x, *r.dst);
+  }
+  return static_eager ? to_local(x) : x;
+}
+
+Tensor gradient(const Tensor& g, const HookRecord& r, const DeviceMesh& mesh) {
+  if (!g.defined()) return g;
+  NoGradGuard ng;
+  if (g.is_distributed()) {
+    const DTensorSpec& s = dtensor_spec(g, "parallelize");
+    if (s.placements() == *r.dst) return g;
+    Tensor out = redistribute_local(g.detach(), s.global_shape(), s.placements(), *r.dst, mesh);
+    return from_local(out, mesh, *r.dst, s.global_shape());
+  }
+  Shape global = infer_global_shape(g.shape(), *r.src, mesh);
+  return redistribute_local(g, global, *r.src, *r.dst, mesh);
+}
+
+using Records = std::vector<HookRecord>;
+
+// Installs one hook per hook point of `m` carrying out `recs` (that module's records).
+void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanMesh& pm,
+             std::vector<HookHandle>& handles) {
+  Records pre, fwd, bwd_pre, bwd;
+  for (const auto& r : recs) {
+    switch (r.hook) {
+      case HookPoint::kForwardPre: pre.push_back(r); break;
+      case HookPoint::kForward: fwd.push_back(r); break;
+      case HookPoint::kBackwardPre: bwd_pre.push_back(r); break;
+      case HookPoint::kBackward: bwd.push_back(r); break;
+      case HookPoint::kParamInit: break;
+    }
+  }
+  // The stored (INIT) parameters, captured now: the slots hold them between forwards.
+  std::map<std::string, Tensor> stored;
+  for (const auto& r : recs)
+    if (r.action == HookAction::kGather) stored[r.tensor] = m.get_parameter(r.tensor);
+  auto check_index = [&pm](const HookRecord& r, size_t n) {
+    MT_CHECK(r.io_index >= 0 && static_cast<size_t>(r.io_index) < n, "{}: the module has {} {}s", where(r, pm), n,
+             r.io_input ? "input" : "output");
+  };
+  size_t n_factories = 0;
+  for (const auto& r : pre) n_factories += r.action == HookAction::kFactory;
+  if (!pre.empty())
+    handles.push_back(m.register_forward_pre_hook([pre, stored, mesh, pm, check_index](Module& mod, std::vector<Tensor>& in) {
+      for (const HookRecord& r : pre) {
+        if (r.action == HookAction::kGather) {
+          mod.parameter_slot(r.tensor) = redistribute(stored.at(r.tensor), *r.dst);
+        } else if (r.action == HookAction::kFactory) {
+          g_factories.push_back({r.module, r.tensor, mesh, *r.dst});
+        } else {
+          check_index(r, in.size());
+          in[r.io_index] = activation(in[r.io_index], r, mesh, pm);
+        }
+      }
+    }));
+  if (!fwd.empty() || n_factories > 0)
+    handles.push_back(m.register_forward_hook(
+        [fwd, stored, mesh, pm, check_index, n_factories](Module& mod, const std::vector<Tensor>&, std::vector<Tensor>& out) {
+          for (const HookRecord& r : fwd) {
+            if (r.action == HookAction::kRelease) {
+              mod.parameter_slot(r.tensor) = stored.at(r.tensor);
+            } else {
+              check_index(r, out.size());
+              out[r.io_index] = activation(out[r.io_index], r, mesh, pm);
+            }
+          }
+          for (size_t i = 0; i < n_factories && !g_factories.empty(); ++i) g_factories.pop_back();
+        }));
+  if (!bwd_pre.empty())
+    handles.push_back(m.register_backward_pre_hook([bwd_pre, mesh, check_index](Module&, std::vector<Tensor>& g) {
+      for (const HookRecord& r : bwd_pre) {
+        check_index(r, g.size());
+        g[r.io_index] = gradient(g[r.io_index], r, mesh);
+      }
+    }));
+  if (!bwd.empty())
+    handles.push_back(m.register_backward_hook(
+        [bwd, mesh, check_index](Module&, std::vector<Tensor>& g, const std::vector<Tensor>&) {
+          for (const HookRecord& r : bwd) {
+            check_index(r, g.size());
+            g[r.io_index] = gradient(g[r.io_index], r, mesh);
+          }
+        }));
+}
+
+}  // namespace
+
+const FactoryScope* current_factory(const std::string& label) {
+  for (auto it = g_factories.rbegin(); it != g_factories.rend(); ++it)
+    if (it->label == label || it->label == "*") return &*it;
+  return nullptr;
+}
+
+Shape infer_global_shape(const Shape& local_shape, const Placements& placements, const DeviceMesh& mesh) {
+  MT_CHECK(static_cast<int>(placements.size()) == mesh.ndim(), "infer_global_shape: {} placements {} for mesh {}",
+           placements.size(), placements_str(placements), mesh.str());
+  Shape g = local_shape;
+  for (int i = mesh.ndim() - 1; i >= 0; --i) {
+    const Placement& p = placements[i];
+    if (!p.splits()) continue;
+    MT_CHECK(p.dim() < static_cast<int>(g.size()), "{} on mesh dim '{}' does not fit a tensor of local shape {}",
+             p.str(), mesh.names()[i], local_shape);
+    if (p.kind() == PlacementKind::kRaggedShard) {
+      int64_t units = 0;
+      for (int64_t u : p.units()) units += u;
+      g[p.dim()] = units * p.block();
+      continue;
+    }
+    if (mesh.size(i) == 1) continue;
+    Tensor n = from_vector<int64_t>({g[p.dim()]}, Shape{1});
+    mesh.comm(i).all_reduce(n);
+    g[p.dim()] = n.item_int();
+  }
+  return g;
+}
+
+Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh, Device device) {
+  HookIR ir = lower(plan, model, mesh);
+  std::map<std::string, Records> by_module;
+  for (const HookRecord& r : ir.records) {
+    if (r.action == HookAction::kInit) {
+      std::string path = r.module.empty() ? r.tensor : r.module + "." + r.tensor;
+      shard_parameter(path, model.get_parameter(path), model.init_record(path), mesh, *r.dst, device);
+    } else {
+      by_module[r.module].push_back(r);
+    }
+  }
+  std::vector<HookHandle> handles;
+  for (auto& [path, recs] : by_module) {
+    std::shared_ptr<Module> m = path.empty() ? nullptr : model.get_module(path);
+    install(m ? *m : model, recs, mesh, ir.mesh, handles);
+  }
+  return Parallelized(std::move(ir), std::move(handles));
+}
+
+}  // namespace mt

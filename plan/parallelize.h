@@ -1,0 +1,78 @@
+// parallelize(model, plan, mesh): lowers the plan (plan/lower.h), turns every parameter into a
+// DTensor holding only this rank's shard of its storage (INIT) placements, and installs module
+// hooks that carry out the rest of the IR. No model code changes. What runs where:
+//   param_init   (now)          meta parameters: only the local shard is allocated and filled from
+//                                the InitRecord (the recorded Philox offsets), piece by piece with
+//                                the shard's global base and strides, so the values equal the
+//                                single-device init bit for bit; already materialized parameters
+//                                are sliced. The TensorImpl is kept (handles stay valid).
+//   forward_pre  parameter      the module's slot holds redistribute(param, RUN) during forward
+//                                (collective: e.g. ZeRO-3's all-gather); its gradient flows back
+//                                through redistribute's backward to the stored parameter.
+//   forward      parameter      the slot gets the stored parameter back ("release").
+//   forward_pre  <in>:k / forward <out>:k: a DTensor is redistributed to the plan's placements; a
+//                plain tensor is taken as the global value (from_local with Replicate) and
+//                redistributed, or with `annotate` wrapped as the given placements (from_local),
+//                or with an explicit `redistribute SRC -> DST` taken as SRC and handed on as a
+//                plain local tensor again (static eager).
+//   backward_pre <out>:k / backward <in>:k: the gradient is redistributed GSRC -> GDST (local
+//                shapes must not change: a module hook cannot change a gradient's shape).
+//   forward_pre  factory        a scope read by current_factory() while the module's forward runs.
+// Ops on DTensors still compute on the local shards until the op dispatch lands.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "mesh/device_mesh.h"
+#include "plan/lower.h"
+#include "plan/plan.h"
+#include "tensor/hooks.h"
+#include "tensor/module.h"
+
+namespace mt {
+
+// Owns the installed hooks: destroying it (or remove()) removes them. Parameters stay DTensors.
+class Parallelized {
+ public:
+  Parallelized(HookIR ir, std::vector<HookHandle> hooks) : ir_(std::move(ir)), hooks_(std::move(hooks)) {}
+  Parallelized(Parallelized&&) = default;
+  Parallelized& operator=(Parallelized&&) = default;
+  Parallelized(const Parallelized&) = delete;
+  Parallelized& operator=(const Parallelized&) = delete;
+  ~Parallelized() { remove(); }
+
+  const HookIR& ir() const { return ir_; }
+  size_t num_hooks() const { return hooks_.size(); }
+  void remove() {
+    for (auto& h : hooks_) h.remove();
+    hooks_.clear();
+  }
+
+ private:
+  HookIR ir_;
+  std::vector<HookHandle> hooks_;
+};
+
+// `model` must not have been parallelized before. `device` receives the local shards.
+Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh, Device device = Device::cpu());
+
+// ---- factory scopes ---------------------------------------------------------------------------
+
+// A `factory` entry in effect: while the forward of `module` runs, tensors it creates under
+// `label` ("*" = any) are meant to be DTensors with `placements` on `mesh`.
+struct FactoryScope {
+  std::string module, label;
+  DeviceMesh mesh;
+  Placements placements;
+};
+// The innermost scope for `label` (or "*") on this thread; nullptr when none.
+const FactoryScope* current_factory(const std::string& label);
+
+// ---- helpers (public for tests) ---------------------------------------------------------------
+
+// The global shape of a plain local tensor of `local_shape` under `placements`: split dims summed
+// over their mesh dim's group (one tiny all_reduce per split mesh dim of size > 1).
+Shape infer_global_shape(const Shape& local_shape, const Placements& placements, const DeviceMesh& mesh);
+
+}  // namespace mt

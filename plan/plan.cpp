@@ -1,0 +1,505 @@
+// Plan builder and plan-file parser. Both funnel into the same checks (Plan::add_entry), so a
+// builder call and a file line with the same text are the same entry and fail the same way; only
+// the location differs ("<builder>:3" vs "plans/x.plan:3:14").
+#include "plan/plan.h"
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace mt {
+
+namespace {
+
+constexpr const char* kKeywords = "mesh, place, init, run, redistribute, annotate, factory";
+
+struct Token {
+  std::string text;
+  int column = 0;  // 1-based
+};
+
+// Splits a line into whitespace-separated tokens; parentheses and brackets group (so
+// "RS(0, [2, 1])" is one token), "->" is always a token of its own, '#' starts a comment.
+// A backslash escapes the next character (regexes: "\(" does not open a group, "\#" is no comment).
+// The first `ungrouped` tokens (keyword, module regex, tensor) do not group, so an unbalanced
+// parenthesis in a regex is reported as a bad regex, not as a swallowed line.
+std::vector<Token> tokenize(std::string_view line, size_t ungrouped = 0) {
+  std::vector<Token> out;
+  std::string cur;
+  int cur_col = 0, depth = 0;
+  auto flush = [&] {
+    if (!cur.empty()) out.push_back({cur, cur_col});
+    cur.clear();
+  };
+  for (size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    int col = static_cast<int>(i) + 1;
+    if (c == '\\' && i + 1 < line.size()) {
+      if (cur.empty()) cur_col = col;
+      cur += c;
+      cur += line[++i];
+      continue;
+    }
+    if (depth == 0 && c == '#') break;
+    if (depth == 0 && (c == ' ' || c == '\t' || c == '\r')) {
+      flush();
+      continue;
+    }
+    if (depth == 0 && c == '-' && i + 1 < line.size() && line[i + 1] == '>') {
+      flush();
+      out.push_back({"->", col});
+      ++i;
+      continue;
+    }
+    bool grouping = out.size() >= ungrouped;
+    if (grouping && (c == '(' || c == '[')) ++depth;
+    if (grouping && (c == ')' || c == ']') && depth > 0) --depth;
+    if (cur.empty()) cur_col = col;
+    cur += c;
+  }
+  flush();
+  return out;
+}
+
+// The location of a token at `column` of a line whose start is `base` (builder calls have no
+// columns: the call is the location).
+PlanLoc at(const PlanLoc& base, int column) {
+  PlanLoc l = base;
+  if (base.column > 0) l.column = base.column - 1 + column;
+  return l;
+}
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+// "tp=S(0)" or "ep=owner(1)".
+DimPlacement parse_dim_placement(const std::string& text, const PlanLoc& loc) {
+  size_t eq = text.find('=');
+  MT_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < text.size(),
+           "{}: '{}' is not a placement on a mesh dim; expected DIM=PLACEMENT such as tp=S(0), dp=R, "
+           "tp=P(sum), tp=IS(0,3) or ep=owner(1)",
+           loc.str(), text);
+  DimPlacement d;
+  d.dim = text.substr(0, eq);
+  d.loc = loc;
+  std::string p = text.substr(eq + 1);
+  if (p.rfind("owner(", 0) == 0 && p.back() == ')') {
+    std::string k = p.substr(6, p.size() - 7);
+    bool digits = !k.empty() && k.find_first_not_of("0123456789") == std::string::npos;
+    MT_CHECK(digits, "{}: '{}': owner(K) needs a mesh coordinate K >= 0, e.g. ep=owner(1)", loc.str(), text);
+    d.owner = std::stoll(k);
+    return d;
+  }
+  try {
+    d.placement = Placement::parse(p);
+  } catch (const Error& e) {
+    MT_FAIL("{}: '{}' is not a placement on a mesh dim ({}); expected DIM=PLACEMENT such as tp=S(0), "
+            "dp=R, tp=P(sum), tp=IS(0,3) or ep=owner(1)",
+            loc.str(), text, e.what());
+  }
+  return d;
+}
+
+How parse_how_tokens(const std::vector<Token>& toks, size_t begin, size_t end, const PlanLoc& base) {
+  How how;
+  for (size_t i = begin; i < end; ++i) how.push_back(parse_dim_placement(toks[i].text, at(base, toks[i].column)));
+  return how;
+}
+
+How parse_how_text(const std::string& text, const PlanLoc& base) {
+  auto toks = tokenize(text);
+  return parse_how_tokens(toks, 0, toks.size(), base);
+}
+
+std::string how_str(const How& how) {
+  std::string s;
+  for (const auto& d : how) { s += s.empty() ? "" : " "; s += d.str(); }
+  return s;
+}
+
+bool is_param_entry(const PlanEntry& e) { return !parse_io_ref(e.tensor).valid() && e.kind != PlanEntryKind::kFactory; }
+
+}  // namespace
+
+// ---- small types ----
+
+std::string PlanLoc::str() const {
+  if (column > 0) return fmt::format("{}:{}:{}", file, line, column);
+  return fmt::format("{}:{}", file, line);
+}
+
+std::string DimPlacement::placement_str() const {
+  return owner >= 0 ? fmt::format("owner({})", owner) : placement.str();
+}
+
+int PlanMesh::dim_index(const std::string& name) const {
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return static_cast<int>(i);
+  return -1;
+}
+
+std::string PlanMesh::str() const {
+  std::string s = "[";
+  for (size_t i = 0; i < names.size(); ++i) s += fmt::format("{}{}={}", i ? ", " : "", names[i], shape[i]);
+  return s + "]";
+}
+
+IoRef parse_io_ref(std::string_view t) {
+  IoRef r;
+  std::string_view rest;
+  if (t.rfind("<in>:", 0) == 0) {
+    r.is_input = true;
+    rest = t.substr(5);
+  } else if (t.rfind("<out>:", 0) == 0) {
+    rest = t.substr(6);
+  } else {
+    return r;
+  }
+  if (rest.empty() || rest.size() > 6 || rest.find_first_not_of("0123456789") != std::string_view::npos) return r;
+  r.index = std::stoi(std::string(rest));
+  return r;
+}
+
+std::string PlanEntry::keyword() const {
+  switch (kind) {
+    case PlanEntryKind::kPlace:
+      return phase == PlanPhase::kInit ? "init" : phase == PlanPhase::kRun ? "run" : "place";
+    case PlanEntryKind::kRedistribute: return "redistribute";
+    case PlanEntryKind::kAnnotate: return "annotate";
+    case PlanEntryKind::kFactory: return "factory";
+  }
+  return "?";
+}
+
+std::string PlanEntry::str() const {
+  std::string re = module_re.empty() ? "()" : module_re;
+  std::string s = fmt::format("{} {} {} ", keyword(), re, tensor);
+  if (kind == PlanEntryKind::kRedistribute) {
+    s += how_str(src) + " -> " + how_str(how);
+    if (!grad_src.empty()) s += " grad " + how_str(grad_src) + " -> " + how_str(grad_dst);
+  } else {
+    s += how_str(how);
+  }
+  return s;
+}
+
+// ---- Plan ----
+
+void Plan::set_mesh(std::vector<MeshDimDecl> dims, PlanLoc loc) {
+  MT_CHECK(mesh_.empty(), "{}: the mesh is declared twice (first at {}); expected one mesh line", loc.str(),
+           mesh_loc_.str());
+  MT_CHECK(entries_.empty(), "{}: the mesh must be declared before the entries (first entry at {})", loc.str(),
+           entries_.front().loc.str());
+  MT_CHECK(!dims.empty(), "{}: the mesh has no dims; expected e.g. 'mesh dp=* tp=2'", loc.str());
+  int stars = 0;
+  std::set<std::string> seen;
+  for (const auto& d : dims) {
+    MT_CHECK(is_identifier(d.name), "{}: mesh dim name '{}' must be an identifier (letters, digits, _)",
+             d.loc.str(), d.name);
+    MT_CHECK(seen.insert(d.name).second, "{}: mesh dim '{}' is declared twice", d.loc.str(), d.name);
+    MT_CHECK(d.size == -1 || d.size >= 1, "{}: mesh dim '{}' has size {}; expected a size >= 1 or *",
+             d.loc.str(), d.name, d.size);
+    if (d.size == -1) ++stars;
+    MT_CHECK(stars <= 1, "{}: mesh dim '{}' is a second '*'; at most one dim may take the rest of the world",
+             d.loc.str(), d.name);
+  }
+  mesh_ = std::move(dims);
+  mesh_loc_ = std::move(loc);
+}
+
+void Plan::add_entry(PlanEntry e) {
+  MT_CHECK(!mesh_.empty(), "{}: '{}' comes before the mesh; expected a 'mesh NAME=SIZE ...' line first",
+           e.loc.str(), e.keyword());
+  try {
+    std::regex re(e.module_re, std::regex::ECMAScript);
+  } catch (const std::regex_error& err) {
+    MT_FAIL("{}: '{}' is not a valid regular expression ({}); expected an ECMAScript regex fully matched "
+            "against module paths, e.g. model\\.layers\\.\\d+\\.mlp",
+            e.module_loc.str(), e.module_re, err.what());
+  }
+  IoRef io = parse_io_ref(e.tensor);
+  const bool io_like = !e.tensor.empty() && e.tensor[0] == '<';
+  MT_CHECK(!io_like || io.valid(), "{}: '{}' is not a module input or output; expected <in>:K or <out>:K",
+           e.tensor_loc.str(), e.tensor);
+  MT_CHECK(!e.tensor.empty(), "{}: missing tensor; expected a parameter name (regex), <in>:K or <out>:K",
+           e.tensor_loc.str());
+  switch (e.kind) {
+    case PlanEntryKind::kPlace:
+      MT_CHECK(!(io.valid() && e.phase == PlanPhase::kInit),
+               "{}: init applies to parameters (their storage), not to {}; expected place or run",
+               e.loc.str(), e.tensor);
+      break;
+    case PlanEntryKind::kRedistribute:
+    case PlanEntryKind::kAnnotate:
+      MT_CHECK(io.valid(), "{}: {} applies to module inputs and outputs, not to '{}'; expected <in>:K or <out>:K",
+               e.tensor_loc.str(), e.keyword(), e.tensor);
+      break;
+    case PlanEntryKind::kFactory:
+      MT_CHECK(!io_like && (e.tensor == "*" || is_identifier(e.tensor)),
+               "{}: factory needs a label for tensors created in the forward ('*' or an identifier such "
+               "as rope), got '{}'",
+               e.tensor_loc.str(), e.tensor);
+      break;
+  }
+  if (is_param_entry(e)) {
+    try {
+      std::regex re(e.tensor, std::regex::ECMAScript);
+    } catch (const std::regex_error& err) {
+      MT_FAIL("{}: '{}' is not a valid regular expression ({}); expected a parameter name such as weight "
+              "or weight|bias",
+              e.tensor_loc.str(), e.tensor, err.what());
+    }
+  }
+  auto check_how = [&](const How& how, const char* what) {
+    MT_CHECK(!how.empty(), "{}: {} has no placement; expected at least one DIM=PLACEMENT such as {}=R",
+             e.loc.str(), what, mesh_.front().name);
+    std::set<std::string> seen;
+    for (const auto& d : how) {
+      bool known = false;
+      std::string names;
+      for (const auto& m : mesh_) {
+        known |= m.name == d.dim;
+        names += names.empty() ? "" : ", "; names += m.name;
+      }
+      MT_CHECK(known, "{}: '{}' names no mesh dim; expected one of the plan's mesh dims: {}", d.loc.str(),
+               d.str(), names);
+      MT_CHECK(seen.insert(d.dim).second, "{}: mesh dim '{}' is given twice in one placement", d.loc.str(), d.dim);
+      MT_CHECK(d.owner < 0 || is_param_entry(e),
+               "{}: owner(K) places whole parameters; expected a parameter name, not '{}'", d.loc.str(),
+               e.tensor);
+    }
+  };
+  if (e.kind == PlanEntryKind::kRedistribute) {
+    check_how(e.src, "the source");
+    check_how(e.how, "the destination");
+    MT_CHECK(e.grad_src.empty() == e.grad_dst.empty(), "{}: the gradient needs both a source and a destination",
+             e.loc.str());
+    if (!e.grad_src.empty()) {
+      check_how(e.grad_src, "the gradient source");
+      check_how(e.grad_dst, "the gradient destination");
+    }
+  } else {
+    check_how(e.how, "the entry");
+  }
+  entries_.push_back(std::move(e));
+}
+
+PlanLoc Plan::next_builder_loc() { return PlanLoc{source_, ++builder_calls_, 0}; }
+
+Plan& Plan::mesh(const Dims& dims) {
+  PlanLoc loc = next_builder_loc();
+  std::vector<MeshDimDecl> decl;
+  for (const auto& [name, size] : dims) decl.push_back({name, size, loc});
+  set_mesh(std::move(decl), loc);
+  return *this;
+}
+
+Plan& Plan::add_text(PlanEntryKind kind, PlanPhase phase, const std::string& module_re, const std::string& tensor,
+                     const std::string& how) {
+  PlanEntry e;
+  e.kind = kind;
+  e.phase = phase;
+  e.module_re = module_re;
+  e.tensor = tensor;
+  e.loc = e.module_loc = e.tensor_loc = next_builder_loc();
+  e.how = parse_how_text(how, e.loc);
+  add_entry(std::move(e));
+  return *this;
+}
+
+Plan& Plan::add_typed(PlanPhase phase, const std::string& module_re, const std::string& tensor, const Typed& how) {
+  PlanEntry e;
+  e.phase = phase;
+  e.module_re = module_re;
+  e.tensor = tensor;
+  e.loc = e.module_loc = e.tensor_loc = next_builder_loc();
+  for (const auto& [dim, p] : how) e.how.push_back({dim, p, -1, e.loc});
+  add_entry(std::move(e));
+  return *this;
+}
+
+Plan& Plan::place(const std::string& m, const std::string& t, const std::string& how) {
+  return add_text(PlanEntryKind::kPlace, PlanPhase::kBoth, m, t, how);
+}
+Plan& Plan::init(const std::string& m, const std::string& t, const std::string& how) {
+  return add_text(PlanEntryKind::kPlace, PlanPhase::kInit, m, t, how);
+}
+Plan& Plan::run(const std::string& m, const std::string& t, const std::string& how) {
+  return add_text(PlanEntryKind::kPlace, PlanPhase::kRun, m, t, how);
+}
+Plan& Plan::place(const std::string& m, const std::string& t, const Typed& how) {
+  return add_typed(PlanPhase::kBoth, m, t, how);
+}
+Plan& Plan::init(const std::string& m, const std::string& t, const Typed& how) {
+  return add_typed(PlanPhase::kInit, m, t, how);
+}
+Plan& Plan::run(const std::string& m, const std::string& t, const Typed& how) {
+  return add_typed(PlanPhase::kRun, m, t, how);
+}
+Plan& Plan::annotate(const std::string& m, const std::string& t, const std::string& how) {
+  return add_text(PlanEntryKind::kAnnotate, PlanPhase::kBoth, m, t, how);
+}
+Plan& Plan::factory(const std::string& m, const std::string& name, const std::string& how) {
+  return add_text(PlanEntryKind::kFactory, PlanPhase::kBoth, m, name, how);
+}
+
+Plan& Plan::redistribute(const std::string& m, const std::string& t, const std::string& src, const std::string& dst,
+                         const std::string& grad_src, const std::string& grad_dst) {
+  PlanEntry e;
+  e.kind = PlanEntryKind::kRedistribute;
+  e.module_re = m;
+  e.tensor = t;
+  e.loc = e.module_loc = e.tensor_loc = next_builder_loc();
+  e.src = parse_how_text(src, e.loc);
+  e.how = parse_how_text(dst, e.loc);
+  e.grad_src = parse_how_text(grad_src, e.loc);
+  e.grad_dst = parse_how_text(grad_dst, e.loc);
+  add_entry(std::move(e));
+  return *this;
+}
+
+PlanMesh Plan::resolve_mesh(int64_t world) const {
+  MT_CHECK(!mesh_.empty(), "plan {}: no mesh declared; expected a 'mesh NAME=SIZE ...' line", source_);
+  PlanMesh m;
+  int64_t fixed = 1;
+  int star = -1;
+  std::string decl;
+  for (size_t i = 0; i < mesh_.size(); ++i) {
+    m.names.push_back(mesh_[i].name);
+    if (mesh_[i].size < 0)
+      star = static_cast<int>(i);
+    else
+      fixed *= mesh_[i].size;
+    decl += fmt::format("{}{}={}", i ? " " : "", mesh_[i].name, mesh_[i].size < 0 ? "*" : std::to_string(mesh_[i].size));
+  }
+  if (star >= 0) {
+    MT_CHECK(world % fixed == 0 && world >= fixed,
+             "{}: mesh {} does not fit a world of {} ranks: the fixed dims take {} ranks, which must divide "
+             "the world size",
+             mesh_loc_.str(), decl, world, fixed);
+  } else {
+    MT_CHECK(world == fixed, "{}: mesh {} has {} ranks but the world has {}; expected the sizes to multiply to "
+             "the world size (or one dim to be *)",
+             mesh_loc_.str(), decl, fixed, world);
+  }
+  for (size_t i = 0; i < mesh_.size(); ++i)
+    m.shape.push_back(static_cast<int>(i) == star ? world / fixed : mesh_[i].size);
+  return m;
+}
+
+std::string Plan::str() const {
+  std::string s = "mesh";
+  for (const auto& d : mesh_) s += fmt::format(" {}={}", d.name, d.size < 0 ? "*" : std::to_string(d.size));
+  s += "\n";
+  for (const auto& e : entries_) s += e.str() + "\n";
+  return s;
+}
+
+// ---- parser ----
+
+Plan parse_plan(std::string_view text, const std::string& filename) {
+  Plan plan;
+  plan.set_source(filename);
+  int line_no = 0;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t nl = text.find('\n', pos);
+    std::string_view line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+    pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
+    ++line_no;
+    auto toks = tokenize(line, 3);
+    if (toks.empty()) continue;
+    PlanLoc line_loc{filename, line_no, 1};
+    auto loc_of = [&](const Token& t) { return PlanLoc{filename, line_no, t.column}; };
+    const std::string& kw = toks[0].text;
+    if (kw == "mesh") {
+      MT_CHECK(toks.size() >= 2, "{}: the mesh has no dims; expected e.g. 'mesh dp=* tp=2'", loc_of(toks[0]).str());
+      std::vector<MeshDimDecl> dims;
+      for (size_t i = 1; i < toks.size(); ++i) {
+        const std::string& t = toks[i].text;
+        size_t eq = t.find('=');
+        std::string size = eq == std::string::npos ? "" : t.substr(eq + 1);
+        bool digits = !size.empty() && size.size() < 12 && size.find_first_not_of("0123456789") == std::string::npos;
+        MT_CHECK(eq != std::string::npos && eq > 0 && (size == "*" || digits),
+                 "{}: '{}' is not a mesh dim; expected NAME=SIZE or NAME=* (the rest of the world), e.g. tp=2",
+                 loc_of(toks[i]).str(), t);
+        dims.push_back({t.substr(0, eq), size == "*" ? -1 : std::stoll(size), loc_of(toks[i])});
+      }
+      plan.set_mesh(std::move(dims), loc_of(toks[0]));
+      continue;
+    }
+    PlanEntry e;
+    e.loc = loc_of(toks[0]);
+    if (kw == "place" || kw == "init" || kw == "run") {
+      e.kind = PlanEntryKind::kPlace;
+      e.phase = kw == "init" ? PlanPhase::kInit : kw == "run" ? PlanPhase::kRun : PlanPhase::kBoth;
+    } else if (kw == "redistribute") {
+      e.kind = PlanEntryKind::kRedistribute;
+    } else if (kw == "annotate") {
+      e.kind = PlanEntryKind::kAnnotate;
+    } else if (kw == "factory") {
+      e.kind = PlanEntryKind::kFactory;
+    } else {
+      MT_FAIL("{}: unknown keyword '{}'; expected one of: {}", e.loc.str(), kw, kKeywords);
+    }
+    MT_CHECK(toks.size() >= 4,
+             "{}: '{}' needs a module regex, a tensor and a placement; expected e.g. "
+             "'{} model\\.layers\\.\\d+\\.mlp\\.up_proj weight tp=S(0)'",
+             e.loc.str(), kw, kw == "redistribute" ? "place" : kw);
+    e.module_re = toks[1].text == "()" ? "" : toks[1].text;
+    e.module_loc = loc_of(toks[1]);
+    e.tensor = toks[2].text;
+    e.tensor_loc = loc_of(toks[2]);
+    PlanLoc zero{filename, line_no, 1};
+    if (e.kind == PlanEntryKind::kRedistribute) {
+      // SRC... -> DST... [grad GSRC... -> GDST...]
+      std::vector<size_t> arrows;
+      size_t grad = toks.size();
+      for (size_t i = 3; i < toks.size(); ++i) {
+        if (toks[i].text == "->") arrows.push_back(i);
+        if (toks[i].text == "grad" && grad == toks.size()) grad = i;
+      }
+      const char* expect = "expected 'redistribute REGEX TENSOR SRC -> DST [grad GSRC -> GDST]', e.g. "
+                           "'redistribute model\\.norm <out>:0 tp=S(1) -> tp=R'";
+      MT_CHECK(!arrows.empty() && arrows[0] < grad, "{}: redistribute has no '->' between source and "
+               "destination; {}", e.loc.str(), expect);
+      e.src = parse_how_tokens(toks, 3, arrows[0], zero);
+      e.how = parse_how_tokens(toks, arrows[0] + 1, grad, zero);
+      if (grad < toks.size()) {
+        MT_CHECK(arrows.size() == 2 && arrows[1] > grad, "{}: the gradient part has no '->'; {}",
+                 loc_of(toks[grad]).str(), expect);
+        e.grad_src = parse_how_tokens(toks, grad + 1, arrows[1], zero);
+        e.grad_dst = parse_how_tokens(toks, arrows[1] + 1, toks.size(), zero);
+      } else {
+        MT_CHECK(arrows.size() == 1, "{}: a second '->' without 'grad'; {}", loc_of(toks[arrows[1]]).str(), expect);
+      }
+    } else {
+      for (size_t i = 3; i < toks.size(); ++i)
+        MT_CHECK(toks[i].text != "->" && toks[i].text != "grad",
+                 "{}: '{}' belongs to redistribute entries; expected DIM=PLACEMENT", loc_of(toks[i]).str(),
+                 toks[i].text);
+      e.how = parse_how_tokens(toks, 3, toks.size(), zero);
+    }
+    plan.add_entry(std::move(e));
+  }
+  MT_CHECK(!plan.mesh_dims().empty(), "{}:1: the plan declares no mesh; expected a line such as 'mesh dp=* tp=2'",
+           filename);
+  return plan;
+}
+
+Plan load_plan(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.good(), "load_plan: cannot open plan file '{}'", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_plan(ss.str(), path);
+}
+
+}  // namespace mt

@@ -1,0 +1,138 @@
+// Plan: how a single-device model is spread over a device mesh (DESIGN.md "Plans",
+// docs/plans.md). A plan declares its mesh (named dims, one of them may be "*" = the rest of the
+// world) and entries saying *which* tensor (a regex fully matched against module paths, plus a
+// parameter-name regex, `<in>:k` or `<out>:k`), *how* (a placement per named mesh dim; unnamed
+// dims replicate) and *when* (INIT: storage of parameters, RUN: compute). The same plan is built
+// with the C++ builder below or read from a plan file (parse_plan / load_plan); both give equal
+// Plans. Nothing here looks at a model: plan/lower.h resolves the regexes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "mesh/placement.h"
+#include "runtime/shape.h"
+
+namespace mt {
+
+// Where a plan item came from: "file:line:column" (a builder call has line = call number and
+// column 0, printed "<builder>:3").
+struct PlanLoc {
+  std::string file;
+  int line = 0;
+  int column = 0;
+  std::string str() const;
+};
+
+// A placement on one named mesh dim: `tp=S(0)`. `owner(k)` is plan sugar for "the whole tensor
+// lives on coordinate k of this dim" (RS(0,[0,..,1,..,0],b<rows>), resolved against the tensor
+// shape when lowering), used for expert parallelism over separate expert modules.
+struct DimPlacement {
+  std::string dim;
+  Placement placement;
+  int64_t owner = -1;  // >= 0: owner(k)
+  PlanLoc loc;
+  std::string placement_str() const;  // "S(0)" or "owner(1)"
+  std::string str() const { return dim + "=" + placement_str(); }
+};
+using How = std::vector<DimPlacement>;
+
+enum class PlanPhase { kBoth, kInit, kRun };  // keyword place / init / run
+enum class PlanEntryKind { kPlace, kRedistribute, kAnnotate, kFactory };
+
+struct PlanEntry {
+  PlanEntryKind kind = PlanEntryKind::kPlace;
+  PlanPhase phase = PlanPhase::kBoth;  // kPlace only
+  std::string module_re;  // fully matched against module paths ("" is the root)
+  // A regex over parameter names (fully matched), "<in>:k" / "<out>:k", or for factory a label of
+  // the tensors created in the module's forward ("*" = all).
+  std::string tensor;
+  How how;                    // place, annotate, factory: the placement; redistribute: dst
+  How src;                    // redistribute
+  How grad_src, grad_dst;     // redistribute, optional: gradient redistribution
+  PlanLoc loc, module_loc, tensor_loc;
+  std::string keyword() const;  // place, init, run, redistribute, annotate, factory
+  std::string str() const;      // the entry in plan-file syntax
+};
+
+struct MeshDimDecl {
+  std::string name;
+  int64_t size = -1;  // -1: "*"
+  PlanLoc loc;
+};
+
+// A plan's mesh resolved for a world size.
+struct PlanMesh {
+  std::vector<std::string> names;
+  Shape shape;
+  int ndim() const { return static_cast<int>(names.size()); }
+  int64_t size() const { return shape.numel(); }
+  int dim_index(const std::string& name) const;  // -1 when absent
+  std::string str() const;                       // "[dp=2, tp=2]"
+};
+
+class Plan {
+ public:
+  Plan() = default;
+
+  // ---- builder (same meaning as the file keywords; errors name "<builder>:N") ----
+  using Dims = std::vector<std::pair<std::string, int64_t>>;  // size -1 = "*"
+  Plan& mesh(const Dims& dims);
+  // `how` is the file's text ("dp=S(0) tp=R") or typed pairs.
+  Plan& place(const std::string& module_re, const std::string& tensor, const std::string& how);
+  Plan& init(const std::string& module_re, const std::string& tensor, const std::string& how);
+  Plan& run(const std::string& module_re, const std::string& tensor, const std::string& how);
+  Plan& redistribute(const std::string& module_re, const std::string& tensor, const std::string& src,
+                     const std::string& dst, const std::string& grad_src = "",
+                     const std::string& grad_dst = "");
+  Plan& annotate(const std::string& module_re, const std::string& tensor, const std::string& how);
+  Plan& factory(const std::string& module_re, const std::string& name, const std::string& how);
+  using Typed = std::vector<std::pair<std::string, Placement>>;
+  Plan& place(const std::string& module_re, const std::string& tensor, const Typed& how);
+  Plan& init(const std::string& module_re, const std::string& tensor, const Typed& how);
+  Plan& run(const std::string& module_re, const std::string& tensor, const Typed& how);
+
+  // ---- contents ----
+  const std::string& source() const { return source_; }  // file name or "<builder>"
+  const std::vector<MeshDimDecl>& mesh_dims() const { return mesh_; }
+  const std::vector<PlanEntry>& entries() const { return entries_; }
+  // The mesh for `world` ranks: "*" is world / (product of the others). Throws at the mesh line
+  // when the world does not fit.
+  PlanMesh resolve_mesh(int64_t world) const;
+  // The plan in file syntax (parse_plan(str()) gives an equal plan).
+  std::string str() const;
+
+  // Used by the parser.
+  void add_entry(PlanEntry e);
+  void set_mesh(std::vector<MeshDimDecl> dims, PlanLoc loc);
+  void set_source(std::string s) { source_ = std::move(s); }
+
+ private:
+  PlanLoc next_builder_loc();
+  Plan& add_typed(PlanPhase phase, const std::string& module_re, const std::string& tensor, const Typed& how);
+  Plan& add_text(PlanEntryKind kind, PlanPhase phase, const std::string& module_re,
+                 const std::string& tensor, const std::string& how);
+  std::string source_ = "<builder>";
+  int builder_calls_ = 0;
+  PlanLoc mesh_loc_;
+  std::vector<MeshDimDecl> mesh_;
+  std::vector<PlanEntry> entries_;
+};
+
+// Parses a plan file (syntax: docs/plans.md). Errors: "file:line:column: what is wrong; expected
+// what".
+Plan parse_plan(std::string_view text, const std::string& filename);
+Plan load_plan(const std::string& path);
+
+// "<in>:3" -> {true, 3}; "<out>:0" -> {false, 0}; anything else -> index -1.
+struct IoRef {
+  bool is_input = false;
+  int index = -1;
+  bool valid() const { return index >= 0; }
+};
+IoRef parse_io_ref(std::string_view tensor);
+
+}  // namespace mt

@@ -1,0 +1,79 @@
+// `meshtrain plan --config C --plan P --world N`: lowers a plan for a model and a world size and
+// prints the hook IR and the local shape of every parameter per mesh coordinate, without running
+// anything (the model is built on the meta device; no MPI needed).
+#include <fmt/format.h>
+
+#include "mesh/shard_layout.h"
+#include "models/hf_config.h"
+#include "models/llama.h"
+#include "plan/lower.h"
+#include "plan/plan.h"
+#include "runtime/error.h"
+#include "tools/cli/args.h"
+#include "tools/cli/commands.h"
+
+namespace mt::cli {
+namespace {
+
+const std::vector<FlagSpec> kPlanFlags = {
+    {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
+    {"plan", "plan file (see docs/plans.md; stock plans in plans/)", "", false},
+    {"world", "number of ranks to plan for", "1", false},
+};
+
+// "[64, 128] on (0), (1); [0, 128] on (2)" or "[256, 128] on all 4 ranks".
+std::string local_shapes(const Shape& global, const Placements& ps, const PlanMesh& mesh) {
+  std::vector<std::pair<Shape, std::vector<std::string>>> groups;
+  Shape coord(std::vector<int64_t>(mesh.shape.size(), 0));
+  while (true) {
+    Shape local = local_layout(global, ps, mesh.shape, coord).local_shape;
+    std::string c = "(";
+    for (int i = 0; i < coord.size(); ++i) c += fmt::format("{}{}", i ? "," : "", coord[i]);
+    c += ")";
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == local; });
+    if (it == groups.end()) groups.push_back({local, {c}});
+    else it->second.push_back(c);
+    size_t k = coord.size();
+    while (k > 0 && ++coord[k - 1] == mesh.shape[k - 1]) coord[--k] = 0;
+    if (k == 0) break;
+  }
+  if (groups.size() == 1) return fmt::format("{} on all {} ranks", groups[0].first, mesh.size());
+  std::string s;
+  for (auto& [shape, coords] : groups) {
+    if (!s.empty()) s += "; ";
+    s += fmt::format("{} on {}", shape, fmt::join(coords, ", "));
+  }
+  return s;
+}
+
+}  // namespace
+
+int run_plan(int argc, char** argv) {
+  Args args("plan", kPlanFlags, argc, argv, 2);
+  const std::string plan_path = args.required("plan");
+  const int64_t world = args.integer("world");
+  MT_CHECK(world >= 1, "plan: --world must be at least 1, got {}", world);
+  ModelConfig config = resolve_config(args.str("config"));
+  Plan plan = load_plan(plan_path);
+  std::shared_ptr<CausalLM> model;
+  {
+    InitDeviceGuard meta(Device::meta());  // shapes only: nothing is allocated
+    model = build_causal_lm(config);
+  }
+  PlanMesh mesh = plan.resolve_mesh(world);
+  HookIR ir = lower(plan, *model, mesh);
+  fmt::print("# plan {} for {} on a world of {}: mesh {}\n", plan_path, args.str("config"), world, mesh.str());
+  fmt::print("# hook IR: {} records\n{}", ir.records.size(), ir.str());
+  std::string dims = fmt::format("{}", fmt::join(mesh.names, ","));
+  fmt::print("# local parameter shapes per mesh coordinate ({})\n", dims);
+  for (const HookRecord& r : ir.records) {
+    if (r.action != HookAction::kInit && r.action != HookAction::kGather) continue;
+    std::string path = r.module.empty() ? r.tensor : r.module + "." + r.tensor;
+    const char* phase = r.action == HookAction::kInit ? "init" : "run";
+    fmt::print("{} {} {} {}: {}\n", path, r.global_shape, phase, placements_on(*r.dst, mesh),
+               local_shapes(r.global_shape, *r.dst, mesh));
+  }
+  return 0;
+}
+
+}  // namespace mt::cli

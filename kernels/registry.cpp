@@ -22,18 +22,40 @@ KernelTable make_cpu_table() {
   return t;
 }
 
+// Empty in a build without the CUDA backend: every CUDA kernel is then "missing", with a message.
+KernelTable make_cuda_table() {
+  KernelTable t;
+#if MT_HAVE_CUDA
+  register_cuda_copy(t);
+  register_cuda_pointwise(t);
+  register_cuda_reduce(t);
+  register_cuda_matmul(t);
+  register_cuda_norm(t);
+  register_cuda_rope(t);
+  register_cuda_index(t);
+  register_cuda_loss(t);
+  register_cuda_attention(t);
+  register_cuda_random(t);
+#endif
+  return t;
+}
+
 }  // namespace
 
 const KernelTable& kernels(DeviceType type) {
   static const KernelTable cpu = make_cpu_table();
-  static const KernelTable none;  // CUDA kernels arrive with the CUDA backend
-  return type == DeviceType::kCPU ? cpu : none;
+  static const KernelTable cuda = make_cuda_table();
+  static const KernelTable none;  // meta: no storage, no kernels
+  return type == DeviceType::kCPU ? cpu : type == DeviceType::kCUDA ? cuda : none;
 }
 
 void missing_kernel(const char* family, DeviceType type) {
   const char* dev = type == DeviceType::kCPU ? "cpu" : type == DeviceType::kCUDA ? "cuda" : "meta";
   MT_FAIL("no {} kernel for '{}'{}", dev, family,
-          type == DeviceType::kMeta ? " (meta tensors have no storage: materialize them first)" : "");
+          type == DeviceType::kMeta   ? " (meta tensors have no storage: materialize them first)"
+          : type == DeviceType::kCUDA ? (MT_HAVE_CUDA ? " (not implemented for CUDA yet)"
+                                                      : " (this build has no CUDA backend)")
+                                      : "");
 }
 
 }  // namespace mt

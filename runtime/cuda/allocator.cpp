@@ -46,7 +46,8 @@ struct DeviceState {
 class CachingAllocator {
  public:
   void* alloc(size_t nbytes, int index) {
-    check_device(Device::cuda(index), fmt::format("allocating {} bytes", nbytes));
+    if (index < 0 || index >= device_count())  // format the message only when it is needed
+      check_device(Device::cuda(index), fmt::format("allocating {} bytes", nbytes));
     MT_CHECK(index < kMaxDevices, "cuda:{}: at most {} devices are supported", index, kMaxDevices);
     std::lock_guard<std::mutex> lock(mu_);
     DeviceState& st = dev_[index];

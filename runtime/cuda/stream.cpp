@@ -2,6 +2,7 @@
 // current stream per device, and RAII events.
 #include "runtime/cuda/stream.h"
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -15,7 +16,7 @@ namespace {
 constexpr int kMaxDevices = 64;
 
 std::mutex g_mu;
-cudaStream_t g_compute[kMaxDevices] = {};
+std::atomic<cudaStream_t> g_compute[kMaxDevices] = {};  // written once under g_mu
 
 // Per thread and device: the stream a StreamGuard / set_current_stream chose (null: compute).
 thread_local cudaStream_t t_current[kMaxDevices] = {};
@@ -31,14 +32,20 @@ Stream Stream::create(int index, int priority) {
 }
 
 Stream Stream::compute(int index) {
+  if (index >= 0 && index < kMaxDevices) {  // fast path: every kernel launch asks
+    cudaStream_t s = g_compute[index].load(std::memory_order_acquire);
+    if (s) return Stream(s, index);
+  }
   check_device(Device::cuda(index), "the compute stream");
   MT_CHECK(index < kMaxDevices, "cuda:{}: at most {} devices are supported", index, kMaxDevices);
   std::lock_guard<std::mutex> lock(g_mu);
-  if (!g_compute[index]) {
+  if (!g_compute[index].load()) {
     DeviceGuard g(index);
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&g_compute[index], cudaStreamNonBlocking));
+    cudaStream_t s = nullptr;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    g_compute[index].store(s, std::memory_order_release);
   }
-  return Stream(g_compute[index], index);
+  return Stream(g_compute[index].load(), index);
 }
 
 void Stream::synchronize() const { MT_CUDA_CHECK(cudaStreamSynchronize(handle_)); }

@@ -22,6 +22,24 @@ KernelTable make_cpu_table() {
   return t;
 }
 
+// Empty in a build without the CUDA backend: every CUDA kernel is then "missing", with a message.
+KernelTable make_cuda_table() {
+  KernelTable t;
+#if MT_HAVE_CUDA
+  register_cuda_copy(t);
+  register_cuda_pointwise(t);
+  register_cuda_reduce(t);
+  register_cuda_matmul(t);
+  register_cuda_norm(t);
+  register_cuda_rope(t);
+  register_cuda_index(t);
+  register_cuda_loss(t);
+  register_cuda_attention(t);
+  register_cuda_random(t);
+#endif
+  return t;
+}
+
 KernelTable make_noop_table() {
   KernelTable t;
 #define MT_NOOP_SLOT(name, P) t.name = [](const P&) {};
@@ -40,9 +58,11 @@ bool MetaKernelsGuard::active() { return g_meta_kernels; }
 
 const KernelTable& kernels(DeviceType type) {
   static const KernelTable cpu = make_cpu_table();
-  static const KernelTable none;  // CUDA kernels arrive with the CUDA backend
+  static const KernelTable cuda = make_cuda_table();
+  static const KernelTable none;  // meta: no storage, no kernels
   static const KernelTable noop = make_noop_table();
   if (type == DeviceType::kCPU) return cpu;
+  if (type == DeviceType::kCUDA) return cuda;
   if (type == DeviceType::kMeta && g_meta_kernels) return noop;
   return none;
 }
@@ -50,7 +70,10 @@ const KernelTable& kernels(DeviceType type) {
 void missing_kernel(const char* family, DeviceType type) {
   const char* dev = type == DeviceType::kCPU ? "cpu" : type == DeviceType::kCUDA ? "cuda" : "meta";
   MT_FAIL("no {} kernel for '{}'{}", dev, family,
-          type == DeviceType::kMeta ? " (meta tensors have no storage: materialize them first)" : "");
+          type == DeviceType::kMeta   ? " (meta tensors have no storage: materialize them first)"
+          : type == DeviceType::kCUDA ? (MT_HAVE_CUDA ? " (not implemented for CUDA yet)"
+                                                      : " (this build has no CUDA backend)")
+                                      : "");
 }
 
 }  // namespace mt

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "runtime/cuda/memory.h"
 #include "runtime/error.h"
 
 namespace mt {
@@ -50,5 +51,32 @@ MemoryStats cpu_memory_stats() {
 }
 
 void reset_cpu_peak() { g_peak.store(g_current.load()); }
+
+void* device_alloc(Device device, size_t nbytes) {
+  switch (device.type) {
+    case DeviceType::kCPU: return cpu_alloc(nbytes);
+    case DeviceType::kCUDA: return cuda::alloc(nbytes, device.index);
+    case DeviceType::kMeta: break;
+  }
+  MT_FAIL("cannot allocate {} bytes on {}: meta tensors have no storage (materialize them first)", nbytes, device);
+}
+
+void device_free(Device device, void* p, size_t nbytes) {
+  if (device.is_cuda())
+    cuda::free(p);
+  else
+    cpu_free(p, nbytes);
+}
+
+MemoryStats memory_stats(Device device) {
+  if (device.is_cuda()) return cuda::memory_stats(device.index);
+  return device.is_cpu() ? cpu_memory_stats() : MemoryStats{};
+}
+
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
+  MT_CHECK(!dst_dev.is_meta() && !src_dev.is_meta(), "copy_bytes: {} -> {}: meta tensors have no storage", src_dev,
+           dst_dev);
+  cuda::copy_bytes(dst, dst_dev, src, src_dev, nbytes);
+}
 
 }  // namespace mt

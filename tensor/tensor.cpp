@@ -5,6 +5,7 @@
 
 #include "kernels/registry.h"
 #include "runtime/allocator.h"
+#include "runtime/cuda/device.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/dist_dispatch.h"
@@ -15,12 +16,10 @@ namespace mt {
 // ---- Storage ----------------------------------------------------------------------------------
 
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
-  MT_CHECK(device.is_cpu(), "cannot allocate {} bytes on {}: this build has no {} backend", nbytes,
-           device, device.is_meta() ? "meta storage (meta tensors have none)" : "CUDA");
-  data_ = cpu_alloc(nbytes);
+  data_ = device_alloc(device, nbytes);  // CUDA: the caching allocator, on the current stream
 }
 
-Storage::~Storage() { cpu_free(data_, nbytes_); }
+Storage::~Storage() { device_free(device_, data_, nbytes_); }
 
 AutogradMeta& TensorImpl::meta() {
   if (!autograd) autograd = std::make_unique<AutogradMeta>();
@@ -246,8 +245,21 @@ Tensor Tensor::to(DType t) const {
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   if (d.is_meta()) return empty(shape(), options().with_device(d));
-  MT_FAIL("to({}): tensor {} cannot move there: this build has no CUDA backend{}", d, desc(),
-          is_meta() ? " (meta tensors must be materialized, not moved)" : "");
+  MT_CHECK(!is_meta(), "to({}): tensor {} is a meta tensor: materialize it, it cannot be moved", d, desc());
+  if (d.is_cuda()) cuda::check_device(d, fmt::format("to({}) of {}", d, desc()));
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    Tensor src = contiguous();  // strided sources are packed on their own device first
+    out = empty(shape(), options().with_device(d).with_grad(false));
+    copy_bytes(out.data_ptr(), d, src.data_ptr(), src.device(),
+               static_cast<size_t>(numel() * dtype_size(dtype())));
+  }
+  if (needs_grad(*this)) {
+    Device back = device();
+    record("ToDeviceBackward", {*this}, out, [back](const auto& g) { return std::vector<Tensor>{g[0].to(back)}; });
+  }
+  return out;
 }
 
 // ---- in place ---------------------------------------------------------------------------------
@@ -273,8 +285,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
   }
   Shape b = broadcast_shapes(src.shape(), shape(), "copy_");
   MT_CHECK(b == shape(), "copy_: source {} does not broadcast to destination {}", src.shape(), shape());
-  Tensor s = src.dim() == dim() && src.shape() == shape() ? src : src.expand(shape());
-  MT_CHECK(s.device() == device(), "copy_: source on {} but destination on {}", s.device(), device());
+  MT_CHECK(!src.is_meta(), "copy_: source {} is a meta tensor without storage (destination {})", src.desc(),
+           desc());
+  Tensor moved = src.device() == device() ? src : src.detach().to(device());  // across devices
+  Tensor s = moved.dim() == dim() && moved.shape() == shape() ? moved : moved.expand(shape());
   CopyParams p{s.view_info(), view_info()};
   MT_KERNEL(device().type, copy, p);
   bump_version(*this);

@@ -108,3 +108,84 @@ inline unsigned grid_for(int64_t n, int threads = 256) {
       MT_FAIL("{}: dtype {} is not supported on cuda (floating types only)", name,             \
               ::mt::dtype_name(dt));                                                          \
   }
+
+// ---- conversions identical to the CPU's (kernels/cpu/loops.h convert<D>(x)) ---------------------
+// Appended for the copy/pointwise/reduce/random kernels; from_acc above stays as it is.
+#include <type_traits>
+
+namespace mt {
+
+// float -> bf16 exactly like mt::BFloat16(float): round to nearest even, NaN kept quiet with its
+// sign and high payload bits (the CUDA intrinsic returns a canonical NaN instead).
+__device__ __forceinline__ __nv_bfloat16 bf16_from_float(float f) {
+  uint32_t u = __float_as_uint(f);
+  __nv_bfloat16_raw r;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    r.x = static_cast<unsigned short>((u >> 16) | 0x40u);
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    r.x = static_cast<unsigned short>(u >> 16);
+  }
+  return __nv_bfloat16(r);
+}
+// float -> f16 like mt::float_to_f16: round to nearest even, NaN -> sign | 0x7e00.
+__device__ __forceinline__ __half f16_from_float(float f) {
+  if (f != f) {
+    __half_raw r;
+    r.x = static_cast<unsigned short>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
+    return __half(r);
+  }
+  return __float2half_rn(f);
+}
+// double -> float rounded to odd (device twin of mt::float_round_to_odd): rounding that once more to a 16-bit
+// float gives the correctly rounded value of d.
+__device__ __forceinline__ float dev_float_round_to_odd(double d) {
+  float f = __double2float_rn(d);
+  if (static_cast<double>(f) != d && d == d) {
+    uint32_t u = __float_as_uint(f);
+    if (!(u & 1u)) {
+      u = fabs(static_cast<double>(f)) > fabs(d) ? u - 1 : u + 1;
+      f = __uint_as_float(u);
+    }
+  }
+  return f;
+}
+
+template <class T> inline constexpr bool kIsHalf = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+
+template <class D> __device__ __forceinline__ D half_from_float(float f) {
+  if constexpr (std::is_same_v<D, __nv_bfloat16>) return bf16_from_float(f);
+  else return f16_from_float(f);
+}
+
+// Any storage type to any other through their compute types, as on the CPU: to bool is x != 0;
+// to bf16/f16 from f64 or an integer rounds once (through round-to-odd); 16-bit floats compute
+// in float.
+template <class D, class S>
+__device__ __forceinline__ D cvt(S x) {
+  if constexpr (std::is_same_v<D, S>) {
+    return x;
+  } else if constexpr (std::is_same_v<D, bool>) {
+    return to_acc(x) != acc_t<S>(0);
+  } else if constexpr (kIsHalf<D>) {
+    if constexpr (std::is_same_v<acc_t<S>, float>) return half_from_float<D>(to_acc(x));
+    else return half_from_float<D>(dev_float_round_to_odd(static_cast<double>(to_acc(x))));
+  } else {
+    return static_cast<D>(static_cast<acc_t<D>>(to_acc(x)));
+  }
+}
+
+}  // namespace mt
+
+// Like MT_CUDA_DISPATCH_FLOAT over all eight dtypes.
+#define MT_CUDA_DISPATCH_ALL(dt, name, ...)                 \
+  switch (dt) {                                             \
+    MT_CUDA_DTYPE_CASE(kF64, double, __VA_ARGS__)           \
+    MT_CUDA_DTYPE_CASE(kF32, float, __VA_ARGS__)            \
+    MT_CUDA_DTYPE_CASE(kBF16, __nv_bfloat16, __VA_ARGS__)   \
+    MT_CUDA_DTYPE_CASE(kF16, __half, __VA_ARGS__)           \
+    MT_CUDA_DTYPE_CASE(kI64, int64_t, __VA_ARGS__)          \
+    MT_CUDA_DTYPE_CASE(kI32, int32_t, __VA_ARGS__)          \
+    MT_CUDA_DTYPE_CASE(kU8, uint8_t, __VA_ARGS__)           \
+    MT_CUDA_DTYPE_CASE(kBool, bool, __VA_ARGS__)            \
+  }

@@ -1,0 +1,45 @@
+// CUDA devices as the rest of meshtrain sees them, without CUDA types: how many there are, which
+// one is current, and a clear error when a tensor asks for one that does not exist. A build
+// without the CUDA backend (runtime/cuda/disabled.cpp) answers "no device" to everything, so
+// callers never need #if MT_HAVE_CUDA.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "runtime/device.h"
+
+namespace mt::cuda {
+
+// Number of visible CUDA devices: 0 without a GPU, a driver, or the CUDA backend. On a CUDA build
+// that finds no GPU, the first call logs one line saying so (the process then runs on CPU only).
+int device_count();
+bool is_available();
+// Why there is no device ("" when there is at least one).
+std::string unavailable_reason();
+// Throws mt::Error "no CUDA device: <what> needs cuda:i but ..." unless d is a visible CUDA device.
+void check_device(Device d, std::string_view what);
+
+int current_device();
+void set_device(int index);
+// Waits for all work of the current device.
+void synchronize();
+
+// Makes `index` current for its lifetime (no-op when it already is, or for index < 0).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+// f32 GEMMs may use TF32 tensor cores (10-bit mantissa inputs, f32 accumulation). Off by
+// default; on when MT_ALLOW_TF32=1 in the environment or after set_allow_tf32(true).
+bool allow_tf32();
+void set_allow_tf32(bool allow);
+
+}  // namespace mt::cuda

@@ -136,7 +136,7 @@ struct Chunks {
 };
 Chunks chunks_of(int64_t rows, bool partials) {
   Chunks c;
-  c.per = partials ? std::max<int64_t>(1, ceil_div(rows, kMaxChunks)) : 1;
+  c.per = std::max<int64_t>(1, ceil_div(rows, partials ? kMaxChunks : int64_t{1} << 30));
   c.n = ceil_div(rows, c.per);
   return c;
 }

@@ -140,8 +140,9 @@ Chunks chunks_of(int64_t rows, bool partials) {
   c.n = ceil_div(rows, c.per);
   return c;
 }
-// Accumulators of pass 1 live in shared memory when they fit the default 48 KiB.
-constexpr size_t kSharedAccBytes = 48 * 1024;
+// Accumulators of pass 1 live in shared memory when they fit the default 48 KiB (with room for
+// the kernel's static reduction buffer).
+constexpr size_t kSharedAccBytes = 46 * 1024;
 
 // Pass 2: out_k[j] = sum over chunks c (in order) of partial[c][k][j].
 template <class T, int NAcc>

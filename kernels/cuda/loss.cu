@@ -1,9 +1,190 @@
-// PLACEHOLDER: CUDA kernels for cross_entropy(_bwd) (issue 3). Registers nothing yet.
+// Fused softmax cross-entropy on CUDA, mirroring kernels/cpu/loss.cpp, for vocabularies of 128k
+// and more. Forward: one block per row, one read of the logits with an online (max, sum) per
+// thread merged over the block: only loss and lse [N] are written, no second [N, V] buffer.
+// Backward: grad_logits written directly from logits and the saved lse (prob = exp(x - lse)),
+// blocks tiling [rows x column chunks] so that a few long rows still fill the device.
+// Sums in acc_t (float for f32/bf16/f16, double for f64); rows whose target is ignore_index get
+// loss 0 (forward) and zero gradient (backward).
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/registry.h"
 
 namespace mt {
+namespace {
 
-void register_cuda_loss(KernelTable&) {}
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+template <class T>
+constexpr int kVec = 16 / sizeof(T);
+
+// loss / lse / grad_loss dtype: f64 for f64 logits, else f32 (== acc_t).
+template <class T>
+using loss_t = acc_t<T>;
+
+__device__ __forceinline__ int64_t target_at(const void* t, bool i64, int64_t stride, int64_t n) {
+  return i64 ? static_cast<const int64_t*>(t)[n * stride] : static_cast<int64_t>(static_cast<const int32_t*>(t)[n * stride]);
+}
+
+template <class A>
+__device__ __forceinline__ void ms_merge(A& m, A& s, A m2, A s2) {
+  const A mn = m > m2 ? m : m2;
+  if (mn == -INFINITY) return;
+  s = (m == -INFINITY ? A(0) : s * exp(m - mn)) + (m2 == -INFINITY ? A(0) : s2 * exp(m2 - mn));
+  m = mn;
+}
+
+template <class A>
+__device__ void block_max_sum(A& m, A& s, A* shm, A* shs) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  __syncthreads();
+  if (lane == 0) {
+    shm[wid] = m;
+    shs[wid] = s;
+  }
+  __syncthreads();
+  m = lane < nw ? shm[lane] : A(-INFINITY);
+  s = lane < nw ? shs[lane] : A(0);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
+constexpr int kThreads = 512;
+
+template <class T, int N>
+__global__ void __launch_bounds__(kThreads) ce_fwd(const T* __restrict__ logits, const void* target, bool tgt_i64,
+                                                   int64_t tgt_stride, loss_t<T>* loss, int64_t loss_stride,
+                                                   loss_t<T>* lse_out, int64_t lse_stride, int64_t rows, int64_t V,
+                                                   int64_t ignore_index) {
+  using A = acc_t<T>;
+  __shared__ A shm[32], shs[32];
+  const int64_t nv = V / N;
+  for (int64_t n = blockIdx.x; n < rows; n += gridDim.x) {
+    const T* row = logits + n * V;
+    A m = -INFINITY, s = 0;
+    const Vec<T, N>* rv = reinterpret_cast<const Vec<T, N>*>(row);
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = rv[k];
+      A vm = to_acc(a.v[0]);  // one rescale per vector at most
+#pragma unroll
+      for (int e = 1; e < N; ++e) vm = max(vm, to_acc(a.v[e]));
+      if (vm > m) {
+        s = m == -INFINITY ? A(0) : s * exp(m - vm);
+        m = vm;
+      }
+      if (m != -INFINITY) {
+#pragma unroll
+        for (int e = 0; e < N; ++e) s += exp(to_acc(a.v[e]) - m);
+      } else if (vm != vm) {  // NaN before any finite value: poison the row like the CPU
+        m = vm;
+      }
+    }
+    block_max_sum(m, s, shm, shs);
+    if (threadIdx.x == 0) {
+      const A lse = m == -INFINITY || m == INFINITY ? m : m + log(s);
+      lse_out[n * lse_stride] = lse;
+      const int64_t t = target_at(target, tgt_i64, tgt_stride, n);
+      loss[n * loss_stride] = t == ignore_index ? A(0) : lse - to_acc(row[t]);
+    }
+  }
+}
+
+// grad[n, v] = g[n] * (exp(x[n, v] - lse[n]) - [v == target[n]]); block (x: row, y: column chunk).
+template <class T, int N>
+__global__ void __launch_bounds__(kThreads) ce_bwd(const T* __restrict__ logits, const void* target, bool tgt_i64,
+                                                   int64_t tgt_stride, const loss_t<T>* lse, int64_t lse_stride,
+                                                   const loss_t<T>* grad_loss, int64_t gl_stride,
+                                                   T* __restrict__ grad, int64_t rows, int64_t V,
+                                                   int64_t ignore_index) {
+  using A = acc_t<T>;
+  const int64_t nv = V / N;
+  for (int64_t n = blockIdx.x; n < rows; n += gridDim.x) {
+    const int64_t t = target_at(target, tgt_i64, tgt_stride, n);
+    const bool ignored = t == ignore_index;
+    const A g = ignored ? A(0) : grad_loss[n * gl_stride];
+    const A l = lse[n * lse_stride];
+    const Vec<T, N>* xv = reinterpret_cast<const Vec<T, N>*>(logits + n * V);
+    Vec<T, N>* gv = reinterpret_cast<Vec<T, N>*>(grad + n * V);
+    for (int64_t k = blockIdx.y * int64_t{blockDim.x} + threadIdx.x; k < nv; k += int64_t{gridDim.y} * blockDim.x) {
+      Vec<T, N> o;
+      if (ignored) {
+#pragma unroll
+        for (int e = 0; e < N; ++e) o.v[e] = from_acc<T>(A(0));
+      } else {
+        const Vec<T, N> a = xv[k];
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+          const A prob = exp(to_acc(a.v[e]) - l);
+          o.v[e] = from_acc<T>(g * (prob - (k * N + e == t ? A(1) : A(0))));
+        }
+      }
+      gv[k] = o;
+    }
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <class T>
+void cross_entropy_typed(const CrossEntropyParams& p) {
+  const int64_t N = p.logits.sizes[0], V = p.logits.sizes[1];
+  if (N == 0) return;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, int64_t{1} << 30));
+  cudaStream_t st = cuda::current_stream();
+  const bool i64 = p.target.dtype == DType::kI64;
+  auto go = [&](auto vec) {
+    constexpr int NV = decltype(vec)::value;
+    ce_fwd<T, NV><<<grid, kThreads, 0, st>>>(p.logits.ptr<const T>(), p.target.data, i64, p.target.strides[0],
+                                              p.loss.ptr<loss_t<T>>(), p.loss.strides[0], p.lse.ptr<loss_t<T>>(),
+                                              p.lse.strides[0], N, V, p.ignore_index);
+  };
+  if (V % kVec<T> == 0 && aligned16(p.logits.data))
+    go(std::integral_constant<int, kVec<T>>{});
+  else
+    go(std::integral_constant<int, 1>{});
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void cross_entropy_bwd_typed(const CrossEntropyBwdParams& p) {
+  const int64_t N = p.logits.sizes[0], V = p.logits.sizes[1];
+  if (N == 0 || V == 0) return;
+  cudaStream_t st = cuda::current_stream();
+  const bool i64 = p.target.dtype == DType::kI64;
+  auto go = [&](auto vec) {
+    constexpr int NV = decltype(vec)::value;
+    // Column chunks of 4 vectors per thread; rows in x (up to 2^30 blocks, then grid-stride).
+    const int64_t per_block = int64_t{kThreads} * 4;
+    const unsigned gy = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(V / NV, per_block), 1, 65535));
+    const unsigned gx = static_cast<unsigned>(std::min<int64_t>(N, int64_t{1} << 30));
+    ce_bwd<T, NV><<<dim3(gx, gy), kThreads, 0, st>>>(
+        p.logits.ptr<const T>(), p.target.data, i64, p.target.strides[0], p.lse.ptr<const loss_t<T>>(),
+        p.lse.strides[0], p.grad_loss.ptr<const loss_t<T>>(), p.grad_loss.strides[0], p.grad_logits.ptr<T>(), N, V,
+        p.ignore_index);
+  };
+  if (V % kVec<T> == 0 && aligned16(p.logits.data) && aligned16(p.grad_logits.data))
+    go(std::integral_constant<int, kVec<T>>{});
+  else
+    go(std::integral_constant<int, 1>{});
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void cross_entropy(const CrossEntropyParams& p) {
+  MT_CUDA_DISPATCH_FLOAT(p.logits.dtype, "cross_entropy", { cross_entropy_typed<scalar_t>(p); });
+}
+void cross_entropy_bwd(const CrossEntropyBwdParams& p) {
+  MT_CUDA_DISPATCH_FLOAT(p.logits.dtype, "cross_entropy_bwd", { cross_entropy_bwd_typed<scalar_t>(p); });
+}
+
+}  // namespace
+
+void register_cuda_loss(KernelTable& t) {
+  t.cross_entropy = cross_entropy;
+  t.cross_entropy_bwd = cross_entropy_bwd;
+}
 
 }  // namespace mt

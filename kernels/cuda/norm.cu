@@ -1,9 +1,558 @@
-// PLACEHOLDER: CUDA kernels for rms_norm(_bwd), layer_norm(_bwd), softmax (issue 3). Registers nothing yet.
+// CUDA kernels for rms_norm(_bwd), layer_norm(_bwd) and (log-)softmax over the last dim of
+// contiguous [rows, H] data, mirroring kernels/cpu/norm.cpp. One block per row; per-row sums
+// accumulate in acc_t (float for f32/bf16/f16, double for f64) with a fixed-shape tree, so results
+// do not change from run to run. Rows load 16 bytes at a time when H and the pointers allow it.
+// The weight/bias gradients are a deterministic two-pass reduction over rows (no float atomics):
+// pass 1 gives each block a fixed chunk of rows and writes one partial row per chunk, pass 2 sums
+// the partials of each column in chunk order. The partials live in stream-ordered scratch
+// (cudaMallocAsync) until the caching allocator offers a workspace.
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/registry.h"
 
 namespace mt {
+namespace {
 
-void register_cuda_norm(KernelTable&) {}
+// ---- shared helpers ---------------------------------------------------------------------------
+
+// N elements of T loaded or stored as one aligned access (N == 1: plain scalar access).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <class T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p, int64_t k) {
+  return reinterpret_cast<const Vec<T, N>*>(p)[k];
+}
+template <class T, int N>
+__device__ __forceinline__ void store_vec(T* p, int64_t k, const Vec<T, N>& v) {
+  reinterpret_cast<Vec<T, N>*>(p)[k] = v;
+}
+
+template <class A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32); every thread gets the result. `sh` holds 32.
+template <class A>
+__device__ A block_sum(A v, A* sh) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // sh may still be read from the previous call
+  if (lane == 0) sh[wid] = v;
+  __syncthreads();
+  v = lane < nw ? sh[lane] : A(0);
+  return warp_sum(v);
+}
+
+// Online (max, sum of exp(x - max)) pairs, merged; -inf maxima carry a zero sum.
+template <class A>
+__device__ __forceinline__ void ms_merge(A& m, A& s, A m2, A s2) {
+  const A mn = m > m2 ? m : m2;
+  if (mn == -INFINITY) return;  // both empty
+  s = (m == -INFINITY ? A(0) : s * exp(m - mn)) + (m2 == -INFINITY ? A(0) : s2 * exp(m2 - mn));
+  m = mn;
+}
+
+template <class A>
+__device__ void block_max_sum(A& m, A& s, A* shm, A* shs) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  __syncthreads();
+  if (lane == 0) {
+    shm[wid] = m;
+    shs[wid] = s;
+  }
+  __syncthreads();
+  m = lane < nw ? shm[lane] : A(-INFINITY);
+  s = lane < nw ? shs[lane] : A(0);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
+struct RowGeom {
+  int64_t rows = 0, h = 0;
+};
+RowGeom rows_of(const KView& x) {
+  RowGeom g;
+  g.h = x.ndim() ? x.sizes[x.ndim() - 1] : 1;
+  g.rows = 1;
+  for (int d = 0; d + 1 < x.ndim(); ++d) g.rows *= x.sizes[d];
+  return g;
+}
+
+// Threads per row block: enough for about two vectors each, 32..512.
+int row_threads(int64_t nvec) {
+  int t = 32;
+  while (t < 512 && 2 * t < nvec) t *= 2;
+  return t;
+}
+
+unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 30)); }
+
+// Widest vector (16 bytes) when H is a multiple and every pointer is aligned; else scalar.
+template <class T>
+constexpr int kVec = 16 / sizeof(T);
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+template <class T>
+bool can_vectorize(int64_t h, std::initializer_list<const void*> ptrs) {
+  if (h % kVec<T> != 0) return false;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
+// Stream-ordered scratch memory, freed (stream-ordered) on scope exit.
+class StreamScratch {
+ public:
+  StreamScratch(size_t bytes, cudaStream_t s) : stream_(s) {
+    if (bytes) MT_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream_));
+  }
+  ~StreamScratch() {
+    if (ptr_) (void)cudaFreeAsync(ptr_, stream_);
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  template <class A>
+  A* as() const { return static_cast<A*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// Row chunks of the weight-gradient pass 1: at most kMaxChunks partial rows.
+constexpr int64_t kMaxChunks = 512;
+struct Chunks {
+  int64_t per = 1, n = 0;
+};
+Chunks chunks_of(int64_t rows, bool partials) {
+  Chunks c;
+  c.per = std::max<int64_t>(1, ceil_div(rows, partials ? kMaxChunks : int64_t{1} << 30));
+  c.n = ceil_div(rows, c.per);
+  return c;
+}
+// Accumulators of pass 1 live in shared memory when they fit the default 48 KiB (with room for
+// the kernel's static reduction buffer).
+constexpr size_t kSharedAccBytes = 46 * 1024;
+
+// Pass 2: out_k[j] = sum over chunks c (in order) of partial[c][k][j].
+template <class T, int NAcc>
+__global__ void column_sums(const acc_t<T>* __restrict__ partial, int64_t nchunks, int64_t h, T* out0, T* out1) {
+  using A = acc_t<T>;
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < h; j += int64_t{gridDim.x} * blockDim.x) {
+    A s[NAcc] = {};
+    for (int64_t c = 0; c < nchunks; ++c)
+#pragma unroll
+      for (int k = 0; k < NAcc; ++k) s[k] += partial[(c * NAcc + k) * h + j];
+    if (out0) out0[j] = from_acc<T>(s[0]);
+    if constexpr (NAcc > 1)
+      if (out1) out1[j] = from_acc<T>(s[1]);
+  }
+}
+
+template <class T, int NAcc>
+void launch_column_sums(const acc_t<T>* partial, int64_t nchunks, int64_t h, T* out0, T* out1, cudaStream_t st) {
+  column_sums<T, NAcc><<<grid_for(h), 256, 0, st>>>(partial, nchunks, h, out0, out1);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+// ---- rms_norm ---------------------------------------------------------------------------------
+
+template <class T, int N>
+__global__ void rms_norm_fwd(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                             acc_t<T>* __restrict__ rstd, int64_t rows, int64_t h, double eps) {
+  using A = acc_t<T>;
+  __shared__ A red[32];
+  const int64_t nv = h / N;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * h;
+    T* yr = y + row * h;
+    A ss = 0;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const A v = to_acc(a.v[e]);
+        ss += v * v;
+      }
+    }
+    ss = block_sum(ss, red);
+    const A r = A(1) / sqrt((h ? ss / static_cast<A>(h) : A(0)) + static_cast<A>(eps));
+    if (threadIdx.x == 0) rstd[row] = r;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k);
+      Vec<T, N> o;
+      if (w) {
+        const Vec<T, N> b = load_vec<T, N>(w, k);
+#pragma unroll
+        for (int e = 0; e < N; ++e) o.v[e] = from_acc<T>(to_acc(a.v[e]) * r * to_acc(b.v[e]));
+      } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) o.v[e] = from_acc<T>(to_acc(a.v[e]) * r);
+      }
+      store_vec<T, N>(yr, k, o);
+    }
+  }
+}
+
+// y = x * r * w:  gx = r * gy * w - x * r^3 / H * sum(gy * w * x);  gw = sum over rows gy * x * r.
+// Block c handles rows [c * per, (c + 1) * per); with `partial`, it also writes
+// partial[c][0][j] = sum over its rows of gy * x * r (each thread owns fixed columns).
+template <class T, int N>
+__global__ void rms_norm_bwd_rows(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
+                                  const acc_t<T>* __restrict__ rstd, T* __restrict__ gx, acc_t<T>* partial,
+                                  int64_t rows, int64_t h, int64_t per, bool shared_acc) {
+  using A = acc_t<T>;
+  __shared__ A red[32];
+  extern __shared__ unsigned char smem_raw[];
+  const int64_t nv = h / N;
+  const int64_t r0 = blockIdx.x * per, r1 = min(rows, r0 + per);
+  A* acc = nullptr;
+  if (partial) {
+    acc = shared_acc ? reinterpret_cast<A*>(smem_raw) : partial + blockIdx.x * h;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x)
+#pragma unroll
+      for (int e = 0; e < N; ++e) acc[k * N + e] = A(0);
+  }
+  for (int64_t row = r0; row < r1; ++row) {
+    const T* xr = x + row * h;
+    const T* gr = gy + row * h;
+    T* gxr = gx + row * h;
+    const A r = rstd[row];
+    A dot = 0;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k), g = load_vec<T, N>(gr, k);
+      Vec<T, N> b;
+      if (w) b = load_vec<T, N>(w, k);
+#pragma unroll
+      for (int e = 0; e < N; ++e) dot += to_acc(g.v[e]) * (w ? to_acc(b.v[e]) : A(1)) * to_acc(a.v[e]);
+    }
+    dot = block_sum(dot, red);
+    const A c = h ? r * r * r * dot / static_cast<A>(h) : A(0);
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k), g = load_vec<T, N>(gr, k);
+      Vec<T, N> b, o;
+      if (w) b = load_vec<T, N>(w, k);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const A xv = to_acc(a.v[e]), gv = to_acc(g.v[e]);
+        o.v[e] = from_acc<T>(r * gv * (w ? to_acc(b.v[e]) : A(1)) - xv * c);
+        if (acc) acc[k * N + e] += gv * xv * r;
+      }
+      store_vec<T, N>(gxr, k, o);
+    }
+  }
+  if (partial && shared_acc) {
+    A* dst = partial + blockIdx.x * h;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x)
+#pragma unroll
+      for (int e = 0; e < N; ++e) dst[k * N + e] = acc[k * N + e];
+  }
+}
+
+template <class T, int N>
+void rms_norm_launch(const RmsNormParams& p, int64_t rows, int64_t h) {
+  cudaStream_t st = cuda::current_stream();
+  rms_norm_fwd<T, N><<<row_grid(rows), row_threads(h / N), 0, st>>>(
+      p.x.ptr<const T>(), p.weight ? p.weight.ptr<const T>() : nullptr, p.out.ptr<T>(), p.rstd.ptr<acc_t<T>>(), rows,
+      h, p.eps);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void rms_norm_typed(const RmsNormParams& p) {
+  const auto [rows, h] = rows_of(p.x);
+  if (rows == 0) return;
+  const void* w = p.weight ? p.weight.data : nullptr;
+  if (can_vectorize<T>(h, {p.x.data, w, p.out.data}))
+    rms_norm_launch<T, kVec<T>>(p, rows, h);
+  else
+    rms_norm_launch<T, 1>(p, rows, h);
+}
+
+template <class T, int N>
+void rms_norm_bwd_launch(const RmsNormBwdParams& p, int64_t rows, int64_t h) {
+  using A = acc_t<T>;
+  cudaStream_t st = cuda::current_stream();
+  const bool want_gw = static_cast<bool>(p.gw) && h > 0;
+  const Chunks ch = chunks_of(rows, want_gw);
+  StreamScratch scratch(want_gw ? static_cast<size_t>(ch.n * h) * sizeof(A) : 0, st);
+  const bool shared_acc = want_gw && static_cast<size_t>(h) * sizeof(A) <= kSharedAccBytes;
+  const size_t smem = shared_acc ? static_cast<size_t>(h) * sizeof(A) : 0;
+  if (rows > 0) {
+    rms_norm_bwd_rows<T, N><<<static_cast<unsigned>(ch.n), row_threads(h / N), smem, st>>>(
+        p.gy.ptr<const T>(), p.x.ptr<const T>(), p.weight ? p.weight.ptr<const T>() : nullptr,
+        p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows, h, ch.per, shared_acc);
+    MT_CUDA_LAUNCH_CHECK();
+  }
+  if (p.gw && h > 0) launch_column_sums<T, 1>(scratch.as<A>(), ch.n, h, p.gw.ptr<T>(), nullptr, st);
+}
+
+template <class T>
+void rms_norm_bwd_typed(const RmsNormBwdParams& p) {
+  const auto [rows, h] = rows_of(p.x);
+  const void* w = p.weight ? p.weight.data : nullptr;
+  if (can_vectorize<T>(h, {p.x.data, p.gy.data, p.gx.data, w}))
+    rms_norm_bwd_launch<T, kVec<T>>(p, rows, h);
+  else
+    rms_norm_bwd_launch<T, 1>(p, rows, h);
+}
+
+// ---- layer_norm -------------------------------------------------------------------------------
+
+template <class T, int N>
+__global__ void layer_norm_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                               T* __restrict__ y, acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
+                               int64_t rows, int64_t h, double eps) {
+  using A = acc_t<T>;
+  __shared__ A red[32];
+  const int64_t nv = h / N;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * h;
+    T* yr = y + row * h;
+    A sum = 0;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k);
+#pragma unroll
+      for (int e = 0; e < N; ++e) sum += to_acc(a.v[e]);
+    }
+    sum = block_sum(sum, red);
+    const A mean = h ? sum / static_cast<A>(h) : A(0);
+    A ss = 0;  // two passes, like the CPU: no cancellation in the variance
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const A d = to_acc(a.v[e]) - mean;
+        ss += d * d;
+      }
+    }
+    ss = block_sum(ss, red);
+    const A r = A(1) / sqrt((h ? ss / static_cast<A>(h) : A(0)) + static_cast<A>(eps));
+    if (threadIdx.x == 0) {
+      mean_out[row] = mean;
+      rstd_out[row] = r;
+    }
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k);
+      Vec<T, N> wv, bv, o;
+      if (w) wv = load_vec<T, N>(w, k);
+      if (b) bv = load_vec<T, N>(b, k);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        A v = (to_acc(a.v[e]) - mean) * r;
+        if (w) v *= to_acc(wv.v[e]);
+        if (b) v += to_acc(bv.v[e]);
+        o.v[e] = from_acc<T>(v);
+      }
+      store_vec<T, N>(yr, k, o);
+    }
+  }
+}
+
+// xhat = (x - mean) * r, y = xhat * w + b:
+// gx = r * (gy*w - mean(gy*w) - xhat * mean(gy*w*xhat));  gw = sum gy*xhat;  gb = sum gy.
+// partial[c][0][j] collects gy*xhat, partial[c][1][j] gy, over the rows of chunk c.
+template <class T, int N>
+__global__ void layer_norm_bwd_rows(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
+                                    const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
+                                    T* __restrict__ gx, acc_t<T>* partial, int64_t rows, int64_t h, int64_t per,
+                                    bool shared_acc) {
+  using A = acc_t<T>;
+  __shared__ A red[32];
+  extern __shared__ unsigned char smem_raw[];
+  const int64_t nv = h / N;
+  const int64_t r0 = blockIdx.x * per, r1 = min(rows, r0 + per);
+  A* acc = nullptr;  // [2][h]
+  if (partial) {
+    acc = shared_acc ? reinterpret_cast<A*>(smem_raw) : partial + blockIdx.x * 2 * h;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x)
+#pragma unroll
+      for (int e = 0; e < N; ++e) acc[k * N + e] = acc[h + k * N + e] = A(0);
+  }
+  const A inv_h = h ? A(1) / static_cast<A>(h) : A(0);
+  for (int64_t row = r0; row < r1; ++row) {
+    const T* xr = x + row * h;
+    const T* gr = gy + row * h;
+    T* gxr = gx + row * h;
+    const A m = mean[row], r = rstd[row];
+    A s1 = 0, s2 = 0;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k), g = load_vec<T, N>(gr, k);
+      Vec<T, N> b;
+      if (w) b = load_vec<T, N>(w, k);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const A gw = to_acc(g.v[e]) * (w ? to_acc(b.v[e]) : A(1));
+        s1 += gw;
+        s2 += gw * (to_acc(a.v[e]) - m) * r;
+      }
+    }
+    s1 = block_sum(s1, red) * inv_h;
+    s2 = block_sum(s2, red) * inv_h;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k), g = load_vec<T, N>(gr, k);
+      Vec<T, N> b, o;
+      if (w) b = load_vec<T, N>(w, k);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const A gv = to_acc(g.v[e]);
+        const A gw = gv * (w ? to_acc(b.v[e]) : A(1));
+        const A xh = (to_acc(a.v[e]) - m) * r;
+        o.v[e] = from_acc<T>(r * (gw - s1 - xh * s2));
+        if (acc) {
+          acc[k * N + e] += gv * xh;
+          acc[h + k * N + e] += gv;
+        }
+      }
+      store_vec<T, N>(gxr, k, o);
+    }
+  }
+  if (partial && shared_acc) {
+    A* dst = partial + blockIdx.x * 2 * h;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x)
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        dst[k * N + e] = acc[k * N + e];
+        dst[h + k * N + e] = acc[h + k * N + e];
+      }
+  }
+}
+
+template <class T, int N>
+void layer_norm_launch(const LayerNormParams& p, int64_t rows, int64_t h) {
+  cudaStream_t st = cuda::current_stream();
+  layer_norm_fwd<T, N><<<row_grid(rows), row_threads(h / N), 0, st>>>(
+      p.x.ptr<const T>(), p.weight ? p.weight.ptr<const T>() : nullptr, p.bias ? p.bias.ptr<const T>() : nullptr,
+      p.out.ptr<T>(), p.mean.ptr<acc_t<T>>(), p.rstd.ptr<acc_t<T>>(), rows, h, p.eps);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void layer_norm_typed(const LayerNormParams& p) {
+  const auto [rows, h] = rows_of(p.x);
+  if (rows == 0) return;
+  const void* w = p.weight ? p.weight.data : nullptr;
+  const void* b = p.bias ? p.bias.data : nullptr;
+  if (can_vectorize<T>(h, {p.x.data, w, b, p.out.data}))
+    layer_norm_launch<T, kVec<T>>(p, rows, h);
+  else
+    layer_norm_launch<T, 1>(p, rows, h);
+}
+
+template <class T, int N>
+void layer_norm_bwd_launch(const LayerNormBwdParams& p, int64_t rows, int64_t h) {
+  using A = acc_t<T>;
+  cudaStream_t st = cuda::current_stream();
+  const bool want = (p.gw || p.gb) && h > 0;
+  const Chunks ch = chunks_of(rows, want);
+  StreamScratch scratch(want ? static_cast<size_t>(ch.n * 2 * h) * sizeof(A) : 0, st);
+  const bool shared_acc = want && static_cast<size_t>(2 * h) * sizeof(A) <= kSharedAccBytes;
+  const size_t smem = shared_acc ? static_cast<size_t>(2 * h) * sizeof(A) : 0;
+  if (rows > 0) {
+    layer_norm_bwd_rows<T, N><<<static_cast<unsigned>(ch.n), row_threads(h / N), smem, st>>>(
+        p.gy.ptr<const T>(), p.x.ptr<const T>(), p.weight ? p.weight.ptr<const T>() : nullptr,
+        p.mean.ptr<const A>(), p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows, h, ch.per, shared_acc);
+    MT_CUDA_LAUNCH_CHECK();
+  }
+  if (want)
+    launch_column_sums<T, 2>(scratch.as<A>(), ch.n, h, p.gw ? p.gw.ptr<T>() : nullptr,
+                             p.gb ? p.gb.ptr<T>() : nullptr, st);
+}
+
+template <class T>
+void layer_norm_bwd_typed(const LayerNormBwdParams& p) {
+  const auto [rows, h] = rows_of(p.x);
+  const void* w = p.weight ? p.weight.data : nullptr;
+  if (can_vectorize<T>(h, {p.x.data, p.gy.data, p.gx.data, w}))
+    layer_norm_bwd_launch<T, kVec<T>>(p, rows, h);
+  else
+    layer_norm_bwd_launch<T, 1>(p, rows, h);
+}
+
+// ---- softmax ----------------------------------------------------------------------------------
+
+// One read for the online (max, sum) and one for the output, however long the row.
+template <class T, int N>
+__global__ void softmax_rows(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t h, bool log_out) {
+  using A = acc_t<T>;
+  __shared__ A shm[32], shs[32];
+  const int64_t nv = h / N;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * h;
+    T* yr = y + row * h;
+    A m = -INFINITY, s = 0;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k);
+      A vm = to_acc(a.v[0]);
+#pragma unroll
+      for (int e = 1; e < N; ++e) vm = max(vm, to_acc(a.v[e]));
+      if (vm > m) {
+        s = m == -INFINITY ? A(0) : s * exp(m - vm);
+        m = vm;
+      }
+      if (m != -INFINITY)
+#pragma unroll
+        for (int e = 0; e < N; ++e) s += exp(to_acc(a.v[e]) - m);
+      else if (vm != vm)  // NaN: poison the row like the CPU does
+        m = vm;
+    }
+    block_max_sum(m, s, shm, shs);
+    const A lse = m + log(s), inv = A(1) / s;
+    for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+      const Vec<T, N> a = load_vec<T, N>(xr, k);
+      Vec<T, N> o;
+#pragma unroll
+      for (int e = 0; e < N; ++e) o.v[e] = from_acc<T>(log_out ? to_acc(a.v[e]) - lse : exp(to_acc(a.v[e]) - m) * inv);
+      store_vec<T, N>(yr, k, o);
+    }
+  }
+}
+
+template <class T>
+void softmax_typed(const SoftmaxParams& p) {
+  const auto [rows, h] = rows_of(p.in);
+  if (rows == 0 || h == 0) return;
+  cudaStream_t st = cuda::current_stream();
+  if (can_vectorize<T>(h, {p.in.data, p.out.data})) {
+    constexpr int N = kVec<T>;
+    softmax_rows<T, N><<<row_grid(rows), row_threads(h / N), 0, st>>>(p.in.ptr<const T>(), p.out.ptr<T>(), rows, h,
+                                                                      p.log);
+  } else {
+    softmax_rows<T, 1><<<row_grid(rows), row_threads(h), 0, st>>>(p.in.ptr<const T>(), p.out.ptr<T>(), rows, h, p.log);
+  }
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void rms_norm(const RmsNormParams& p) { MT_CUDA_DISPATCH_FLOAT(p.x.dtype, "rms_norm", { rms_norm_typed<scalar_t>(p); }); }
+void rms_norm_bwd(const RmsNormBwdParams& p) {
+  MT_CUDA_DISPATCH_FLOAT(p.x.dtype, "rms_norm_bwd", { rms_norm_bwd_typed<scalar_t>(p); });
+}
+void layer_norm(const LayerNormParams& p) {
+  MT_CUDA_DISPATCH_FLOAT(p.x.dtype, "layer_norm", { layer_norm_typed<scalar_t>(p); });
+}
+void layer_norm_bwd(const LayerNormBwdParams& p) {
+  MT_CUDA_DISPATCH_FLOAT(p.x.dtype, "layer_norm_bwd", { layer_norm_bwd_typed<scalar_t>(p); });
+}
+void softmax(const SoftmaxParams& p) { MT_CUDA_DISPATCH_FLOAT(p.in.dtype, "softmax", { softmax_typed<scalar_t>(p); }); }
+
+}  // namespace
+
+void register_cuda_norm(KernelTable& t) {
+  t.rms_norm = rms_norm;
+  t.rms_norm_bwd = rms_norm_bwd;
+  t.layer_norm = layer_norm;
+  t.layer_norm_bwd = layer_norm_bwd;
+  t.softmax = softmax;
+}
 
 }  // namespace mt

@@ -14,6 +14,7 @@
 #include "mesh/sharding_rules.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/ops_pointwise.h"
 
 namespace mt {
 
@@ -245,7 +246,9 @@ std::vector<Tensor> handle(const DistOp& op, const std::vector<Tensor>& in, Dist
     if (!in[i].defined()) continue;
     Tensor t = e.pre[i].empty() ? in[i] : redistribute(in[i], e.pre[i]);
     if (e.zero_input[i]) {
-      locals[i] = zeros(t.local_shape(), t.options());
+      // Not this rank's term: zeros, still wired to the input so that every rank produces a
+      // gradient of the same spec (zero here) and joins the same collectives.
+      locals[i] = needs_grad(t) ? mul(local_input(t, e.in_grad[i]), 0.0) : zeros(t.local_shape(), t.options());
       continue;
     }
     locals[i] = local_input(t, e.in_grad[i]);

@@ -144,6 +144,23 @@ Tensor cross_entropy_composite(const Tensor& logits, const Tensor& target, int64
   return div(total, local_view(count).detach());
 }
 
+// max/min over a split dim with a gradient: the local winners are not the global ones, so the
+// value is recomputed as sum(x * hit) / ties with hit = (x == global max), which gives the
+// single-device gradient (ties share it evenly).
+Tensor minmax_composite(const Tensor& x, ReduceOp op, int64_t mask, bool keep) {
+  std::vector<int64_t> dims;
+  for (int d = 0; d < x.dim(); ++d)
+    if (mask == 0 || ((mask >> d) & 1)) dims.push_back(d);
+  Tensor m = x.detach();
+  for (int64_t d : dims) m = op == ReduceOp::kMax ? max(m, d, KeepDim::kYes) : min(m, d, KeepDim::kYes);
+  m = settle(m);
+  Tensor hit = eq(x, m).to(x.dtype());
+  Tensor n = settle(sum(hit, dims, KeepDim::kYes));
+  Tensor out = sum(mul(x, hit), dims, keep ? KeepDim::kYes : KeepDim::kNo);
+  if (!keep) n = n.reshape(out.shape());
+  return div(out, n);
+}
+
 }  // namespace
 
 std::optional<Tensor> dist_composite(const DistOp& op, const std::vector<Tensor>& in) {
@@ -151,6 +168,16 @@ std::optional<Tensor> dist_composite(const DistOp& op, const std::vector<Tensor>
     uint32_t v = dims_splitting(spec_of(in[0]), 0);
     if (v) return vocab_parallel_embedding(in[0], in[1], v);
     return std::nullopt;
+  }
+  if (op.rule == DistRule::kReduce) {
+    const auto rop = static_cast<ReduceOp>(op.args[2]);
+    if ((rop != ReduceOp::kMax && rop != ReduceOp::kMin) || !needs_grad(in[0])) return std::nullopt;
+    const DTensorSpec* s = spec_of(in[0]);
+    bool split_reduced = false;
+    for (const auto& p : s->placements())
+      split_reduced = split_reduced || (p.splits() && (op.args[0] == 0 || ((op.args[0] >> p.dim()) & 1)));
+    if (!split_reduced) return std::nullopt;
+    return minmax_composite(in[0], rop, op.args[0], op.args[1] != 0);
   }
   if (op.rule == DistRule::kCrossEntropy) {
     const auto red = static_cast<Reduction>(op.args[1]);

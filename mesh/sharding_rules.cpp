@@ -316,7 +316,12 @@ bool rule_reshape(DimCtx& c, const Placement& q) {
   const Shape& is = c.shape(0);
   const Shape& os = c.out_shapes[0];
   const int j = q.dim();
-  const int64_t k = c.in[0]->mesh().size(c.mesh_dim);
+  // Ranks splitting dim j over all mesh dims: nested splits must divide evenly as a whole.
+  int64_t k = 1;
+  for (size_t e = 0; e < c.in[0]->placements().size(); ++e) {
+    const Placement& pe = c.in[0]->placements()[e];
+    if (pe.splits() && pe.dim() == j) k *= c.in[0]->mesh().size(static_cast<int>(e));
+  }
   for (const ViewGroup& g : view_groups(is, os)) {
     if (j < g.i0 || j >= g.i1) continue;
     int64_t before = 1, after = 1;
@@ -347,7 +352,7 @@ bool rule_reshape(DimCtx& c, const Placement& q) {
         const int o = lead_of(g.o0);
         int64_t rest = 1;
         for (int t = o + 1; t < g.o1; ++t) rest *= os[t];
-        if ((os[o] == n && after == rest) || (os[o] % k == 0 && n % k == 0 && after == 1)) {
+        if ((os[o] == n && after == rest) || (os[o] % k == 0 && n % k == 0)) {
           c.set_all(Placement::shard(o));
           return true;
         }

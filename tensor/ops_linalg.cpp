@@ -152,12 +152,12 @@ Tensor bmm(const Tensor& a0, const Tensor& b0) {
 
 Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
   if (any_dist(x0, w0, bias0)) [[unlikely]] {
-    // x @ w^T (+ bias): the matmul rule with a transposed right operand (args[0] = 1); a bias is
-    // added by one rank where the product is Partial.
+    // x @ w^T (+ bias): the matmul rule with a transposed right operand (args[0] = 1); where the
+    // product is Partial the dispatcher gives the bias to one rank only (zeros elsewhere).
     DistOp d{"linear", DistRule::kMatmul};
     d.args[0] = 1;
     if (!bias0.defined()) return dist_dispatch1(d, {x0, w0}, MT_DIST_LOCAL(linear(l[0], l[1])));
-    return dist_dispatch1(d, {x0, w0, bias0}, MT_DIST_LOCAL(linear(l[0], l[1], ctx.partial_root ? l[2] : Tensor())));
+    return dist_dispatch1(d, {x0, w0, bias0}, MT_DIST_LOCAL(linear(l[0], l[1], l[2])));
   }
   check_same_device(x0, w0, "linear");
   MT_CHECK(w0.dim() == 2, "linear: weight must be 2-D [out, in], got {} (x {})", w0.shape(), x0.shape());

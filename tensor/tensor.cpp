@@ -269,7 +269,7 @@ void check_inplace(const Tensor& t, const char* op) {
            "{}: in-place update of {} which requires grad while grad mode is on; wrap it in "
            "NoGradGuard (as optimizers do) or use the out-of-place op",
            op, t.desc());
-  MT_CHECK(!t.is_meta(), "{}: {} is a meta tensor without storage; materialize it first", op, t.desc());
+  MT_CHECK(!t.is_meta() || MetaKernelsGuard::active(), "{}: {} is a meta tensor without storage; materialize it first", op, t.desc());
 }
 
 void bump_version(const Tensor& t) {
@@ -285,7 +285,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   }
   Shape b = broadcast_shapes(src.shape(), shape(), "copy_");
   MT_CHECK(b == shape(), "copy_: source {} does not broadcast to destination {}", src.shape(), shape());
-  MT_CHECK(!src.is_meta(), "copy_: source {} is a meta tensor without storage (destination {})", src.desc(),
+  MT_CHECK(!src.is_meta() || MetaKernelsGuard::active(), "copy_: source {} is a meta tensor without storage (destination {})", src.desc(),
            desc());
   Tensor moved = src.device() == device() ? src : src.detach().to(device());  // across devices
   Tensor s = moved.dim() == dim() && moved.shape() == shape() ? moved : moved.expand(shape());

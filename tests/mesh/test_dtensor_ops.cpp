@@ -1,0 +1,294 @@
+// Ops on DTensors (docs/sharding.md): for each op family and placement list, the full tensor of
+// the result equals the single-device result, and so do the gradients of every input; the output
+// placements are the documented ones; rejected placements give errors naming the op, the
+// placements and the fix; the propagation cache hits. Run as a world of one and under mpirun -np 2
+// and 4 (meshes [N] and [2, 2]).
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mesh/dispatch.h"
+#include "mesh/dtensor.h"
+#include "mesh/world.h"
+#include "runtime/error.h"
+#include "tensor/ops.h"
+#include "mesh_testing.h"
+#include "testing.h"
+
+using namespace mt;
+using Catch::Contains;
+using testing::mesh_1d;
+using testing::mesh_2d;
+
+namespace {
+
+struct In {
+  Tensor global;
+  Placements ps;
+  bool grad = true;
+};
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+Placements P(const char* text) { return parse_placements(text); }
+
+// Runs `fn` on one device and on DTensors; compares values and input gradients (through a fixed
+// random weighting of the output) within `tol`; checks the output placements when given.
+void check_op(const DeviceMesh& mesh, const std::vector<In>& ins, const Fn& fn, const char* want = nullptr,
+              double tol = 1e-10) {
+  std::vector<Tensor> ref_in, d_in;
+  for (const In& in : ins) {
+    Tensor g = in.global.detach().clone();
+    const bool grad = in.grad && is_floating(g.dtype());
+    if (grad) g.requires_grad_();
+    ref_in.push_back(g);
+    Tensor d = distribute_tensor(in.global, mesh, in.ps);
+    if (grad) d.requires_grad_();
+    d_in.push_back(d);
+  }
+  Tensor ref = fn(ref_in);
+  Tensor out = fn(d_in);
+  INFO("mesh " << mesh.str() << ", output " << out.desc());
+  REQUIRE(out.is_distributed());
+  if (want) REQUIRE(placements_str(dtensor_spec(out, "test").placements()) == placements_str(P(want)));
+  Tensor full = full_tensor(out);
+  REQUIRE(full.shape() == ref.shape());
+  if (!is_floating(ref.dtype())) {
+    REQUIRE(full.to_vector<int64_t>() == ref.to_vector<int64_t>());
+    return;
+  }
+  REQUIRE_CLOSE(full, ref, tol, tol);
+  if (!ref.requires_grad()) return;
+  Tensor w = testing::rand(ref.shape(), ref.dtype(), 77);
+  sum(mul(ref, w)).backward();
+  sum(mul(full, w)).backward();
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (!ref_in[i].requires_grad()) continue;
+    INFO("gradient of input " << i);
+    Tensor g = d_in[i].grad();
+    REQUIRE(g.defined());
+    REQUIRE(g.is_distributed());
+    REQUIRE_CLOSE(full_tensor(g), ref_in[i].grad(), tol, tol);
+  }
+}
+
+void check_error(const DeviceMesh& mesh, const std::vector<In>& ins, const Fn& fn, const std::string& text) {
+  std::vector<Tensor> d_in;
+  for (const In& in : ins) d_in.push_back(distribute_tensor(in.global, mesh, in.ps));
+  REQUIRE_THROWS_WITH(fn(d_in), Contains(text));
+}
+
+Tensor r(const Shape& s, uint64_t seed) { return testing::rand(s, DType::kF64, seed); }
+
+}  // namespace
+
+TEST_CASE("dtensor ops: pointwise with broadcasting and Partial linearity", "[mpi]") {
+  const DeviceMesh& m = mesh_1d();
+  Tensor a = r({6, 5}, 1), b = r({6, 5}, 2), bias = r({5}, 3), col = r({6, 1}, 4);
+  auto add2 = [](const auto& x) { return add(x[0], x[1]); };
+  auto mul2 = [](const auto& x) { return mul(x[0], x[1]); };
+  check_op(m, {{a, P("S(0)")}, {b, P("S(0)")}}, add2, "S(0)");
+  check_op(m, {{a, P("S(1)")}, {bias, P("S(0)")}}, add2, "S(1)");
+  check_op(m, {{a, P("S(0)")}, {bias, P("R")}}, add2, "S(0)");
+  check_op(m, {{a, P("S(1)")}, {col, P("R")}}, mul2, "S(1)");
+  check_op(m, {{a, P("P")}, {b, P("P")}}, add2, "P(sum)");
+  check_op(m, {{a, P("P")}, {b, P("R")}}, add2, "P(sum)");  // R added once
+  check_op(m, {{a, P("R")}, {b, P("P")}}, [](const auto& x) { return sub(x[0], x[1]); }, "P(sum)");
+  check_op(m, {{a, P("P")}, {b, P("R")}}, mul2, "P(sum)");
+  check_op(m, {{a, P("P")}, {b, P("R")}}, [](const auto& x) { return div(x[0], add(x[1], 3.0)); }, "P(sum)");
+  check_op(m, {{a, P("P")}}, [](const auto& x) { return sub(mul(x[0], 2.0), 1.5); }, "P(sum)");
+  check_op(m, {{a, P("P")}}, [](const auto& x) { return rsub(1.0, neg(x[0])); }, "P(sum)");
+  check_op(m, {{a, P("S(0)")}}, [](const auto& x) { return gelu(exp(x[0])); }, "S(0)");
+  check_op(m, {{a, P("S(1)")}, {b, P("S(1)")}}, [](const auto& x) { return where(gt(x[0], x[1]), x[0], x[1]); },
+           "S(1)");
+  check_op(m, {{a, P("S(0)")}, {b, P("S(0)")}}, [](const auto& x) { return lt(x[0], x[1]); }, "S(0)");
+  check_op(m, {{a, P("R")}}, [](const auto& x) { return silu(x[0]).to(DType::kF32).to(DType::kF64); }, "R", 1e-6);
+  check_error(m, {{a, P("P")}}, [](const auto& x) { return exp(x[0]); }, "exp: no sharding without communication");
+  check_error(m, {{a, P("P")}}, [](const auto& x) { return exp(x[0]); }, "redistribute it to R");
+  check_error(m, {{a, P("P")}, {b, P("P")}}, mul2, "both Partial");
+  if (world().size() > 1)
+    check_error(m, {{a, P("S(0)")}, {b, P("R")}}, add2, "redistribute it to S(0) too");
+}
+
+TEST_CASE("dtensor ops: reductions", "[mpi]") {
+  const DeviceMesh& m = mesh_1d();
+  Tensor a = r({7, 4, 3}, 5);
+  check_op(m, {{a, P("S(0)")}}, [](const auto& x) { return sum(x[0], {0}); }, "P(sum)");
+  check_op(m, {{a, P("S(0)")}}, [](const auto& x) { return sum(x[0], {2}, KeepDim::kYes); }, "S(0)");
+  check_op(m, {{a, P("S(1)")}}, [](const auto& x) { return sum(x[0], {0}); }, "S(0)");
+  check_op(m, {{a, P("S(1)")}}, [](const auto& x) { return mean(x[0], {1, 2}); }, "P(sum)");
+  check_op(m, {{a, P("S(2)")}}, [](const auto& x) { return sum(x[0]); }, "P(sum)");
+  check_op(m, {{a, P("P")}}, [](const auto& x) { return sum(x[0], {1}); }, "P(sum)");
+  check_op(m, {{a, P("S(0)")}}, [](const auto& x) { return max(x[0], 0); });  // with grad: P(sum) composite
+  check_op(m, {{a, P("S(1)")}}, [](const auto& x) { return min(x[0]); });
+  check_op(m, {{a, P("S(0)"), false}}, [](const auto& x) { return max(x[0], 0); }, "P(max)");
+  check_op(m, {{a, P("S(0)")}}, [](const auto& x) { return argmax(x[0], 1); }, "S(0)");
+  if (world().size() > 1)
+    check_error(m, {{a, P("S(0)")}}, [](const auto& x) { return var(x[0], {0}); }, "var' over dim 0, which is split");
+}
+
+TEST_CASE("dtensor ops: matmul, bmm and linear (einsum rule)", "[mpi]") {
+  const DeviceMesh& m = mesh_1d();
+  Tensor x = r({6, 8}, 6), w = r({8, 5}, 7), lw = r({5, 8}, 8), lb = r({5}, 9), x3 = r({4, 6, 8}, 10);
+  auto mm = [](const auto& t) { return matmul(t[0], t[1]); };
+  check_op(m, {{x, P("S(0)")}, {w, P("R")}}, mm, "S(0)");
+  check_op(m, {{x, P("R")}, {w, P("S(1)")}}, mm, "S(1)");
+  check_op(m, {{x, P("S(1)")}, {w, P("S(0)")}}, mm, "P(sum)");
+  check_op(m, {{x, P("P")}, {w, P("R")}}, mm, "P(sum)");
+  check_op(m, {{x3, P("S(0)")}, {w, P("R")}}, mm, "S(0)");
+  check_op(m, {{x3, P("S(0)")}, {r({4, 8, 3}, 11), P("S(0)")}}, [](const auto& t) { return bmm(t[0], t[1]); },
+           "S(0)");
+  // Megatron column- and row-parallel linear layers.
+  check_op(m, {{x3, P("R")}, {lw, P("S(0)")}, {lb, P("S(0)")}}, [](const auto& t) { return linear(t[0], t[1], t[2]); },
+           "S(2)");
+  check_op(m, {{x3, P("S(2)")}, {lw, P("S(1)")}, {lb, P("R")}}, [](const auto& t) { return linear(t[0], t[1], t[2]); },
+           "P(sum)");
+  check_op(m, {{x3, P("S(1)")}, {lw, P("R")}}, [](const auto& t) { return linear(t[0], t[1]); }, "S(1)");
+  if (world().size() > 1) {
+    check_error(m, {{x, P("S(1)")}, {w, P("R")}}, mm, "contraction dim is split in a");
+    check_error(m, {{x3, P("S(2)")}, {lw, P("S(1)")}, {lb, P("S(0)")}},
+                [](const auto& t) { return linear(t[0], t[1], t[2]); }, "bias must be Replicate");
+  }
+}
+
+TEST_CASE("dtensor ops: views, flatten of split dims, slices", "[mpi]") {
+  const DeviceMesh& m = mesh_1d();
+  const int64_t k = world().size();
+  Tensor q = r({2, 3, 4 * k * 2}, 12);  // [B, T, H*D] with H = 2k heads of D = 4
+  check_op(m, {{q, P("S(2)")}}, [](const auto& t) { return t[0].view({2, 3, -1, 4}); }, "S(2)");
+  check_op(m, {{q, P("S(2)")}}, [](const auto& t) { return t[0].view({2, 3, -1, 4}).transpose(1, 2); }, "S(1)");
+  check_op(m, {{q, P("S(2)")}},
+           [](const auto& t) { return t[0].view({2, 3, -1, 4}).transpose(1, 2).transpose(1, 2).reshape({2, 3, -1}); },
+           "S(2)");
+  Tensor s = r({3, 2 * k, 5}, 13);
+  check_op(m, {{s, P("S(1)")}}, [](const auto& t) { return t[0].reshape({-1, 5}); }, fmt::format("IS(0,3)").c_str());
+  check_op(m, {{s, P("S(1)")}}, [](const auto& t) { return t[0].reshape({-1, 5}).view({3, -1, 5}); }, "S(1)");
+  check_op(m, {{s, P("S(0)")}}, [](const auto& t) { return t[0].flatten(1); }, "S(0)");
+  check_op(m, {{s, P("S(1)")}}, [](const auto& t) { return t[0].unsqueeze(0).squeeze(0).permute({2, 0, 1}); }, "S(2)");
+  check_op(m, {{s, P("S(1)")}}, [](const auto& t) { return t[0].narrow(2, 1, 3).select(0, 2); }, "S(0)");
+  check_op(m, {{r({3, 1}, 14), P("S(0)")}}, [](const auto& t) { return t[0].expand({2, 3, 4}); }, "S(1)");
+  check_op(m, {{s, P("P")}}, [](const auto& t) { return t[0].slice(1, 1, 3).contiguous(); }, "P(sum)");
+  check_op(m, {{s, P("S(2)")}}, [](const auto& t) { return cat(split(t[0], 1, 0), 0); }, "S(2)");
+  if (k > 1) check_error(m, {{s, P("S(1)")}}, [](const auto& t) { return t[0].narrow(1, 0, 1); }, "redistribute it to R");
+}
+
+TEST_CASE("dtensor ops: norms, softmax, rope, attention", "[mpi]") {
+  const DeviceMesh& m = mesh_1d();
+  const int64_t k = world().size();
+  Tensor x = r({2, 3 * k, 8}, 15), w = r({8}, 16), b = r({8}, 17);
+  check_op(m, {{x, P("S(1)")}, {w, P("R")}}, [](const auto& t) { return rms_norm(t[0], t[1]); }, "S(1)");
+  check_op(m, {{x, P("S(0)")}, {w, P("R")}, {b, P("R")}}, [](const auto& t) { return layer_norm(t[0], t[1], t[2]); },
+           "S(0)");
+  check_op(m, {{x, P("S(1)")}}, [](const auto& t) { return log_softmax(t[0], -1); }, "S(1)");
+  check_op(m, {{x, P("S(2)")}}, [](const auto& t) { return softmax(t[0], 1); }, "S(2)");
+  Tensor h = r({2, 5, 2 * k, 8}, 18);  // [B, T, H, D]
+  auto [c0, s0] = rope_tables(5, 8, 10000.0, DType::kF64);
+  Tensor c = c0.unsqueeze(1), sn = s0.unsqueeze(1);  // [T, 1, D/2] against [B, T, H, D]
+  check_op(m, {{h, P("S(2)")}, {c, P("R"), false}, {sn, P("R"), false}},
+           [](const auto& t) { return rotary_embedding(t[0], t[1], t[2]); }, "S(2)");
+  check_op(m, {{h, P("S(1)")}, {c, P("S(0)"), false}, {sn, P("S(0)"), false}},
+           [](const auto& t) { return rotary_embedding(t[0], t[1], t[2]); }, "S(1)");
+  Tensor q = r({2, 4 * k, 5, 8}, 19), kk = r({2, 2 * k, 5, 8}, 20), v = r({2, 2 * k, 5, 8}, 21);
+  auto attn = [](const auto& t) { return scaled_dot_product_attention(t[0], t[1], t[2]); };
+  check_op(m, {{q, P("S(1)")}, {kk, P("S(1)")}, {v, P("S(1)")}}, attn, "S(1)");
+  check_op(m, {{q, P("S(0)")}, {kk, P("S(0)")}, {v, P("S(0)")}}, attn, "S(0)");
+  if (k > 1) {
+    check_error(m, {{x, P("S(2)")}, {w, P("R")}}, [](const auto& t) { return rms_norm(t[0], t[1]); },
+                "normalizes the last dim, which is split");
+    check_error(m, {{x, P("S(2)")}}, [](const auto& t) { return softmax(t[0], -1); }, "softmax' works along dim 2");
+  }
+}
+
+TEST_CASE("dtensor ops: embedding and cross-entropy, vocabulary-parallel", "[mpi]") {
+  const DeviceMesh& m = mesh_1d();
+  const int64_t k = world().size();
+  const int64_t V = 5 * k + 1;  // uneven vocabulary shards
+  Tensor table = r({V, 6}, 22);
+  Tensor ids = randint(0, V, {2, 3 * k}, DType::kI64);
+  check_op(m, {{table, P("S(0)")}, {ids, P("R")}}, [](const auto& t) { return embedding(t[0], t[1]); }, "P(sum)");
+  check_op(m, {{table, P("R")}, {ids, P("S(1)")}}, [](const auto& t) { return embedding(t[0], t[1]); }, "S(1)");
+  check_op(m, {{table, P("S(1)")}, {ids, P("R")}}, [](const auto& t) { return embedding(t[0], t[1]); }, "S(2)");
+  Tensor logits = r({4 * k, V}, 23);
+  Tensor target = randint(0, V, {4 * k}, DType::kI64);
+  target = where(eq(target, 0.0), full({4 * k}, -100.0, DType::kI64), target);  // some ignored
+  auto ce = [](Reduction red) {
+    return [red](const std::vector<Tensor>& t) { return cross_entropy(t[0], t[1], -100, red); };
+  };
+  check_op(m, {{logits, P("S(0)")}, {target, P("S(0)")}}, ce(Reduction::kNone), "S(0)");
+  check_op(m, {{logits, P("S(0)")}, {target, P("S(0)")}}, ce(Reduction::kMean), "R");
+  check_op(m, {{logits, P("S(1)")}, {target, P("R")}}, ce(Reduction::kMean), "R");
+  check_op(m, {{logits, P("S(1)")}, {target, P("R")}}, ce(Reduction::kSum), "R");
+  check_op(m, {{logits, P("S(1)")}, {target, P("R")}}, ce(Reduction::kNone), "R");
+}
+
+TEST_CASE("dtensor ops: on a 2-D mesh", "[mpi]") {
+  if (world().size() != 4) return;
+  const DeviceMesh& m = mesh_2d();
+  Tensor x = r({4, 6, 8}, 24), w = r({10, 8}, 25), bias = r({10}, 26);
+  check_op(m, {{x, P("S(0), R")}, {w, P("R, S(0)")}, {bias, P("R, S(0)")}},
+           [](const auto& t) { return gelu(linear(t[0], t[1], t[2])); }, "S(0), S(2)");
+  check_op(m, {{x, P("S(0), S(2)")}, {r({10, 8}, 27), P("R, S(1)")}},
+           [](const auto& t) { return sum(linear(t[0], t[1]), {0}); }, "P(sum), P(sum)");
+  Tensor y = r({4, 8, 6}, 29);
+  check_op(m, {{y, P("S(1), S(1)")}}, [](const auto& t) { return mul(t[0], 3.0).reshape({4, -1}); }, "S(1), S(1)");
+  check_error(m, {{x, P("S(1), S(1)")}}, [](const auto& t) { return t[0].reshape({4, -1}); },
+              "S(1) of size 6 over 4 ranks is not a Shard of the view");
+  Tensor logits = r({8, 9}, 28);
+  Tensor target = randint(0, 9, {8}, DType::kI64);
+  check_op(m, {{logits, P("S(0), S(1)")}, {target, P("S(0), R")}},
+           [](const auto& t) { return cross_entropy(t[0], t[1]); }, "R, R");
+}
+
+TEST_CASE("dtensor ops: random numbers equal the single-device tensor", "[mpi]") {
+  const DeviceMesh& m = mesh_1d();
+  for (const char* ps : {"R", "S(0)", "S(1)", "IS(1,3)"}) {
+    Generator g1(5), g2(5);
+    Tensor ref = empty({5, 6}, DType::kF32);
+    uniform_(ref, -1, 1, &g1);
+    Tensor d = distribute_tensor(zeros({5, 6}, DType::kF32), m, P(ps));
+    uniform_(d, -1, 1, &g2);
+    REQUIRE(g1.offset() == g2.offset());
+    REQUIRE(full_tensor(d).to_vector<float>() == ref.to_vector<float>());
+    // dropout masks too
+    Tensor x = testing::rand({5, 6}, DType::kF32, 3);
+    Tensor a = dropout(x, 0.3, &g1);
+    Tensor b = dropout(distribute_tensor(x, m, P(ps)), 0.3, &g2);
+    REQUIRE(full_tensor(b).to_vector<float>() == a.to_vector<float>());
+  }
+  Tensor p = distribute_tensor(zeros({4}), m, P("P"));
+  REQUIRE_THROWS_WITH(uniform_(p, 0, 1), Contains("Partial"));
+}
+
+TEST_CASE("dtensor ops: propagation cache, implicit mode, in-place updates", "[mpi]") {
+  const DeviceMesh& m = mesh_1d();
+  clear_dispatch_cache();
+  Tensor a = distribute_tensor(r({6, 4}, 30), m, P("S(0)"));
+  Tensor b = distribute_tensor(r({6, 4}, 31), m, P("S(0)"));
+  (void)add(a, b);
+  auto s0 = dispatch_stats();
+  for (int i = 0; i < 10; ++i) (void)add(a, b);
+  auto s1 = dispatch_stats();
+  REQUIRE(s1.misses == s0.misses);
+  REQUIRE(s1.hits == s0.hits + 10);
+  // Implicit mode replicates what the rule rejects.
+  if (world().size() > 1) {
+    Tensor g = r({6, 4}, 32);
+    Tensor x = distribute_tensor(g, m, P("S(1)"));
+    REQUIRE_THROWS_WITH(softmax(x, -1), Contains("softmax"));
+    set_implicit_redistribute(true);
+    Tensor y = softmax(x, -1);
+    set_implicit_redistribute(false);
+    REQUIRE_CLOSE(full_tensor(y), softmax(g, -1), 1e-12, 1e-12);
+  }
+  // In place: same spec only.
+  Tensor c = a.clone();
+  {
+    NoGradGuard ng;
+    c.add_(b, 2.0);
+  }
+  REQUIRE_CLOSE(full_tensor(c), add(full_tensor(a), mul(full_tensor(b), 2.0)), 1e-12, 1e-12);
+  Tensor rr = distribute_tensor(r({6, 4}, 33), m, P("R"));
+  if (world().size() > 1) REQUIRE_THROWS_WITH(c.add_(rr), Contains("same placements"));
+  // Reading values: only replicated DTensors.
+  REQUIRE(rr.to_vector<double>().size() == 24);
+  if (world().size() > 1) REQUIRE_THROWS_WITH(a.to_vector<double>(), Contains("full_tensor()"));
+}

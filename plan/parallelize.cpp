@@ -98,7 +98,7 @@ Tensor gradient(const Tensor& g, const HookRecord& r, const DeviceMesh& mesh) {
   if (g.is_distributed()) {
     const DTensorSpec& s = dtensor_spec(g, "parallelize");
     if (s.placements() == *r.dst) return g;
-    Tensor out = redistribute_local(g.detach(), s.global_shape(), s.placements(), *r.dst, mesh);
+    Tensor out = redistribute_local(local_view(g.detach()), s.global_shape(), s.placements(), *r.dst, mesh);
     return from_local(out, mesh, *r.dst, s.global_shape());
   }
   Shape global = infer_global_shape(g.shape(), *r.src, mesh);

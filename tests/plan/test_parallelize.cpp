@@ -115,7 +115,7 @@ TEST_CASE("parallelize: ZeRO-3 gathers the parameter for the forward and release
   REQUIRE(full_tensor(g).to_vector<float>() == x.to_vector<float>());
   // Removing the hooks stops the gathering.
   par.remove();
-  (*probe)(ones(stored.shape()));  // the forward now sees the local shard
+  (*probe)(ones(stored.local_shape()));  // the forward now sees the local shard
   REQUIRE(probe->seen.same(stored));
 }
 

@@ -4,6 +4,7 @@
 // fills live in mesh/dist_composites.cpp.
 #include "mesh/dispatch.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
@@ -26,15 +27,22 @@ bool g_implicit = [] {
 }();
 
 // A cache key: the op's identity, its rule-relevant arguments, and per input its spec pointer
-// (plain inputs: their shape, taken as Replicate).
+// (plain inputs: their shape, taken as Replicate). Inline words: no allocation on a hit.
 struct Key {
-  std::vector<int64_t> w;
-  bool operator==(const Key& o) const { return w == o.w; }
+  static constexpr int kCap = 48;
+  int64_t w[kCap];
+  int n = 0;
+  bool overflow = false;  // too many words: not cached
+  void push(int64_t v) {
+    if (n < kCap) w[n++] = v;
+    else overflow = true;
+  }
+  bool operator==(const Key& o) const { return n == o.n && std::equal(w, w + n, o.w); }
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
     uint64_t h = 1469598103934665603ull;
-    for (int64_t v : k.w) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    for (int i = 0; i < k.n; ++i) h = (h ^ static_cast<uint64_t>(k.w[i])) * 1099511628211ull;
     return static_cast<size_t>(h);
   }
 };
@@ -42,6 +50,7 @@ struct KeyHash {
 struct Entry {
   std::string error;                                       // the rule rejects: thrown on every hit
   std::vector<std::shared_ptr<const DTensorSpec>> out;      // per output (null: undefined output)
+  std::vector<Shape> out_local;                             // their local shapes on this rank
   std::vector<std::shared_ptr<const DTensorSpec>> in_grad;  // per input: its gradient's spec
   std::vector<uint8_t> zero_input;                          // input replaced by zeros on this rank
   std::vector<Placements> pre;                              // implicit mode: inputs redistributed first
@@ -61,20 +70,19 @@ const DTensorSpec* spec_of(const Tensor& t) { return static_cast<const DTensorSp
 
 Key make_key(const DistOp& op, const std::vector<Tensor>& in) {
   Key k;
-  k.w.reserve(10 + in.size() * 2);
-  k.w.push_back(reinterpret_cast<int64_t>(op.name));
-  k.w.push_back(static_cast<int64_t>(op.rule));
-  for (int64_t a : op.args) k.w.push_back(a);
-  k.w.push_back(op.shape.size());
-  for (int64_t v : op.shape) k.w.push_back(v);
+  k.push(reinterpret_cast<int64_t>(op.name));
+  k.push(static_cast<int64_t>(op.rule));
+  for (int64_t a : op.args) k.push(a);
+  k.push(op.shape.size());
+  for (int64_t v : op.shape) k.push(v);
   for (const Tensor& t : in) {
     if (!t.defined()) {
-      k.w.push_back(0);
+      k.push(0);
     } else if (t.is_distributed()) {
-      k.w.push_back(reinterpret_cast<int64_t>(t.dist_spec()));
+      k.push(reinterpret_cast<int64_t>(t.dist_spec()));
     } else {
-      k.w.push_back(-1 - t.dim());
-      for (int64_t v : t.shape()) k.w.push_back(v);
+      k.push(-1 - t.dim());
+      for (int64_t v : t.shape()) k.push(v);
     }
   }
   return k;
@@ -165,8 +173,10 @@ Entry build_entry(const DistOp& op, const std::vector<Tensor>& in, DistLocalFn l
     e.error = r.error;
     return e;
   }
-  for (size_t k = 0; k < out_shapes.size(); ++k)
+  for (size_t k = 0; k < out_shapes.size(); ++k) {
     e.out.push_back(intern_spec(*mesh, r.outputs[k], out_shapes[k]));
+    e.out_local.push_back(e.out.back()->local_shape());
+  }
   e.in_grad.resize(in.size());
   e.zero_input.assign(in.size(), 0);
   for (size_t i = 0; i < in.size(); ++i) {
@@ -202,11 +212,12 @@ Tensor local_input(const Tensor& t, const std::shared_ptr<const DTensorSpec>& gr
 // Wraps a local output as a DTensor of `spec`. With grad, the incoming DTensor gradient is brought
 // to the output's gradient placements (Partial -> Replicate, a collective if it arrives otherwise)
 // and its local tensor flows into the local graph.
-Tensor wrap_output(Tensor local, const std::shared_ptr<const DTensorSpec>& spec, const DistOp& op) {
+Tensor wrap_output(Tensor local, const std::shared_ptr<const DTensorSpec>& spec, const Shape& local_shape,
+                   const DistOp& op) {
   if (!local.defined()) return local;
-  MT_CHECK(local.local_shape() == spec->local_shape(),
+  MT_CHECK(local.local_shape() == local_shape,
            "{}: internal error: the sharding rule gives {} (local shape {}) but the local op made {}", op.name,
-           spec->str(), spec->local_shape(), local.local_shape());
+           spec->str(), local_shape, local.local_shape());
   if (!local.requires_grad()) {
     if (local.use_count() > 1 || local.is_distributed()) local = make_view(local, local.local_shape(), local.strides(), local.offset());
     local.impl()->dist = spec;
@@ -233,13 +244,17 @@ std::vector<Tensor> handle(const DistOp& op, const std::vector<Tensor>& in, Dist
   Cache& c = cache();
   Key key = make_key(op, in);
   auto it = c.map.find(key);
-  if (it == c.map.end()) {
+  Entry uncached;
+  if (key.overflow) {
+    ++c.stats.misses;
+    uncached = build_entry(op, in, local);
+  } else if (it == c.map.end()) {
     ++c.stats.misses;
     it = c.map.emplace(std::move(key), build_entry(op, in, local)).first;
   } else {
     ++c.stats.hits;
   }
-  const Entry& e = it->second;
+  const Entry& e = key.overflow ? uncached : it->second;
   if (!e.error.empty()) MT_FAIL("{}", e.error);
   std::vector<Tensor> locals(in.size());
   for (size_t i = 0; i < in.size(); ++i) {
@@ -255,7 +270,7 @@ std::vector<Tensor> handle(const DistOp& op, const std::vector<Tensor>& in, Dist
   }
   std::vector<Tensor> outs = local(locals, e.ctx);
   MT_ASSERT(outs.size() == e.out.size(), "{}: {} outputs, rule has {}", op.name, outs.size(), e.out.size());
-  for (size_t k = 0; k < outs.size(); ++k) outs[k] = wrap_output(std::move(outs[k]), e.out[k], op);
+  for (size_t k = 0; k < outs.size(); ++k) outs[k] = wrap_output(std::move(outs[k]), e.out[k], e.out_local[k], op);
   return outs;
 }
 

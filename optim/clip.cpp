@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "mesh/dtensor.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"
 
@@ -36,6 +37,12 @@ double sum_sq_host(const T* x, int64_t n) {
 
 double l2_norm_sq(const Tensor& t) {
   if (t.numel() == 0) return 0;
+  if (t.is_distributed()) {
+    // Squares summed by dispatch (Partial over split dims), then all-reduced by full_tensor.
+    MT_CHECK(!t.dist_spec()->has_partial(), "clip_grad_norm: gradient {} is Partial: reduce gradients first", t.desc());
+    Tensor x = t.to(DType::kF64);
+    return full_tensor(sum(mul(x, x))).item();
+  }
   MT_CHECK(is_floating(t.dtype()) && !t.is_meta(), "clip_grad_norm: gradient {} is not a floating tensor with storage",
            t.desc());
   if (t.device().is_cpu() && t.is_contiguous()) {

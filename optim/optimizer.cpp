@@ -87,6 +87,19 @@ void Optimizer::step() {
              slot.param.desc(), g.desc());
     ++slot.steps;
     const ParamGroup& group = groups_[slot.group];
+    if (slot.param.is_distributed() || g.is_distributed()) {
+      // A DTensor parameter is updated shard by shard: its gradient must have its placements
+      // (Partial gradients are reduced first: plan/grad_reducer.h or redistribute).
+      MT_CHECK(g.dist_spec() == slot.param.dist_spec(),
+               "{}.step: parameter '{}' is {} but its gradient is {}: reduce or redistribute the gradient to "
+               "the parameter's placements before step()",
+               name_, slot.name, slot.param.desc(), g.desc());
+      Slot local = slot;
+      local.param = local_view(slot.param);
+      for (Tensor& s : local.state) s = local_view(s);
+      update(local, local_view(g), lr_ * group.lr_scale, group.weight_decay);
+      continue;
+    }
     update(slot, g, lr_ * group.lr_scale, group.weight_decay);
   }
 }

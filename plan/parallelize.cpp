@@ -175,6 +175,16 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
 
 }  // namespace
 
+Placements Parallelized::input_placements(const std::string& path, int index) const {
+  for (const HookRecord& r : ir_.records)
+    if (r.module == path && r.hook == HookPoint::kForwardPre && r.io_input && r.io_index == index) {
+      if (r.dst) return *r.dst;
+      if (r.annotate) return *r.annotate;
+      if (r.src) return *r.src;
+    }
+  return Placements(ir_.mesh.shape.size(), Placement::replicate());
+}
+
 const FactoryScope* current_factory(const std::string& label) {
   for (auto it = g_factories.rbegin(); it != g_factories.rend(); ++it)
     if (it->label == label || it->label == "*") return &*it;

@@ -43,6 +43,9 @@ class Parallelized {
   ~Parallelized() { remove(); }
 
   const HookIR& ir() const { return ir_; }
+  // The placements the plan gives input `index` of module `path` (its forward_pre record), all
+  // Replicate when the plan says nothing. Trainers place data (ids, and targets alike) with it.
+  Placements input_placements(const std::string& path, int index = 0) const;
   size_t num_hooks() const { return hooks_.size(); }
   void remove() {
     for (auto& h : hooks_) h.remove();

@@ -125,7 +125,7 @@ class ModuleInputsBackward : public Node {
     std::vector<Shape> shapes;
     for (size_t j = 0; j < st_->input_idx.size(); ++j) {
       full[st_->input_idx[j]] = grads[j];
-      shapes.push_back(outputs[j].shape);
+      shapes.push_back(outputs[j].dist ? outputs[j].dist->global_shape() : outputs[j].shape);  // logical shape
     }
     st_->module->fire_backward_hooks(full, st_->grad_outputs);
     check_hook_grads(full, st_->input_idx, shapes, *st_->module, "grad_input");

@@ -155,9 +155,23 @@ Tensor full(const Shape& shape, double value, TensorOptions opts) {
 Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0.0, opts); }
 Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1.0, opts); }
 Tensor scalar_tensor(double value, TensorOptions opts) { return full(Shape{}, value, opts); }
-Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.options()); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.options()); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.options()); }
+namespace {
+// A DTensor like `t` (same spec) filled by `make` on the local shape.
+template <class F>
+Tensor like(const Tensor& t, F make) {
+  Tensor out = make(t.local_shape(), t.options());
+  out.impl()->dist = t.impl()->dist;
+  return out;
+}
+}  // namespace
+
+Tensor empty_like(const Tensor& t) { return like(t, [](const Shape& s, TensorOptions o) { return empty(s, o); }); }
+Tensor zeros_like(const Tensor& t) { return like(t, [](const Shape& s, TensorOptions o) { return zeros(s, o); }); }
+Tensor ones_like(const Tensor& t) {
+  MT_CHECK(!t.is_distributed() || !t.impl()->dist->has_partial(),
+           "ones_like: {} is Partial: every rank would hold a term of ones", t.desc());
+  return like(t, [](const Shape& s, TensorOptions o) { return ones(s, o); });
+}
 
 Tensor arange(double start, double end, double step, TensorOptions opts) {
   MT_CHECK(step != 0, "arange: step must be non-zero");

@@ -79,6 +79,8 @@ struct GradReducer::State {
   bool in_finish = false;
   size_t next_launch = 0;
   GradReducerStats cur, last;
+  std::map<uint32_t, Communicator> comms;  // by mask of mesh dims
+  static constexpr int kCommTag = 20000;  // + mask: distinct from the mesh's own (mask) tags, < 32767
 
   State(const DeviceMesh& m, GradReducerOptions o) : mesh(m), opt(std::move(o)) {}
 
@@ -225,6 +227,31 @@ struct GradReducer::State {
     P.p.set_grad(local);
   }
 
+  // The reducer's own communicator over the flattened dims of `mask` (the ranks of
+  // mesh.flatten(...)), created on first use, which is in build_layout(): collective over the group,
+  // in the same order on every rank. Private so that a bucket left in flight until finish() (a
+  // parameter unused on some ranks) cannot be matched against someone else's collective on the
+  // same group.
+  Communicator comm_for(uint32_t mask) {
+    auto it = comms.find(mask);
+    if (it != comms.end()) return it->second;
+    std::vector<std::string> names;
+    std::string quoted;
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      if (!((mask >> d) & 1)) continue;
+      names.push_back(mesh.names()[static_cast<size_t>(d)]);
+      quoted += fmt::format("{}\"{}\"", quoted.empty() ? "" : ", ", names.back());
+    }
+    const std::vector<int> ranks = mesh.flatten(names).world_ranks();
+    std::string rs;
+    for (int r : ranks) rs += fmt::format("{}{}", rs.empty() ? "" : ", ", r);
+    Communicator c = Communicator::create(
+        ranks, kCommTag + static_cast<int>(mask),
+        fmt::format("GradReducer group: mesh dims [{}] of {} (world ranks [{}])", quoted, mesh.str(), rs));
+    comms.emplace(mask, c);
+    return c;
+  }
+
   // First synchronized step: every rank's Partial dims per parameter, OR-ed over the mesh.
   void build_layout() {
     const size_t n = params.size();
@@ -287,9 +314,10 @@ struct GradReducer::State {
         for (int d = 0; d < nd; ++d)
           if ((m >> d) & 1) names.push_back(mesh.names()[static_cast<size_t>(d)]);
         if (opt.fuse) {
-          b.comms.push_back(mesh.flatten(names).comm());  // created now: collective, same order everywhere
+          b.comms.push_back(comm_for(m));
         } else {
-          for (const auto& nm : names) b.comms.push_back(mesh.comm(nm));
+          for (int d = 0; d < nd; ++d)
+            if ((m >> d) & 1) b.comms.push_back(comm_for(1u << d));
         }
         bi = static_cast<int>(buckets.size());
         buckets.push_back(std::move(b));

@@ -230,8 +230,8 @@ RequestPtr nccl_all_gatherv(const NcclPtr& c, const char* op, const void* in, in
     for (int r = 0; r < c->size; ++r) {
       const int64_t n = counts[static_cast<size_t>(r)];
       if (n > 0) {
-        const void* send = r == c->rank ? in : nullptr;
-        ncclResult_t rc = ncclBroadcast(send, bytes_at(out, offset, dtype), to_count(n), nccl_type(dtype), r, comm, s);
+        // sendbuff is read on the root only.
+        ncclResult_t rc = ncclBroadcast(in, bytes_at(out, offset, dtype), to_count(n), nccl_type(dtype), r, comm, s);
         if (rc != ncclSuccess) {
           (void)ncclGroupEnd();
           nccl_fail(rc, comm, "ncclBroadcast", __FILE__, __LINE__);

@@ -1,6 +1,8 @@
-// Communicator front end: validates tensors (naming the collective, shapes and group), turns
-// 16-bit float reductions into gathers reduced in f32 in rank order, and waits on the transport
-// with a deadline. The transport itself is comm_backend.h (MPI or a world of one).
+// Communicator front end: validates tensors (naming the collective, shapes and group), routes
+// host tensors to MPI and CUDA tensors to NCCL, turns 16-bit float reductions of host tensors
+// into gathers reduced in f32 in rank order, and waits on the transport with a deadline. The
+// transports are comm_backend.h (MPI or a world of one) and comm_nccl.h (NCCL, its communicator
+// created per group on the first CUDA collective, with the unique id broadcast over MPI).
 #include "mesh/communicator.h"
 
 #include <algorithm>
@@ -12,9 +14,13 @@
 #include <thread>
 
 #include "mesh/comm_backend.h"
+#include "mesh/comm_nccl.h"
 #include "mesh/world.h"
+#include "runtime/cuda/device.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "tensor/autograd.h"
+#include "tensor/ops_pointwise.h"
 
 namespace mt {
 
@@ -74,6 +80,12 @@ struct Communicator::Impl {
   int size = 1;
   std::vector<int> world_ranks;
   std::string description;
+  // NCCL: created on the first CUDA collective (collective over the group), then reused.
+  mutable std::mutex nccl_mutex;
+  mutable detail::NcclPtr nccl;
+  // CUDA tensors a rank sends itself (NCCL has no self send): copies by tag, in order.
+  mutable std::mutex self_mutex;
+  mutable std::vector<std::pair<int, Tensor>> self_messages;
 };
 
 struct Work::State {
@@ -81,6 +93,7 @@ struct Work::State {
   std::shared_ptr<const Communicator::Impl> comm;
   std::vector<detail::RequestPtr> requests;
   std::function<void()> finish;  // runs once, after every request completed
+  std::function<void()> on_timeout;  // before abort_job (NCCL: ncclCommAbort)
   std::vector<Tensor> keep;      // buffers the transport reads or writes
   Tensor result;
   Clock::time_point start = Clock::now();
@@ -109,6 +122,7 @@ struct Work::State {
       const auto elapsed = Clock::now() - start;
       if (elapsed > timeout) {
         const double secs = std::chrono::duration<double>(elapsed).count();
+        if (on_timeout) on_timeout();
         abort_job(fmt::format(
             "{} timed out after {:.1f} s (timeout {:.1f} s, set by MT_COLLECTIVE_TIMEOUT_S or "
             "set_collective_timeout) on {}, group rank {} of {}, world rank {}: a peer is dead, "
@@ -166,15 +180,49 @@ std::shared_ptr<Work::State> new_state(const char* op, const std::shared_ptr<Com
   return s;
 }
 
-void check_host(const char* op, const char* what, const Tensor& t) {
+void check_tensor(const char* op, const char* what, const Tensor& t) {
   MT_CHECK(t.defined(), "{}: {} is an undefined tensor", op, what);
-  MT_CHECK(!t.device().is_cuda(),
-           "{}: {} is a CUDA tensor ({}); NCCL collectives arrive with the CUDA backend (host "
-           "tensors only for now)",
+  MT_CHECK(t.device().is_cpu() || t.device().is_cuda(), "{}: {} must be a host or CUDA tensor, got {}",
            op, what, t.desc());
-  MT_CHECK(t.device().is_cpu(), "{}: {} must be a host tensor, got {}", op, what, t.desc());
   MT_CHECK(t.is_contiguous(), "{}: {} must be contiguous, got {} with strides {}", op, what,
            t.desc(), t.strides());
+}
+
+// Where a collective runs: every tensor on the host (MPI), or every tensor on one CUDA device
+// (NCCL). A mix is an error naming both tensors.
+struct Route {
+  bool cuda = false;
+  int device = -1;
+};
+
+struct Named {
+  const char* what;
+  const Tensor* t;
+};
+
+Route route(const char* op, std::initializer_list<Named> tensors) {
+  const Named* first = nullptr;
+  for (const Named& n : tensors) {
+    check_tensor(op, n.what, *n.t);
+    if (!first) {
+      first = &n;
+      continue;
+    }
+    MT_CHECK(n.t->device() == first->t->device(),
+             "{}: {} is {} but {} is {}; a collective's tensors must be on one device (host tensors "
+             "go over MPI, CUDA tensors over NCCL): move one of them with .to()",
+             op, first->what, first->t->desc(), n.what, n.t->desc());
+  }
+  Route r;
+  if (first && first->t->device().is_cuda()) {
+    MT_CHECK(detail::nccl_built(),
+             "{}: {} is a CUDA tensor ({}) but meshtrain was built without NCCL (-Dnccl=disabled, "
+             "or libnccl/nccl.h not found at configure time); move it to the host with .to(cpu)",
+             op, first->what, first->t->desc());
+    r.cuda = true;
+    r.device = first->t->device().index;
+  }
+  return r;
 }
 
 void check_dim0(const char* op, const Tensor& t) {
@@ -240,6 +288,17 @@ void divide_in_place(Tensor& t, int size) {
   } else {
     MT_ASSERT(false, "divide_in_place on {}", t.dtype());
   }
+}
+
+// avg after an NCCL sum: t / size on t's device, in t's dtype (f32 math for bf16/f16), on the
+// compute stream once the collective completed.
+std::function<void()> cuda_divide(Tensor t, int size) {
+  return [t, size]() mutable {
+    if (size == 1 || t.numel() == 0) return;
+    NoGradGuard no_grad;
+    cuda::DeviceGuard g(t.device().index);
+    t.copy_(div(t, static_cast<double>(size)));
+  };
 }
 
 // rows: [size, n] 16-bit floats, row r from group rank r. out[i] = op over rows in rank order,
@@ -319,14 +378,107 @@ void Communicator::send(const Tensor& t, int peer, int tag) { send_async(t, peer
 void Communicator::recv(Tensor& t, int peer, int tag) { recv_async(t, peer, tag).wait(); }
 void Communicator::barrier() { barrier_async().wait(); }
 
+namespace {
+
+// The group's NCCL communicator, created on the first CUDA collective: rank 0 makes the unique
+// id and broadcasts it over the group's MPI communicator (with the usual deadline), then every
+// rank joins with ncclCommInitRank on the tensors' device. Later calls reuse it and must use the
+// same device (one GPU per rank).
+detail::NcclPtr nccl_comm(const std::shared_ptr<Communicator::Impl>& impl, const char* op, int device) {
+  const Communicator::Impl& c = *impl;
+  std::lock_guard<std::mutex> lock(c.nccl_mutex);
+  if (c.nccl) {
+    const int have = detail::nccl_device(*c.nccl);
+    MT_CHECK(have == device,
+             "{}: the tensors are on cuda:{} but the NCCL communicator of {} was created on cuda:{} "
+             "(one GPU per rank: keep a group's CUDA tensors on one device)",
+             op, device, c.description, have);
+    return c.nccl;
+  }
+  constexpr int64_t kIdBytes = static_cast<int64_t>(sizeof(detail::NcclId));
+  Tensor id = zeros(Shape{kIdBytes}, DType::kU8);
+  if (c.rank == 0) {
+    const detail::NcclId mine = detail::nccl_unique_id();
+    std::memcpy(id.data_ptr(), mine.data(), mine.size());
+  }
+  {
+    auto s = new_state("NCCL bootstrap (unique id broadcast over MPI)", impl);
+    s->keep = {id};
+    s->requests.push_back(detail::backend_ibcast(*c.handle, id.data_ptr(), kIdBytes, DType::kU8, 0));
+    Work(std::move(s)).wait();
+  }
+  detail::NcclId uid;
+  std::memcpy(uid.data(), id.data_ptr(), uid.size());
+  c.nccl = detail::nccl_init(uid, c.rank, c.size, device, c.description);
+  return c.nccl;
+}
+
+// A Work for an NCCL operation: named "<op> (NCCL)" in the timeout report, and a timeout aborts
+// the NCCL communicator (so that its kernels stop) before the job is ended.
+std::shared_ptr<Work::State> nccl_state(const char* op, const std::shared_ptr<Communicator::Impl>& impl,
+                                        const detail::NcclPtr& nc) {
+  auto s = new_state(op, impl);
+  s->op = fmt::format("{} (NCCL)", op);
+  s->on_timeout = [nc] { detail::nccl_abort(*nc); };
+  return s;
+}
+
+// recv of a CUDA tensor from this very rank: takes the oldest message with the tag (a device copy
+// made by send) once it is there.
+class CudaSelfRecv final : public detail::RequestHandle {
+ public:
+  CudaSelfRecv(std::shared_ptr<const Communicator::Impl> c, Tensor t, int tag)
+      : c_(std::move(c)), t_(std::move(t)), tag_(tag) {}
+  bool test() override {
+    if (done_) return true;
+    Tensor msg;
+    {
+      std::lock_guard<std::mutex> lock(c_->self_mutex);
+      auto& q = c_->self_messages;
+      for (auto it = q.begin(); it != q.end(); ++it) {
+        if (it->first != tag_) continue;
+        msg = it->second;
+        q.erase(it);
+        break;
+      }
+    }
+    if (!msg.defined()) return false;
+    MT_CHECK(msg.dtype() == t_.dtype() && msg.numel() == t_.numel(),
+             "recv: message with tag {} is {} but the receiving tensor is {}", tag_, msg.desc(), t_.desc());
+    NoGradGuard no_grad;
+    cuda::DeviceGuard g(t_.device().index);
+    t_.copy_(msg.view(t_.shape()));
+    done_ = true;
+    return true;
+  }
+
+ private:
+  std::shared_ptr<const Communicator::Impl> c_;
+  Tensor t_;
+  int tag_;
+  bool done_ = false;
+};
+
+}  // namespace
+
 Work Communicator::all_reduce_async(Tensor& t, CommReduceOp op) {
   const char* name = "all_reduce";
   const Impl& c = impl(name);
-  check_host(name, "tensor", t);
+  const Route rt = route(name, {{"tensor", &t}});
   check_reduce_dtype(name, t.dtype(), op);
+  const int64_t n = t.numel();
+  if (rt.cuda) {
+    // NCCL reduces every dtype natively (bf16/f16 included); ring and tree algorithms reduce each
+    // element once and copy the result to every rank, so every rank gets the same bits.
+    auto nc = nccl_comm(impl_, name, rt.device);
+    auto s = nccl_state(name, impl_, nc);
+    s->keep = {t};
+    s->requests.push_back(detail::nccl_all_reduce(nc, name, t.data_ptr(), n, t.dtype(), native(op)));
+    if (op == CommReduceOp::kAvg) s->finish = cuda_divide(t, c.size);
+    return Work(std::move(s));
+  }
   auto s = new_state(name, impl_);
   s->keep = {t};
-  const int64_t n = t.numel();
   if (detail::backend_reduces(t.dtype())) {
     s->requests.push_back(detail::backend_iallreduce(*c.handle, t.data_ptr(), n, t.dtype(), native(op)));
     if (op == CommReduceOp::kAvg) s->finish = [t, size = c.size]() mutable { divide_in_place(t, size); };
@@ -342,8 +494,7 @@ Work Communicator::all_reduce_async(Tensor& t, CommReduceOp op) {
 Work Communicator::all_gather_async(const Tensor& in, Tensor& out) {
   const char* name = "all_gather";
   const Impl& c = impl(name);
-  check_host(name, "input", in);
-  check_host(name, "output", out);
+  const Route rt = route(name, {{"input", &in}, {"output", &out}});
   check_dim0(name, in);
   check_same_dtype(name, in, out);
   const Shape want = with_dim0(trailing(in), in.size(0) * c.size);
@@ -351,6 +502,13 @@ Work Communicator::all_gather_async(const Tensor& in, Tensor& out) {
            "{}: output shape {} must be {} (input {} gathered over {} ranks of {})", name,
            out.shape(), want, in.shape(), c.size, c.description);
   check_no_overlap(name, in, out);
+  if (rt.cuda) {
+    auto nc = nccl_comm(impl_, name, rt.device);
+    auto s = nccl_state(name, impl_, nc);
+    s->keep = {in, out};
+    s->requests.push_back(detail::nccl_all_gather(nc, name, in.data_ptr(), in.numel(), out.data_ptr(), in.dtype()));
+    return Work(std::move(s));
+  }
   auto s = new_state(name, impl_);
   s->keep = {in, out};
   s->requests.push_back(
@@ -361,9 +519,10 @@ Work Communicator::all_gather_async(const Tensor& in, Tensor& out) {
 Work Communicator::all_gather_uneven_async(const Tensor& in) {
   const char* name = "all_gather_uneven";
   const Impl& c = impl(name);
-  check_host(name, "input", in);
+  const Route rt = route(name, {{"input", &in}});
   check_dim0(name, in);
-  // Exchange dtype, rank and sizes so that a mismatch is an error on every rank, not garbage.
+  // Exchange dtype, rank and sizes (over MPI, on the host, for CUDA tensors too) so that a
+  // mismatch is an error on every rank, not garbage.
   constexpr int kMeta = kMaxDims + 2;
   Tensor mine = zeros(Shape{kMeta}, DType::kI64);
   auto* m = mine.data<int64_t>();
@@ -393,7 +552,17 @@ Work Communicator::all_gather_uneven_async(const Tensor& in) {
     counts[static_cast<size_t>(r)] = their[0] * row_numel(in);
     rows += their[0];
   }
-  Tensor out = empty(with_dim0(trailing(in), rows), in.dtype());
+  Tensor out = empty(with_dim0(trailing(in), rows), TensorOptions(in.dtype()).with_device(in.device()));
+  if (rt.cuda) {
+    // One NCCL broadcast per rank into its slice, grouped (ncclGroupStart/End).
+    auto nc = nccl_comm(impl_, name, rt.device);
+    auto s = nccl_state(name, impl_, nc);
+    s->keep = {in, out};
+    s->result = out;
+    s->requests.push_back(detail::nccl_all_gatherv(nc, name, in.data_ptr(), in.numel(), out.data_ptr(),
+                                                   counts, in.dtype()));
+    return Work(std::move(s));
+  }
   auto s = new_state(name, impl_);
   s->keep = {in, out};
   s->result = out;
@@ -405,8 +574,7 @@ Work Communicator::all_gather_uneven_async(const Tensor& in) {
 Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, CommReduceOp op) {
   const char* name = "reduce_scatter";
   const Impl& c = impl(name);
-  check_host(name, "input", in);
-  check_host(name, "output", out);
+  const Route rt = route(name, {{"input", &in}, {"output", &out}});
   check_dim0(name, in);
   check_same_dtype(name, in, out);
   check_reduce_dtype(name, in.dtype(), op);
@@ -417,9 +585,18 @@ Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, CommReduc
   MT_CHECK(out.shape() == want, "{}: output shape {} must be {} (input {} over {} ranks of {})",
            name, out.shape(), want, in.shape(), c.size, c.description);
   check_no_overlap(name, in, out);
+  const int64_t n = out.numel();
+  if (rt.cuda) {
+    auto nc = nccl_comm(impl_, name, rt.device);
+    auto s = nccl_state(name, impl_, nc);
+    s->keep = {in, out};
+    s->requests.push_back(
+        detail::nccl_reduce_scatter(nc, name, in.data_ptr(), out.data_ptr(), n, in.dtype(), native(op)));
+    if (op == CommReduceOp::kAvg) s->finish = cuda_divide(out, c.size);
+    return Work(std::move(s));
+  }
   auto s = new_state(name, impl_);
   s->keep = {in, out};
-  const int64_t n = out.numel();
   if (detail::backend_reduces(in.dtype())) {
     s->requests.push_back(detail::backend_ireduce_scatter(*c.handle, in.data_ptr(), out.data_ptr(), n,
                                                           in.dtype(), native(op)));
@@ -437,8 +614,7 @@ Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, CommReduc
 Work Communicator::all_to_all_async(const Tensor& in, Tensor& out) {
   const char* name = "all_to_all";
   const Impl& c = impl(name);
-  check_host(name, "input", in);
-  check_host(name, "output", out);
+  const Route rt = route(name, {{"input", &in}, {"output", &out}});
   check_dim0(name, in);
   check_same_dtype(name, in, out);
   MT_CHECK(in.size(0) % c.size == 0,
@@ -447,10 +623,19 @@ Work Communicator::all_to_all_async(const Tensor& in, Tensor& out) {
   MT_CHECK(out.shape() == in.shape(), "{}: output shape {} must equal input shape {}", name,
            out.shape(), in.shape());
   check_no_overlap(name, in, out);
+  const int64_t chunk = in.numel() / c.size;
+  if (rt.cuda) {
+    // Grouped send/recv: chunk j to and from rank j.
+    auto nc = nccl_comm(impl_, name, rt.device);
+    auto s = nccl_state(name, impl_, nc);
+    s->keep = {in, out};
+    const std::vector<int64_t> counts(static_cast<size_t>(c.size), chunk);
+    s->requests.push_back(detail::nccl_all_to_allv(nc, name, in.data_ptr(), counts, out.data_ptr(), counts, in.dtype()));
+    return Work(std::move(s));
+  }
   auto s = new_state(name, impl_);
   s->keep = {in, out};
-  s->requests.push_back(detail::backend_ialltoall(*c.handle, in.data_ptr(), out.data_ptr(),
-                                                  in.numel() / c.size, in.dtype()));
+  s->requests.push_back(detail::backend_ialltoall(*c.handle, in.data_ptr(), out.data_ptr(), chunk, in.dtype()));
   return Work(std::move(s));
 }
 
@@ -458,7 +643,7 @@ Work Communicator::all_to_allv_async(const Tensor& in, const std::vector<int64_t
                                      std::vector<int64_t> recv_counts) {
   const char* name = "all_to_allv";
   const Impl& c = impl(name);
-  check_host(name, "input", in);
+  const Route rt = route(name, {{"input", &in}});
   check_dim0(name, in);
   MT_CHECK(static_cast<int>(send_counts.size()) == c.size,
            "{}: {} send counts for a group of {} ranks ({})", name, send_counts.size(), c.size,
@@ -471,6 +656,7 @@ Work Communicator::all_to_allv_async(const Tensor& in, const std::vector<int64_t
   MT_CHECK(total == in.size(0), "{}: send counts sum to {} but input dim 0 is {} (shape {})", name,
            total, in.size(0), in.shape());
   if (recv_counts.empty()) {
+    // Over MPI, on the host, for CUDA tensors too.
     Tensor sc = from_vector<int64_t>(send_counts);
     Tensor rc = empty(Shape{c.size}, DType::kI64);
     auto s = new_state("all_to_allv (count exchange)", impl_);
@@ -491,7 +677,15 @@ Work Communicator::all_to_allv_async(const Tensor& in, const std::vector<int64_t
   std::vector<int64_t> se(send_counts), re(recv_counts);
   for (auto& v : se) v *= row;
   for (auto& v : re) v *= row;
-  Tensor out = empty(with_dim0(trailing(in), rows), in.dtype());
+  Tensor out = empty(with_dim0(trailing(in), rows), TensorOptions(in.dtype()).with_device(in.device()));
+  if (rt.cuda) {
+    auto nc = nccl_comm(impl_, name, rt.device);
+    auto s = nccl_state(name, impl_, nc);
+    s->keep = {in, out};
+    s->result = out;
+    s->requests.push_back(detail::nccl_all_to_allv(nc, name, in.data_ptr(), se, out.data_ptr(), re, in.dtype()));
+    return Work(std::move(s));
+  }
   auto s = new_state(name, impl_);
   s->keep = {in, out};
   s->result = out;
@@ -502,9 +696,16 @@ Work Communicator::all_to_allv_async(const Tensor& in, const std::vector<int64_t
 Work Communicator::broadcast_async(Tensor& t, int root) {
   const char* name = "broadcast";
   const Impl& c = impl(name);
-  check_host(name, "tensor", t);
+  const Route rt = route(name, {{"tensor", &t}});
   MT_CHECK(root >= 0 && root < c.size, "{}: root {} is not a rank of the {}-rank group {}", name,
            root, c.size, c.description);
+  if (rt.cuda) {
+    auto nc = nccl_comm(impl_, name, rt.device);
+    auto s = nccl_state(name, impl_, nc);
+    s->keep = {t};
+    s->requests.push_back(detail::nccl_broadcast(nc, name, t.data_ptr(), t.numel(), t.dtype(), root));
+    return Work(std::move(s));
+  }
   auto s = new_state(name, impl_);
   s->keep = {t};
   s->requests.push_back(detail::backend_ibcast(*c.handle, t.data_ptr(), t.numel(), t.dtype(), root));
@@ -514,10 +715,30 @@ Work Communicator::broadcast_async(Tensor& t, int root) {
 Work Communicator::send_async(const Tensor& t, int peer, int tag) {
   const char* name = "send";
   const Impl& c = impl(name);
-  check_host(name, "tensor", t);
+  const Route rt = route(name, {{"tensor", &t}});
   MT_CHECK(peer >= 0 && peer < c.size, "{}: peer {} is not a rank of the {}-rank group {}", name,
            peer, c.size, c.description);
   MT_CHECK(tag >= 0, "{}: tag must be non-negative, got {}", name, tag);
+  if (rt.cuda && peer == c.rank) {
+    // NCCL cannot send to itself outside a group: queue a device copy for the matching recv.
+    Tensor copy;
+    {
+      NoGradGuard no_grad;
+      cuda::DeviceGuard g(rt.device);
+      copy = t.detach().clone();
+    }
+    std::lock_guard<std::mutex> lock(c.self_mutex);
+    c.self_messages.emplace_back(tag, std::move(copy));
+    return Work();
+  }
+  if (rt.cuda) {
+    // NCCL has no tags: messages between two ranks match in the order they were posted.
+    auto nc = nccl_comm(impl_, name, rt.device);
+    auto s = nccl_state(name, impl_, nc);
+    s->keep = {t};
+    s->requests.push_back(detail::nccl_send(nc, name, t.data_ptr(), t.numel(), t.dtype(), peer));
+    return Work(std::move(s));
+  }
   auto s = new_state(name, impl_);
   s->keep = {t};
   s->requests.push_back(detail::backend_isend(*c.handle, t.data_ptr(), t.numel(), t.dtype(), peer, tag));
@@ -527,10 +748,23 @@ Work Communicator::send_async(const Tensor& t, int peer, int tag) {
 Work Communicator::recv_async(Tensor& t, int peer, int tag) {
   const char* name = "recv";
   const Impl& c = impl(name);
-  check_host(name, "tensor", t);
+  const Route rt = route(name, {{"tensor", &t}});
   MT_CHECK(peer >= 0 && peer < c.size, "{}: peer {} is not a rank of the {}-rank group {}", name,
            peer, c.size, c.description);
   MT_CHECK(tag >= 0, "{}: tag must be non-negative, got {}", name, tag);
+  if (rt.cuda && peer == c.rank) {
+    auto s = new_state(name, impl_);
+    s->keep = {t};
+    s->requests.push_back(std::make_unique<CudaSelfRecv>(impl_, t, tag));
+    return Work(std::move(s));
+  }
+  if (rt.cuda) {
+    auto nc = nccl_comm(impl_, name, rt.device);
+    auto s = nccl_state(name, impl_, nc);
+    s->keep = {t};
+    s->requests.push_back(detail::nccl_recv(nc, name, t.data_ptr(), t.numel(), t.dtype(), peer));
+    return Work(std::move(s));
+  }
   auto s = new_state(name, impl_);
   s->keep = {t};
   s->requests.push_back(detail::backend_irecv(*c.handle, t.data_ptr(), t.numel(), t.dtype(), peer, tag));
@@ -538,6 +772,7 @@ Work Communicator::recv_async(Tensor& t, int peer, int tag) {
 }
 
 Work Communicator::barrier_async() {
+  // Over MPI: a barrier of host threads. CUDA work already queued is not waited for.
   const char* name = "barrier";
   const Impl& c = impl(name);
   auto s = new_state(name, impl_);

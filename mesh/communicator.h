@@ -1,14 +1,20 @@
 // Collectives over one group of ranks (a communicator of a DeviceMesh dimension or of several
-// flattened dimensions). Host tensors go over MPI; CUDA tensors will go over NCCL once the CUDA
-// backend exists. Every collective is asynchronous underneath: `x_async` returns a Work handle,
-// and `x` is `x_async(...).wait()`. A wait that exceeds collective_timeout() ends the whole job
-// with an error naming the collective, the group and this rank (abort_job): a dead or hung peer
-// never leaves the others waiting forever.
+// flattened dimensions). Host tensors go over MPI; CUDA tensors go over NCCL (a build with NCCL:
+// the group's NCCL communicator is created on its first CUDA collective, the unique id broadcast
+// over MPI, on the tensors' device, one GPU per rank). Every collective is asynchronous
+// underneath: `x_async` returns a Work handle, and `x` is `x_async(...).wait()`. A wait that
+// exceeds collective_timeout() ends the whole job with an error naming the collective, the group
+// and this rank (abort_job; NCCL communicators are aborted first): a dead or hung peer never
+// leaves the others waiting forever.
 //
-// Rules: tensors are contiguous host tensors of any dtype; outputs have the input's dtype and
-// the shape the collective defines (errors name the collective, shapes and group size). bf16 and
-// f16 reductions gather the inputs and reduce them in f32 in rank order 0..size-1, rounding once:
-// every rank gets the same bits, run after run.
+// Rules: tensors are contiguous, of any dtype, all on the host or all on one CUDA device (a mix
+// is an error naming both); outputs have the input's dtype and device and the shape the
+// collective defines (errors name the collective, shapes and group size). Host bf16 and f16
+// reductions gather the inputs and reduce them in f32 in rank order 0..size-1, rounding once;
+// NCCL reduces them natively. Either way every rank gets the same bits.
+// CUDA tensors: the collective runs on a communication stream ordered after the work queued on
+// the calling thread's current stream; wait() returns once it completed on the GPU. NCCL has no
+// tags: send/recv between two ranks match in posting order (a rank's send to itself is a copy).
 #pragma once
 
 #include <chrono>

@@ -12,6 +12,7 @@
 #include "models/config.h"
 #include "models/llama.h"
 #include "optim/adamw.h"
+#include "plan/grad_reducer.h"
 #include "plan/grad_sync.h"
 #include "plan/parallelize.h"
 #include "runtime/error.h"
@@ -56,8 +57,20 @@ Batch batch(int s, int64_t B, int64_t T, int64_t V) {
   return {t.narrow(1, 0, T).contiguous(), t.narrow(1, 1, T).contiguous()};
 }
 
+struct RunStats {
+  int64_t collectives_per_step = 0;
+};
+
+// Trains `steps` AdamW steps; with a plan, gradients are reduced by a GradReducer (fused buckets
+// unless `fuse` is false) and its collectives per step are reported in `rs`.
 std::vector<double> train(CausalLM& model, const Parallelized* par, const DeviceMesh* mesh, int steps, int64_t B,
-                          int64_t T) {
+                          int64_t T, bool fuse = true, RunStats* rs = nullptr) {
+  std::unique_ptr<GradReducer> reducer;
+  if (par) {
+    GradReducerOptions o;
+    o.fuse = fuse;
+    reducer = std::make_unique<GradReducer>(model, *mesh, o);
+  }
   AdamW opt(make_param_groups(model.named_parameters(), 0.01), AdamWOptions{});
   manual_seed(99);  // dropout stream, the same for both runs
   std::vector<double> losses;
@@ -72,7 +85,10 @@ std::vector<double> train(CausalLM& model, const Parallelized* par, const Device
     }
     Tensor loss = model.loss(ids, tg);
     loss.backward();
-    if (par) sync_gradients(model);
+    if (reducer) {
+      reducer->finish();
+      if (rs && s == steps - 1) rs->collectives_per_step = reducer->stats().collectives;  // of this step
+    }
     opt.step();
     opt.zero_grad();
     losses.push_back(par ? full_tensor(loss).item() : loss.item());
@@ -106,16 +122,69 @@ TEST_CASE("parity: every stock plan trains like one device", "[mpi]") {
       std::vector<double> want = train(*ref, nullptr, nullptr, steps, B, T);
       auto model = build(cfg, true);
       Parallelized par = parallelize(*model, plan, mesh);
-      std::vector<double> got = train(*model, &par, &mesh, steps, B, T);
+      RunStats fused, unfused;
+      std::vector<double> got = train(*model, &par, &mesh, steps, B, T, true, &fused);
+      if (!uneven) {  // the same run with one collective per tensor and mesh dim: same losses
+        auto model2 = build(cfg, true);
+        Parallelized par2 = parallelize(*model2, plan, mesh);
+        std::vector<double> got2 = train(*model2, &par2, &mesh, 3, B, T, false, &unfused);
+        for (int s = 0; s < 3; ++s) REQUIRE(std::abs(got2[s] - want[s]) <= 1e-5);
+      }
       double worst = 0;
       for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got[s] - want[s]));
       if (mt::world().rank() == 0)
-        fmt::print("parity {:<12} np {} {:<7} max |loss diff| over {} steps: {:.2e}\n", name, world,
-                   uneven ? "uneven" : "even", steps, worst);
+        fmt::print("parity {:<12} np {} {:<7} max |loss diff| over {} steps: {:.2e}; gradient collectives per "
+                   "step: {} fused{}\n", name, world, uneven ? "uneven" : "even", steps, worst,
+                   fused.collectives_per_step,
+                   uneven ? std::string() : fmt::format(", {} unfused", unfused.collectives_per_step));
       for (int s = 0; s < steps; ++s) {
         INFO("step " << s);
         REQUIRE(std::abs(got[s] - want[s]) <= 1e-5);
       }
     }
+  }
+}
+
+TEST_CASE("parity: one backward gives the single-device gradients under every stock plan", "[mpi]") {
+  const int64_t world = mt::world().size();
+  for (const std::string name : {"llama_dp", "llama_tp", "llama_tp_sp", "llama_dp_tp", "llama_zero3"}) {
+    Plan plan = load_plan(plans_dir() + "/" + name + ".plan");
+    PlanMesh pm;
+    try {
+      pm = plan.resolve_mesh(world);
+    } catch (const Error&) {
+      continue;
+    }
+    INFO(name << " on " << world << " ranks");
+    DeviceMesh mesh(pm.shape, pm.names);
+    ModelConfig cfg = config_for(name, true);
+    cfg.attention_dropout = cfg.residual_dropout = 0;
+    const int64_t B = 2 * world + 1, T = 8;
+    Batch b = batch(0, B, T, cfg.vocab_size);
+    auto ref = build(cfg, false);
+    ref->loss(b.ids, b.targets).backward();
+    auto model = build(cfg, true);
+    Parallelized par = parallelize(*model, plan, mesh);
+    GradReducer reducer(*model, mesh);
+    Placements ps = par.input_placements("model");
+    model->loss(distribute_tensor(b.ids, mesh, ps), distribute_tensor(b.targets, mesh, ps)).backward();
+    reducer.finish();
+    auto gp = model->named_parameters(), wp = ref->named_parameters();
+    REQUIRE(gp.size() == wp.size());
+    double worst = 0;
+    for (size_t i = 0; i < gp.size(); ++i) {
+      INFO(gp[i].first);
+      Tensor g = full_tensor(gp[i].second.grad());
+      std::vector<double> want_g = wp[i].second.grad().to_vector<double>(), got_g = g.to_vector<double>();
+      double max_abs = 0, diff = 0;
+      for (size_t j = 0; j < want_g.size(); ++j) {
+        max_abs = std::max(max_abs, std::abs(want_g[j]));
+        diff = std::max(diff, std::abs(want_g[j] - got_g[j]));
+      }
+      worst = std::max(worst, diff / std::max(max_abs, 1e-30));
+      REQUIRE(diff <= 1e-5 * max_abs);
+    }
+    if (mt::world().rank() == 0)
+      fmt::print("gradients {:<12} np {} worst |diff| / max|g| over parameters: {:.2e}\n", name, world, worst);
   }
 }

@@ -21,12 +21,13 @@ namespace {
 
 bool is_16bit(DType t) { return t == DType::kBF16 || t == DType::kF16; }
 
-// The dtype a product of a and b computes in (f32 or f64); throws for integral operands.
+// The dtype a product of a and b computes in: f32 or f64 on the CPU (16-bit inputs are widened);
+// on CUDA 16-bit inputs go to cuBLASLt as they are (f32 accumulation). Throws for integers.
 DType compute_dtype(const Tensor& a, const Tensor& b, const char* op) {
   MT_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()),
            "{}: integer tensors are not supported (floating types only), got {} and {}", op, a.desc(), b.desc());
   DType t = promote(a.dtype(), b.dtype());
-  return is_16bit(t) ? DType::kF32 : t;
+  return is_16bit(t) && !a.device().is_cuda() ? DType::kF32 : t;
 }
 
 // True when the matrices of v (its last two dims) can be mapped by the GEMM kernel as they are:
@@ -176,7 +177,7 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
   MT_CHECK(is_floating(x0.dtype()) && is_floating(w0.dtype()) && (!has_bias || is_floating(bias0.dtype())),
            "linear: integer tensors are not supported (floating types only), got x {}, weight {}, bias {}",
            x0.desc(), w0.desc(), bias0);
-  const DType ct = is_16bit(result) ? DType::kF32 : result;
+  const DType ct = is_16bit(result) && !x0.device().is_cuda() ? DType::kF32 : result;
   Tensor x = x0.to(ct), w = w0.to(ct), bias = has_bias ? bias0.to(ct) : Tensor();
   Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, in_f});  // [rows, in]
   Tensor out;

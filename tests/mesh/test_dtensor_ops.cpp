@@ -254,6 +254,18 @@ TEST_CASE("dtensor ops: random numbers equal the single-device tensor", "[mpi]")
     Tensor b = dropout(distribute_tensor(x, m, P(ps)), 0.3, &g2);
     REQUIRE(full_tensor(b).to_vector<float>() == a.to_vector<float>());
   }
+  if (world().size() == 4) {  // 2-D mesh, uneven and interleaved
+    for (const char* ps : {"S(0), S(1)", "S(1), S(1)", "R, IS(1,3)", "S(0), R", "IS(1,2), S(0)"}) {
+      INFO(ps);
+      Generator g1(6), g2(6);
+      Tensor ref = empty({5, 6}, DType::kF32);
+      normal_(ref, 0, 1, &g1);
+      Tensor d = distribute_tensor(zeros({5, 6}, DType::kF32), mesh_2d(), P(ps));
+      normal_(d, 0, 1, &g2);
+      REQUIRE(g1.offset() == g2.offset());
+      REQUIRE(full_tensor(d).to_vector<float>() == ref.to_vector<float>());
+    }
+  }
   Tensor p = distribute_tensor(zeros({4}), m, P("P"));
   REQUIRE_THROWS_WITH(uniform_(p, 0, 1), Contains("Partial"));
 }

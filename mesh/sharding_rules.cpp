@@ -491,9 +491,35 @@ bool rule_attention(DimCtx& c) {
   return true;
 }
 
+// index_add / scatter_add (args[1] = 1) are linear in the updated tensor and the source:
+// Partial(sum) sources (and targets) give a Partial result, Replicate ones added by one rank.
+bool rule_scatter_partial(DimCtx& c) {
+  const int ro = c.out_shapes[0].size();
+  for (size_t i = 0; i < c.in.size(); ++i) {
+    if (!c.has(i)) continue;
+    const Placement& q = c.p(i);
+    const bool data = c.rank(i) == ro && i != 1;  // input 1 is the index
+    if (!data) {
+      if (!q.is_replicate()) return c.fail(fmt::format("the index {} must be Replicate", pname(c, i)));
+      continue;
+    }
+    if (q.is_replicate()) {
+      c.root_only |= 1u << i;
+    } else if (!is_psum(q)) {
+      return c.fail(fmt::format("{}: with a Partial input, the others must be Partial(sum) or Replicate",
+                                pname(c, i)));
+    }
+  }
+  c.set_all(Placement::partial(PartialOp::kSum));
+  return true;
+}
+
 bool rule_gather_like(DimCtx& c) {
   const int dim = static_cast<int>(c.op.args[0]);
   const int ro = c.out_shapes[0].size();
+  if (c.op.args[1] == 1)
+    for (size_t i = 0; i < c.in.size(); ++i)
+      if (c.has(i) && c.p(i).is_partial()) return rule_scatter_partial(c);
   const Placement* common = nullptr;
   size_t first = 0;
   for (size_t i = 0; i < c.in.size(); ++i) {

@@ -90,10 +90,11 @@ Placements resolve_param(const DimSlots& slots, const ParamState& p, const PlanM
       MT_CHECK(d.owner < mesh.shape[i], "{}: {} of parameter {}: mesh dim '{}' has {} coordinates; expected "
                "owner(K) with K < {}",
                d.loc.str(), d.str(), p.path, d.dim, mesh.shape[i], mesh.shape[i]);
-      MT_CHECK(p.shape.size() >= 1, "{}: {} cannot own the 0-dim parameter {}", d.loc.str(), d.str(), p.path);
+      MT_CHECK(d.owner_dim < p.shape.size(), "{}: {} needs tensor dim {} but parameter {} has shape {}", d.loc.str(),
+               d.str(), d.owner_dim, p.path, p.shape);
       std::vector<int64_t> units(static_cast<size_t>(mesh.shape[i]), 0);
       units[static_cast<size_t>(d.owner)] = 1;
-      ps[i] = Placement::ragged_shard(0, units, std::max<int64_t>(p.shape[0], 1));
+      ps[i] = Placement::ragged_shard(d.owner_dim, units, std::max<int64_t>(p.shape[d.owner_dim], 1));
       continue;
     }
     const Placement& pl = d.placement;

@@ -91,10 +91,20 @@ DimPlacement parse_dim_placement(const std::string& text, const PlanLoc& loc) {
   d.loc = loc;
   std::string p = text.substr(eq + 1);
   if (p.rfind("owner(", 0) == 0 && p.back() == ')') {
-    std::string k = p.substr(6, p.size() - 7);
-    bool digits = !k.empty() && k.find_first_not_of("0123456789") == std::string::npos;
-    MT_CHECK(digits, "{}: '{}': owner(K) needs a mesh coordinate K >= 0, e.g. ep=owner(1)", loc.str(), text);
+    std::string k = p.substr(6, p.size() - 7), dim;
+    if (size_t comma = k.find(','); comma != std::string::npos) {
+      dim = k.substr(comma + 1);
+      k = k.substr(0, comma);
+    }
+    auto digits = [](const std::string& s) {
+      return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+    };
+    MT_CHECK(digits(k) && (dim.empty() || digits(dim)),
+             "{}: '{}': owner(K) or owner(K,D) needs a mesh coordinate K >= 0 (and a tensor dim D), e.g. "
+             "ep=owner(1) or ep=owner(1,1)",
+             loc.str(), text);
     d.owner = std::stoll(k);
+    if (!dim.empty()) d.owner_dim = static_cast<int>(std::stoll(dim));
     return d;
   }
   try {
@@ -136,7 +146,8 @@ std::string PlanLoc::str() const {
 }
 
 std::string DimPlacement::placement_str() const {
-  return owner >= 0 ? fmt::format("owner({})", owner) : placement.str();
+  if (owner >= 0) return owner_dim ? fmt::format("owner({},{})", owner, owner_dim) : fmt::format("owner({})", owner);
+  return placement.str();
 }
 
 int PlanMesh::dim_index(const std::string& name) const {
@@ -320,7 +331,7 @@ Plan& Plan::add_typed(PlanPhase phase, const std::string& module_re, const std::
   e.module_re = module_re;
   e.tensor = tensor;
   e.loc = e.module_loc = e.tensor_loc = next_builder_loc();
-  for (const auto& [dim, p] : how) e.how.push_back({dim, p, -1, e.loc});
+  for (const auto& [dim, p] : how) e.how.push_back({dim, p, -1, 0, e.loc});
   add_entry(std::move(e));
   return *this;
 }

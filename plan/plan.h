@@ -27,13 +27,16 @@ struct PlanLoc {
   std::string str() const;
 };
 
-// A placement on one named mesh dim: `tp=S(0)`. `owner(k)` is plan sugar for "the whole tensor
-// lives on coordinate k of this dim" (RS(0,[0,..,1,..,0],b<rows>), resolved against the tensor
-// shape when lowering), used for expert parallelism over separate expert modules.
+// A placement on one named mesh dim: `tp=S(0)`. `owner(k)` / `owner(k,d)` is plan sugar for "the
+// whole tensor lives on coordinate k of this dim", as a ragged split of tensor dim d (default 0):
+// RS(d,[0,..,1,..,0],b<size of d>), resolved against the tensor shape when lowering. Used for
+// expert parallelism over separate expert modules; the dim matters for compute (a down
+// projection owned along its input dim makes the product a Partial sum over the owners).
 struct DimPlacement {
   std::string dim;
   Placement placement;
   int64_t owner = -1;  // >= 0: owner(k)
+  int owner_dim = 0;   // owner(k, d)
   PlanLoc loc;
   std::string placement_str() const;  // "S(0)" or "owner(1)"
   std::string str() const { return dim + "=" + placement_str(); }

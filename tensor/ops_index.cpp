@@ -74,9 +74,11 @@ Tensor pad_to(Tensor t, const Shape& shape) {
 namespace {
 // Gather-like ops on DTensors: inputs of the output's rank share its placements, the others are
 // Replicate, and dim `dim` is not split.
-Tensor dist_gather_like(const char* op, int dim, const std::vector<Tensor>& in, DistLocalFn local) {
+Tensor dist_gather_like(const char* op, int dim, const std::vector<Tensor>& in, DistLocalFn local,
+                        bool linear = false) {
   DistOp d{op, DistRule::kGatherLike};
   d.args[0] = dim;
+  d.args[1] = linear;  // index_add / scatter_add: Partial sources allowed
   return dist_dispatch1(d, in, local);
 }
 }  // namespace
@@ -117,7 +119,7 @@ Tensor index_add(const Tensor& x0, int64_t dim, const Tensor& index, const Tenso
   check_at_least_1d(x0, op);
   if (any_dist(x0, index, src0)) [[unlikely]]
     return dist_gather_like(op, wrap_dim(dim, x0.dim(), op), {x0, index, src0},
-                            MT_DIST_LOCAL(index_add(l[0], dim, l[1], l[2], alpha)));
+                            MT_DIST_LOCAL(index_add(l[0], dim, l[1], l[2], alpha)), true);
   check_index_dtype(index, op);
   check_same_device(x0, index, op);
   check_same_device(x0, src0, op);
@@ -192,7 +194,7 @@ Tensor scatter_add(const Tensor& x0, int64_t dim, const Tensor& index, const Ten
   check_at_least_1d(x0, op);
   if (any_dist(x0, index, src0)) [[unlikely]]
     return dist_gather_like(op, wrap_dim(dim, x0.dim(), op), {x0, index, src0},
-                            MT_DIST_LOCAL(scatter_add(l[0], dim, l[1], l[2])));
+                            MT_DIST_LOCAL(scatter_add(l[0], dim, l[1], l[2])), true);
   check_index_dtype(index, op);
   check_same_device(x0, index, op);
   check_same_device(x0, src0, op);

@@ -13,11 +13,7 @@
 #include <limits>
 #include <vector>
 
-#if __has_include(<cuda_runtime.h>)
-#include <cuda_runtime.h>
-#define MT_TEST_HAVE_CUDA_RUNTIME 1
-#endif
-
+#include "cuda_testing.h"
 #include "testing.h"
 
 using namespace mt;
@@ -26,22 +22,8 @@ using mt::testing::rand;
 
 namespace {
 
-// TODO(cuda harness): swap for require_cuda() from tests/cuda/cuda_testing.h once it lands.
-bool have_gpu() {
-#ifdef MT_TEST_HAVE_CUDA_RUNTIME
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  return false;
-#endif
-}
-void require_gpu() {
-  if (!have_gpu()) {
-    std::printf("no CUDA device: skipping\n");
-    std::fflush(stdout);
-    std::exit(77);
-  }
-}
+// Skips the binary (exit 77, meson SKIP) when no GPU is visible: the harness's check.
+void require_gpu() { mt::testing::require_cuda(); }
 
 struct Tol {
   double rtol, atol;

@@ -136,6 +136,19 @@ cmp -s "$WORK/rfull/step-00000005/model.safetensors" "$WORK/rpart/step-00000005/
 "$BIN" $TRAIN --dropout 0.1 --metrics "$WORK/rd1.jsonl" >/dev/null || fail "single-device dropout train"
 r=$(losses_close "$WORK/rd1.jsonl" "$WORK/rf.jsonl" 2>&1) && pass "llama_zero3 with dropout 0.1: $r" || fail "dropout parity: $r"
 
+# ---- accumulation under a plan; a single-device checkpoint resumed under another plan --------------------
+A="train --batch 2 --accum 2 --seq 16 --steps 4 --warmup 1"
+"$BIN" $A --metrics "$WORK/a1.jsonl" --checkpoint-dir "$WORK/a1" --stop-at 2 >/dev/null || fail "accum train exit"
+"$BIN" $A --metrics "$WORK/a1.jsonl" --checkpoint-dir "$WORK/a1" --resume >/dev/null || fail "accum resume exit"
+mpi 2 "$BIN" $A --plan "$PLANS/llama_dp.plan" --metrics "$WORK/a2.jsonl" >/dev/null 2>&1 || fail "accum train (dp) exit"
+r=$(losses_close "$WORK/a1.jsonl" "$WORK/a2.jsonl" 2>&1) && pass "llama_dp --accum 2: $r" || fail "accum under a plan: $r"
+rm -rf "$WORK/a3"; mkdir -p "$WORK/a3"; cp -r "$WORK/a1/step-00000002" "$WORK/a3/"; echo step-00000002 >"$WORK/a3/latest"
+head -n 2 "$WORK/a1.jsonl" >"$WORK/a3.jsonl"
+mpi 2 "$BIN" $A --plan "$PLANS/llama_tp.plan" --metrics "$WORK/a3.jsonl" --checkpoint-dir "$WORK/a3" --resume >/dev/null 2>&1 || fail "tp resume exit"
+
+r=$(losses_close "$WORK/a1.jsonl" "$WORK/a3.jsonl" 2>&1) && pass "single-device checkpoint resumed under llama_tp: $r" \
+  || fail "cross-plan resume: $r"
+
 # ---- errors: one line naming the file, non-zero exit on every rank, no hang ----------------------------
 expect_error "missing plan file" "$WORK/nope.plan" -- mpi 2 "$BIN" eval --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --plan "$WORK/nope.plan"
 printf 'mesh dp=*\nplace model <in>:0 dp=Q(0)\n' >"$WORK/bad.plan"

@@ -2,6 +2,10 @@
 //   eval --hf DIR --tokens FILE               prints {"loss": L} as the last stdout line
 //   grad --hf DIR --tokens FILE --out G       also writes every parameter's gradient (f32, HF names)
 //   init --config NAME_OR_JSON --seed S --out DIR   writes freshly initialized weights
+// With --plan P (under mpirun -np N) the model is parallelized by the plan: the checkpoint is
+// loaded whole and sliced to each rank's shards (init: built on meta, each rank initializing its
+// shards), the batch placed with the plan's input placements, and rank 0 prints/writes the same
+// outputs as one device (full tensors, gathered by every rank).
 // FILE holds one sequence per line of T+1 comma-separated ids: inputs are the first T, targets
 // the last T, and the loss is the mean cross-entropy over all targets (no auxiliary losses).
 #include <fmt/format.h>
@@ -11,10 +15,12 @@
 #include "models/hf_config.h"
 #include "models/llama.h"
 #include "models/safetensors.h"
+#include "plan/grad_sync.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/parallel.h"
 
 namespace mt::cli {
 namespace {
@@ -23,6 +29,12 @@ const std::vector<FlagSpec> kEvalFlags = {
     {"hf", "Hugging Face checkpoint directory (config.json + model.safetensors[.index.json])", "", false},
     {"tokens", "text file: one sequence of T+1 comma-separated token ids per line", "", false},
     {"out", "where grad writes the gradients (safetensors, f32, HF names)", "", false},
+    {"plan", "parallelize with this plan file over the mpirun world (docs/cli.md, --plan)", "", false},
+};
+
+struct Parallel {
+  PlanContext ctx;
+  std::unique_ptr<Parallelized> par;
 };
 
 struct Batch {
@@ -37,8 +49,10 @@ Batch read_batch(const std::string& path, int64_t vocab) {
   return {all.narrow(1, 0, rows.cols - 1).contiguous(), all.narrow(1, 1, rows.cols - 1).contiguous()};
 }
 
-// Loads the checkpoint in f32 and returns the model with its mean cross-entropy on the file.
-std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const Args& args) {
+// Loads the checkpoint in f32 and returns the model with its mean cross-entropy on the file. With
+// --plan (`parallel` set), the loaded model is parallelized (each rank keeps its shards) and the
+// loss is a replicated DTensor.
+std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const Args& args, Parallel* parallel) {
   const std::string dir = args.required("hf"), tokens = args.required("tokens");
   HfCheckpoint ck = read_hf_checkpoint(dir);
   Batch batch = read_batch(tokens, ck.config.vocab_size);
@@ -49,19 +63,34 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const Args& args) {
   }
   load_into_module(*model, ck);
   model->eval();
+  if (parallel) {
+    parallel->par = std::make_unique<Parallelized>(parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh));
+    batch.inputs = place_input(batch.inputs, *parallel->par, parallel->ctx);
+    batch.targets = place_input(batch.targets, *parallel->par, parallel->ctx);
+  }
   Tensor logits = (*model)(std::vector<Tensor>{batch.inputs})[0];
   Tensor loss = cross_entropy(logits.to(DType::kF32), batch.targets);
   return {model, loss};
 }
 
-void print_loss(const Tensor& loss) { fmt::print("{{\"loss\": {:.9g}}}\n", loss.item()); }
+void print_loss(const Tensor& loss) { fmt::print("{{\"loss\": {:.9g}}}\n", scalar_value(loss)); }
+
+// --plan: reads the plan (every rank) and silences stdout on ranks other than 0.
+std::unique_ptr<Parallel> parallel_from(const Args& args) {
+  if (args.str("plan").empty()) return nullptr;
+  auto p = std::make_unique<Parallel>();
+  p->ctx = load_plan_context(args.str("plan"));
+  quiet_non_root(p->ctx);
+  return p;
+}
 
 }  // namespace
 
 int run_eval(int argc, char** argv) {
   Args args("eval", kEvalFlags, argc, argv, 2);
   NoGradGuard no_grad;
-  auto [model, loss] = model_loss(args);
+  auto parallel = parallel_from(args);
+  auto [model, loss] = model_loss(args, parallel.get());
   print_loss(loss);
   return 0;
 }
@@ -69,17 +98,22 @@ int run_eval(int argc, char** argv) {
 int run_grad(int argc, char** argv) {
   Args args("grad", kEvalFlags, argc, argv, 2);
   const std::string out = args.required("out");
-  auto [model, loss] = model_loss(args);
+  auto parallel = parallel_from(args);
+  auto [model, loss] = model_loss(args, parallel.get());
   loss.backward();
+  // --plan: Partial gradients (data-parallel terms) reduced to the parameters' placements.
+  if (parallel) sync_gradients(*model);
   // The model's own parameters (not hf_state's detached export views, which carry no grad).
   // Their paths are the HF names; tied models have no lm_head parameter. A parameter that got no
   // gradient (an expert no token was routed to) contributes zeros, as in transformers.
   std::vector<std::pair<std::string, Tensor>> grads;
   for (auto& [name, p] : model->named_parameters()) {
     Tensor g = p.grad().defined() ? p.grad() : zeros(p.shape(), p.options());
-    grads.emplace_back(name, g.to(DType::kF32));
+    grads.emplace_back(name, g);
   }
-  write_safetensors(out, grads);
+  if (parallel) grads = full_tensors(grads);  // collective: every rank
+  for (auto& [name, g] : grads) g = g.to(DType::kF32);
+  if (!parallel || parallel->ctx.is_root()) write_safetensors(out, grads);
   print_loss(loss);
   return 0;
 }
@@ -88,16 +122,29 @@ int run_init(int argc, char** argv) {
   Args args("init", {{"config", "built-in name, config.json, or a directory holding one", "", false},
                      {"seed", "random seed", "0", false},
                      {"out", "output directory for config.json + model.safetensors", "", false},
-                     {"dtype", "f32, bf16 or f16 on disk", "f32", false}},
+                     {"dtype", "f32, bf16 or f16 on disk", "f32", false},
+                     {"plan", "initialize shard-wise under this plan over the mpirun world; rank 0 writes", "", false}},
             argc, argv, 2);
   ModelConfig cfg = resolve_config(args.required("config"));
   const std::string out = args.required("out");
   std::string dt = args.str("dtype");
   MT_CHECK(dt == "f32" || dt == "bf16" || dt == "f16", "meshtrain init: --dtype must be f32, bf16 or f16, got '{}'", dt);
   DType dtype = dt == "f32" ? DType::kF32 : dt == "bf16" ? DType::kBF16 : DType::kF16;
+  auto parallel = parallel_from(args);
   manual_seed(static_cast<uint64_t>(args.integer("seed")));
-  auto model = build_causal_lm(cfg);
-  write_hf_checkpoint(out, cfg, hf_state(*model, cfg), dtype);
+  std::shared_ptr<CausalLM> model;
+  if (!parallel) {
+    model = build_causal_lm(cfg);
+    write_hf_checkpoint(out, cfg, hf_state(*model, cfg), dtype);
+  } else {
+    {
+      InitDeviceGuard meta(Device::meta());  // each rank fills only its shards (parallelize)
+      model = build_causal_lm(cfg);
+    }
+    Parallelized par = parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh);
+    auto full = full_tensors(hf_state(*model, cfg));  // collective: every rank
+    if (parallel->ctx.is_root()) write_hf_checkpoint(out, cfg, full, dtype);
+  }
   fmt::print("{{\"out\": \"{}\", \"parameters\": {}}}\n", out, cfg.num_parameters());
   return 0;
 }

@@ -1,6 +1,10 @@
 // `meshtrain train`: trains a causal LM (llama-tiny on the embedded corpus by default) with AdamW,
 // warmup + cosine learning rate, gradient clipping, gradient accumulation, f32 or bf16 (with f32
 // master weights), checkpoints and exact resume. One line per step on stdout plus JSONL metrics.
+// With --plan P under mpirun the model is parallelized by the plan (docs/cli.md, "--plan"): every
+// rank reads the same global batch and keeps its shard of it, gradients are reduced by the fused
+// GradReducer, AdamW and clipping work on the shards, and rank 0 prints, logs and writes full
+// checkpoints (which resume under any plan, or none).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,11 +20,13 @@
 #include "optim/clip.h"
 #include "optim/master_weights.h"
 #include "optim/schedule.h"
+#include "plan/grad_reducer.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/parallel.h"
 #include "tools/cli/train_state.h"
 
 namespace mt::cli {
@@ -50,6 +56,9 @@ const std::vector<FlagSpec> kTrainFlags = {
     {"resume", "continue from the latest checkpoint in --checkpoint-dir", "", true},
     {"metrics", "JSONL metrics file (empty: none)", "metrics.jsonl", false},
     {"log-every", "print every N steps", "1", false},
+    {"plan", "parallelize with this plan file over the mpirun world (docs/cli.md, --plan)", "", false},
+    {"no-fuse", "with --plan: one collective per gradient and mesh dim instead of fused buckets", "", true},
+    {"bucket-mb", "with --plan: gradient bucket size in MiB", "25", false},
 };
 
 // GFLOP/s of a 512^3 f32 GEMM on this machine: the peak the MFU estimate is relative to.
@@ -109,6 +118,14 @@ int run_train(int argc, char** argv) {
   const std::string ckpt_dir = args.str("checkpoint-dir");
   const bool resume = args.flag("resume");
   MT_CHECK(!resume || !ckpt_dir.empty(), "meshtrain train: --resume needs --checkpoint-dir");
+  std::unique_ptr<PlanContext> plan;
+  if (!args.str("plan").empty()) {
+    plan = std::make_unique<PlanContext>(load_plan_context(args.str("plan")));
+    quiet_non_root(*plan);
+    MT_CHECK(compute == DType::kF32, "meshtrain train: --precision {} with --plan {} is not supported (f32 only)",
+             args.str("precision"), plan->path);
+  }
+  const bool root = !plan || plan->is_root();
 
   // Model and weights.
   LoadedCheckpoint loaded;
@@ -139,10 +156,25 @@ int run_train(int argc, char** argv) {
     ck.config = cfg;
     ck.tensors = resume ? std::move(loaded.model) : std::move(start_weights.tensors);
     load_into_module(*model, ck);
+  } else if (plan) {
+    InitDeviceGuard meta(Device::meta());  // parallelize() fills each rank's shards
+    model = build_causal_lm(cfg);
   } else {
     model = build_causal_lm(cfg);
   }
   model->train();
+  // --plan: loaded weights are sliced to the shards, meta ones initialized shard-wise (equal to the
+  // single-device init). The reducer hooks every parameter.
+  std::unique_ptr<Parallelized> par;
+  std::unique_ptr<GradReducer> reducer;
+  if (plan) {
+    par = std::make_unique<Parallelized>(parallelize(*model, plan->plan, *plan->mesh));
+    GradReducerOptions ro;
+    ro.fuse = !args.flag("no-fuse");
+    MT_CHECK(args.real("bucket-mb") > 0, "meshtrain train: --bucket-mb must be positive");
+    ro.bucket_bytes = static_cast<int64_t>(args.real("bucket-mb") * (1 << 20));
+    reducer = std::make_unique<GradReducer>(*model, *plan->mesh, ro);
+  }
 
   // Data.
   std::vector<int32_t> tokens = args.str("data").empty() ? embedded_corpus_tokens() : read_token_file(args.str("data"));
@@ -171,7 +203,8 @@ int run_train(int argc, char** argv) {
   LrSchedule sched{args.real("lr"), args.real("min-lr"), std::min(args.integer("warmup"), steps), steps};
   int64_t start = 0;
   if (resume) {
-    opt.load_state_dict(loaded.optimizer);
+    // Checkpoints hold full tensors: with --plan, each rank takes its shards of the moments.
+    opt.load_state_dict(plan ? shard_like(loaded.optimizer, opt.state_dict()) : loaded.optimizer);
     loader.set_position(loaded.state.data_position);
     default_generator().set_offset(loaded.state.rng_offset);
     start = loaded.state.step;
@@ -180,7 +213,7 @@ int run_train(int argc, char** argv) {
   master.master_to_model();
 
   std::unique_ptr<std::ofstream> metrics;
-  if (!args.str("metrics").empty()) {
+  if (!args.str("metrics").empty() && root) {
     metrics = std::make_unique<std::ofstream>(args.str("metrics"), start > 0 ? std::ios::app : std::ios::trunc);
     MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file {}", args.str("metrics"));
   }
@@ -189,12 +222,21 @@ int run_train(int argc, char** argv) {
              "precision {}\n",
              cfg.model_type, static_cast<double>(cfg.num_parameters()) / 1e6, tokens.size(), unigram_entropy(tokens),
              batch, seq, accum, steps, args.str("precision"));
+  if (plan)
+    fmt::print("plan {} on {} ranks: mesh {}, input placements {}, gradient reduction {}\n", plan->path, plan->world,
+               plan->plan_mesh.str(), placements_on(par->input_placements("model"), plan->plan_mesh),
+               args.flag("no-fuse") ? "unfused" : "fused buckets");
 
   auto save = [&](int64_t done) {
     if (ckpt_dir.empty()) return;
     TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum};
-    std::string where = save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s);
-    fmt::print("checkpoint {}\n", where);
+    if (!plan) {
+      fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s));
+      return;
+    }
+    // Full tensors, gathered by every rank (collective); rank 0 writes.
+    NamedTensors weights = full_tensors(master.master_params()), moments = full_tensors(opt.state_dict());
+    if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s));
   };
 
   for (int64_t step = start; step < stop_at; ++step) {
@@ -203,10 +245,16 @@ int run_train(int argc, char** argv) {
     double loss_sum = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       auto [inputs, targets] = loader.next();
+      if (plan) {
+        inputs = place_input(inputs, *par, *plan);
+        targets = place_input(targets, *par, *plan);
+        reducer->set_sync(micro + 1 == accum);  // reduce once per optimizer step
+      }
       Tensor loss = model->loss(inputs, targets);
-      loss_sum += loss.item();
+      loss_sum += scalar_value(loss);
       (accum > 1 ? div(loss, static_cast<double>(accum)) : loss).backward();
     }
+    if (reducer) reducer->finish();
     master.grads_to_master();
     double norm = clip_grad_norm(master.master_params(), args.real("grad-clip"));
     opt.step();
@@ -216,16 +264,21 @@ int run_train(int argc, char** argv) {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double loss = loss_sum / static_cast<double>(accum);
     double tok_s = static_cast<double>(batch * seq * accum) / secs;
-    double mfu = tok_s * fpt / peak;
+    double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
     double mem = static_cast<double>(cpu_memory_stats().peak) / (1 << 20);
     MT_CHECK(std::isfinite(loss), "meshtrain train: loss became {} at step {}; lower --lr or enable --grad-clip", loss,
              step + 1);
-    if ((step + 1) % log_every == 0 || step + 1 == stop_at)
-      fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB\n",
+    const int64_t collectives = reducer ? reducer->stats().collectives : 0;
+    if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
+      fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",
                  step + 1, steps, loss, norm, opt.lr(), tok_s, 100 * mfu, mem);
+      if (reducer) fmt::print(" | {} grad collectives", collectives);
+      fmt::print("\n");
+    }
     if (metrics) {
       nlohmann::json j = {{"step", step + 1}, {"loss", loss},   {"grad_norm", norm}, {"lr", opt.lr()},
                           {"tokens_per_s", tok_s}, {"mfu", mfu}, {"mem_peak_mib", mem}, {"step_s", secs}};
+      if (reducer) j["grad_collectives"] = collectives;
       *metrics << j.dump() << "\n";
       metrics->flush();
     }

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# `meshtrain {eval,grad,init,train} --plan P` under mpirun -np 2 (and llama_dp_tp under -np 4)
+# against the single-device commands: eval loss within 1e-5, gradients within 1e-5 of the largest
+# magnitude, init files byte-identical, train losses within 1e-5 per step; resume with a plan; and
+# the errors (bad plan path, malformed plan, a world the mesh does not fit): one line naming the
+# file, non-zero exit, no hang.
+# usage: test_cli_plan.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR
+set -u
+BIN=$1
+MPIRUN=$2
+PLANS=$3
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export OMP_NUM_THREADS=1
+export MT_COLLECTIVE_TIMEOUT_S=${MT_COLLECTIVE_TIMEOUT_S:-30}
+fails=0
+pass() { echo "ok   - $1"; }
+fail() { echo "FAIL - $1"; fails=$((fails + 1)); }
+mpi() { local np=$1; shift; timeout 120 "$MPIRUN" -np "$np" --oversubscribe --mca btl self,vader "$@"; }
+json_loss() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])["loss"])' "$1"; }
+close() { python3 -c 'import sys; a,b,t=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b)<=t else 1)' "$1" "$2" "$3"; }
+
+# Expects failure: exit != 0 and the last stderr line contains every given pattern.
+expect_error() {
+  local name=$1; shift
+  local pats=()
+  while [ "$1" != "--" ]; do pats+=("$1"); shift; done
+  shift
+  "$@" >"$WORK/out" 2>"$WORK/err"
+  local rc=$?
+  local last
+  last=$(grep "error" "$WORK/err" | tail -n 1)
+  if [ $rc -eq 0 ]; then fail "$name: exit code 0"; return; fi
+  if [ $rc -eq 124 ]; then fail "$name: hung (timeout)"; return; fi
+  for p in "${pats[@]}"; do
+    if ! grep -qF -- "$p" <<<"$last"; then fail "$name: '$p' not in: $last"; return; fi
+  done
+  pass "$name (rc $rc)"
+}
+
+# ---- single-device references ----------------------------------------------------------------------
+"$BIN" init --config llama-tiny --seed 3 --out "$WORK/ck" >/dev/null || fail "init exit"
+python3 - "$WORK/tokens.txt" <<'PY'
+import random, sys
+random.seed(0)
+with open(sys.argv[1], "w") as f:
+    for _ in range(4):
+        f.write(",".join(str(random.randrange(256)) for _ in range(17)) + "\n")
+PY
+"$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/g1.safetensors" >"$WORK/g1.out" || fail "grad exit"
+L1=$(json_loss "$(tail -n 1 "$WORK/g1.out")")
+TRAIN="train --batch 4 --seq 16 --steps 5 --warmup 2 --lr 3e-3 --seed 5"
+"$BIN" $TRAIN --metrics "$WORK/t1.jsonl" >/dev/null || fail "single-device train exit"
+
+# Gradient files: same names, shapes and dtype; every value within 1e-5 of the largest magnitude.
+grads_close() {
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    out = {}
+    for k, v in h.items():
+        assert v["dtype"] == "F32", (k, v["dtype"])
+        lo, hi = v["data_offsets"]
+        out[k] = (v["shape"], struct.unpack(f"<{(hi - lo) // 4}f", b[8 + n + lo:8 + n + hi]))
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert set(a) == set(b), set(a) ^ set(b)
+worst = 0.0
+for k in a:
+    assert a[k][0] == b[k][0], (k, a[k][0], b[k][0])
+    scale = max(1e-30, max(abs(x) for x in a[k][1]))
+    worst = max(worst, max(abs(x - y) for x, y in zip(a[k][1], b[k][1])) / scale)
+print(f"max relative gradient difference {worst:.2e}")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+}
+
+# Train metrics: same steps, losses within 1e-5.
+losses_close() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
+worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b))
+print(f"max |loss diff| {worst:.2e} over {len(a)} steps")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+}
+
+# ---- every stock LLaMA plan ---------------------------------------------------------------------------
+for spec in llama_dp:2 llama_tp:2 llama_tp_sp:2 llama_zero3:2 llama_dp_tp:4; do
+  plan=${spec%%:*}
+  np=${spec##*:}
+  P="$PLANS/$plan.plan"
+  tag="$plan np $np"
+  out=$(mpi "$np" "$BIN" eval --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --plan "$P" 2>"$WORK/err")
+  n=$(grep -c loss <<<"$out")
+  L=$(json_loss "$(tail -n 1 <<<"$out")" 2>/dev/null)
+  if [ "$n" = 1 ] && [ -n "$L" ] && close "$L" "$L1" 1e-5; then pass "$tag: eval loss $L (one device $L1), printed once"
+  else fail "$tag: eval printed '$out' (one device $L1): $(tail -n 2 "$WORK/err")"; fi
+
+  out=$(mpi "$np" "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --plan "$P" --out "$WORK/g_$plan.safetensors" 2>"$WORK/err")
+  r=$(grads_close "$WORK/g1.safetensors" "$WORK/g_$plan.safetensors" 2>&1) && pass "$tag: grad file: $r" \
+    || fail "$tag: grad: $r $(tail -n 2 "$WORK/err")"
+
+  mpi "$np" "$BIN" init --config llama-tiny --seed 3 --out "$WORK/ck_$plan" --plan "$P" >/dev/null 2>"$WORK/err"
+  cmp -s "$WORK/ck/model.safetensors" "$WORK/ck_$plan/model.safetensors" && pass "$tag: init file byte-identical" \
+    || fail "$tag: init differs: $(tail -n 2 "$WORK/err")"
+
+  mpi "$np" "$BIN" $TRAIN --plan "$P" --metrics "$WORK/t_$plan.jsonl" >"$WORK/t_$plan.out" 2>"$WORK/err"
+  r=$(losses_close "$WORK/t1.jsonl" "$WORK/t_$plan.jsonl" 2>&1) && pass "$tag: train 5 steps: $r" \
+    || fail "$tag: train: $r $(tail -n 2 "$WORK/err")"
+  c=$(grep -o '[0-9]* grad collectives' "$WORK/t_$plan.out" | tail -n 1)
+  [ "$(grep -c '^step' "$WORK/t_$plan.out")" = 5 ] && [ -n "$c" ] && pass "$tag: rank 0 prints 5 steps ($c per step)" \
+    || fail "$tag: train output: $(cat "$WORK/t_$plan.out")"
+done
+
+# ---- fusion: fewer collectives than one per gradient --------------------------------------------------
+mpi 2 "$BIN" $TRAIN --steps 2 --plan "$PLANS/llama_dp.plan" --no-fuse --metrics "" >"$WORK/nofuse.out" 2>"$WORK/err"
+fused=$(grep -o '[0-9]* grad collectives' "$WORK/t_llama_dp.out" | tail -n 1 | cut -d' ' -f1)
+unfused=$(grep -o '[0-9]* grad collectives' "$WORK/nofuse.out" | tail -n 1 | cut -d' ' -f1)
+[ -n "$fused" ] && [ -n "$unfused" ] && [ "$fused" -lt "$unfused" ] \
+  && pass "llama_dp: $fused fused collectives per step < $unfused unfused" || fail "fusion counts: '$fused' vs '$unfused'"
+
+# ---- resume under a plan (full-tensor checkpoints) ----------------------------------------------------
+R="$TRAIN --dropout 0.1 --plan $PLANS/llama_zero3.plan"
+mpi 2 "$BIN" $R --metrics "$WORK/rf.jsonl" --checkpoint-dir "$WORK/rfull" >/dev/null 2>&1 || fail "train full (zero3) exit"
+mpi 2 "$BIN" $R --metrics "$WORK/rp.jsonl" --checkpoint-dir "$WORK/rpart" --stop-at 3 >/dev/null 2>&1 || fail "train part (zero3) exit"
+mpi 2 "$BIN" $R --metrics "$WORK/rp.jsonl" --checkpoint-dir "$WORK/rpart" --resume >/dev/null 2>"$WORK/err" || fail "resume (zero3) exit: $(tail -n 1 "$WORK/err")"
+cmp -s "$WORK/rfull/step-00000005/model.safetensors" "$WORK/rpart/step-00000005/model.safetensors" \
+  && cmp -s "$WORK/rfull/step-00000005/optimizer.safetensors" "$WORK/rpart/step-00000005/optimizer.safetensors" \
+  && pass "llama_zero3: 3 steps + resume + 2 steps == 5 steps (weights and optimizer bit for bit)" || fail "plan resume differs"
+"$BIN" $TRAIN --dropout 0.1 --metrics "$WORK/rd1.jsonl" >/dev/null || fail "single-device dropout train"
+r=$(losses_close "$WORK/rd1.jsonl" "$WORK/rf.jsonl" 2>&1) && pass "llama_zero3 with dropout 0.1: $r" || fail "dropout parity: $r"
+
+# ---- accumulation under a plan; a single-device checkpoint resumed under another plan --------------------
+A="train --batch 2 --accum 2 --seq 16 --steps 4 --warmup 1"
+"$BIN" $A --metrics "$WORK/a1.jsonl" --checkpoint-dir "$WORK/a1" --stop-at 2 >/dev/null || fail "accum train exit"
+"$BIN" $A --metrics "$WORK/a1.jsonl" --checkpoint-dir "$WORK/a1" --resume >/dev/null || fail "accum resume exit"
+mpi 2 "$BIN" $A --plan "$PLANS/llama_dp.plan" --metrics "$WORK/a2.jsonl" >/dev/null 2>&1 || fail "accum train (dp) exit"
+r=$(losses_close "$WORK/a1.jsonl" "$WORK/a2.jsonl" 2>&1) && pass "llama_dp --accum 2: $r" || fail "accum under a plan: $r"
+rm -rf "$WORK/a3"; mkdir -p "$WORK/a3"; cp -r "$WORK/a1/step-00000002" "$WORK/a3/"; echo step-00000002 >"$WORK/a3/latest"
+head -n 2 "$WORK/a1.jsonl" >"$WORK/a3.jsonl"
+mpi 2 "$BIN" $A --plan "$PLANS/llama_tp.plan" --metrics "$WORK/a3.jsonl" --checkpoint-dir "$WORK/a3" --resume >/dev/null 2>&1 || fail "tp resume exit"
+
+r=$(losses_close "$WORK/a1.jsonl" "$WORK/a3.jsonl" 2>&1) && pass "single-device checkpoint resumed under llama_tp: $r" \
+  || fail "cross-plan resume: $r"
+
+# ---- errors: one line naming the file, non-zero exit on every rank, no hang ----------------------------
+expect_error "missing plan file" "$WORK/nope.plan" -- mpi 2 "$BIN" eval --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --plan "$WORK/nope.plan"
+printf 'mesh dp=*\nplace model <in>:0 dp=Q(0)\n' >"$WORK/bad.plan"
+expect_error "malformed plan" "bad.plan:2" -- mpi 2 "$BIN" train --steps 1 --metrics "" --plan "$WORK/bad.plan"
+printf 'mesh dp=3\n' >"$WORK/three.plan"
+expect_error "world does not fit the mesh" "three.plan" -- mpi 2 "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/x.safetensors" --plan "$WORK/three.plan"
+expect_error "bf16 with a plan" "bf16" "llama_dp.plan" -- mpi 2 "$BIN" train --precision bf16 --steps 1 --metrics "" --plan "$PLANS/llama_dp.plan"
+
+echo "cli_plan: $fails failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,54 @@
+// --plan support shared by the meshtrain subcommands (docs/cli.md, "--plan"): the plan file is
+// read on every rank and its mesh resolved for the mpirun world (mt::world()); the model is built
+// on meta (or loaded whole) and parallelized; data is placed with the plan's input placements;
+// full tensors are gathered (collectively, on every rank) for what rank 0 writes.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mesh/device_mesh.h"
+#include "plan/parallelize.h"
+#include "plan/plan.h"
+#include "tensor/tensor.h"
+
+namespace mt::cli {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+struct PlanContext {
+  std::string path;
+  Plan plan;
+  PlanMesh plan_mesh;
+  std::shared_ptr<DeviceMesh> mesh;
+  int rank = 0, world = 1;
+  bool is_root() const { return rank == 0; }
+};
+
+// Reads the plan file and resolves its mesh for world().size(). Errors name the file (and the
+// line for a malformed plan or a mesh the world does not fit).
+PlanContext load_plan_context(const std::string& path);
+
+// A rank other than 0 sends its stdout to /dev/null so that only rank 0 prints results.
+void quiet_non_root(const PlanContext& ctx);
+
+// The global tensor (the same on every rank) as a DTensor with the placements the plan gives the
+// model's input (ids and targets alike).
+Tensor place_input(const Tensor& global, const Parallelized& par, const PlanContext& ctx);
+
+// Every distributed tensor replaced by its full tensor (collective: every rank calls it with the
+// same names in the same order); plain tensors are kept.
+NamedTensors full_tensors(const NamedTensors& tensors);
+
+// Plain full tensors (one per key, as a checkpoint holds them) turned into tensors shaped like
+// `live` (same keys): where the live tensor is a DTensor, this rank's shard of the full tensor
+// with its placements; else the full tensor. Keys missing from `full` are left out (the consumer
+// reports them).
+NamedTensors shard_like(const NamedTensors& full, const NamedTensors& live);
+
+// The plain value of a (replicated) scalar loss, DTensor or not.
+double scalar_value(const Tensor& t);
+
+}  // namespace mt::cli

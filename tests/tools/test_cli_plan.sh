@@ -157,5 +157,15 @@ printf 'mesh dp=3\n' >"$WORK/three.plan"
 expect_error "world does not fit the mesh" "three.plan" -- mpi 2 "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/x.safetensors" --plan "$WORK/three.plan"
 expect_error "bf16 with a plan" "bf16" "llama_dp.plan" -- mpi 2 "$BIN" train --precision bf16 --steps 1 --metrics "" --plan "$PLANS/llama_dp.plan"
 
+# Expert parallelism: mixtral-tiny under mixtral_ep_tp (ep=2) gives the single-device init and eval.
+"$BIN" init --config mixtral-tiny --seed 3 --out "$WORK/mx" >/dev/null || fail "mixtral init exit"
+mpi 2 "$BIN" init --config mixtral-tiny --seed 3 --out "$WORK/mx_ep" --plan "$PLANS/mixtral_ep_tp.plan" >/dev/null 2>"$WORK/err"
+cmp -s "$WORK/mx/model.safetensors" "$WORK/mx_ep/model.safetensors" && pass "mixtral_ep_tp: init file byte-identical" \
+  || fail "mixtral_ep_tp: init differs: $(tail -n 2 "$WORK/err")"
+m1=$("$BIN" eval --hf "$WORK/mx" --tokens "$WORK/tokens.txt" | tail -n 1)
+m2=$(mpi 2 "$BIN" eval --hf "$WORK/mx" --tokens "$WORK/tokens.txt" --plan "$PLANS/mixtral_ep_tp.plan" 2>"$WORK/err" | tail -n 1)
+close "$(json_loss "$m1")" "$(json_loss "$m2")" 1e-5 && pass "mixtral_ep_tp: eval $m2 (one device $m1)" \
+  || fail "mixtral_ep_tp: eval '$m2' vs '$m1': $(tail -n 2 "$WORK/err")"
+
 echo "cli_plan: $fails failed"
 [ $fails -eq 0 ]

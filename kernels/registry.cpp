@@ -71,7 +71,7 @@ void missing_kernel(const char* family, DeviceType type) {
   const char* dev = type == DeviceType::kCPU ? "cpu" : type == DeviceType::kCUDA ? "cuda" : "meta";
   MT_FAIL("no {} kernel for '{}'{}", dev, family,
           type == DeviceType::kMeta   ? " (meta tensors have no storage: materialize them first)"
-          : type == DeviceType::kCUDA ? (MT_HAVE_CUDA ? " (not implemented for CUDA yet)"
+          : type == DeviceType::kCUDA ? (MT_HAVE_CUDA ? " (no CUDA kernel is registered for it)"
                                                       : " (this build has no CUDA backend)")
                                       : "");
 }

@@ -112,6 +112,12 @@ std::vector<int64_t> DeviceMesh::coordinates() const {
   return c;
 }
 
+Shape DeviceMesh::coordinate_shape() const {
+  Shape c;
+  for (int d = 0; d < ndim(); ++d) c.push_back(coordinate(d));
+  return c;
+}
+
 int64_t DeviceMesh::rank() const {
   int64_t r = 0;
   for (int d = 0; d < ndim(); ++d) r = r * size(d) + coordinate(d);

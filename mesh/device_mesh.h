@@ -36,6 +36,8 @@ class DeviceMesh {
   int64_t coordinate(int dim) const;
   int64_t coordinate(const std::string& name) const;
   std::vector<int64_t> coordinates() const;
+  // The same as a Shape: what local_layout, local_shard and fill_random_sharded take.
+  Shape coordinate_shape() const;
   int64_t rank() const;
   // World ranks of this (sub-)mesh's members, row-major: rank() indexes this list.
   std::vector<int> world_ranks() const;

@@ -185,7 +185,7 @@ Entry build_entry(const DistOp& op, const std::vector<Tensor>& in, DistLocalFn l
     e.zero_input[i] = r.root_only[i] && !coords_zero(*mesh, r.root_only[i]);
   }
   e.ctx.partial_root = coords_zero(*mesh, r.partial_sum_dims);
-  if (!e.out.empty()) e.ctx.out_local_shape = e.out[0]->local_shape();
+  if (!e.out_local.empty()) e.ctx.out_local_shape = e.out_local[0];
   return e;
 }
 

@@ -9,11 +9,6 @@ namespace mt {
 
 namespace {
 
-Shape coord_of(const DeviceMesh& mesh) {
-  Shape c;
-  for (int64_t v : mesh.coordinates()) c.push_back(v);
-  return c;
-}
 
 const DTensorSpec* spec_of(const Tensor& t) { return t.is_distributed() ? &dtensor_spec(t, "dispatch") : nullptr; }
 
@@ -32,7 +27,7 @@ std::pair<int64_t, int64_t> local_range(const DTensorSpec& s, int dim, const cha
     MT_CHECK(!(p.splits() && p.dim() == dim) || p.is_shard(),
              "{}: the split of dim {} must be a Shard, got {} (placements {})", op, dim, p.str(),
              placements_str(s.placements()));
-  LocalLayout lay = local_layout(s.global_shape(), s.placements(), s.mesh().shape(), coord_of(s.mesh()));
+  LocalLayout lay = local_layout(s.global_shape(), s.placements(), s.mesh().shape(), s.mesh().coordinate_shape());
   const auto& segs = lay.segments[static_cast<size_t>(dim)];
   if (segs.empty()) return {0, 0};
   return {segs[0].global_start, lay.local_shape[dim]};
@@ -193,7 +188,7 @@ Tensor dist_random_fill(const DistOp& op, const Tensor& t) {
   const auto* f = static_cast<const DistRandomFill*>(op.extra);
   Tensor l = local_view(t);
   fill_random_sharded(l, f->dist, f->a, f->b, f->seed, f->offset, s.global_shape(), s.placements(), s.mesh().shape(),
-                      coord_of(s.mesh()));
+                      s.mesh().coordinate_shape());
   return t;
 }
 

@@ -14,11 +14,6 @@ namespace mt {
 
 namespace {
 
-Shape coord_of(const DeviceMesh& mesh) {
-  Shape c;
-  for (int64_t v : mesh.coordinates()) c.push_back(v);
-  return c;
-}
 
 std::string spec_key(const DeviceMesh& mesh, const Placements& placements, const Shape& shape) {
   std::string key = mesh.str();
@@ -71,7 +66,7 @@ void check_local_grad(const Placements& ps, const char* op) {
 }  // namespace
 
 Shape DTensorSpec::local_shape() const {
-  return local_layout(global_shape_, placements_, mesh_.shape(), coord_of(mesh_)).local_shape;
+  return local_layout(global_shape_, placements_, mesh_.shape(), mesh_.coordinate_shape()).local_shape;
 }
 
 std::string DTensorSpec::placements_str() const { return mt::placements_str(placements_); }
@@ -109,7 +104,7 @@ std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh& mesh, const Pla
   }
   MT_CHECK(static_cast<int>(placements.size()) == mesh.ndim(),
            "DTensor: {} placements {} for mesh {}", placements.size(), placements_str(placements), mesh.str());
-  (void)local_layout(global_shape, placements, mesh.shape(), coord_of(mesh));  // validates
+  (void)local_layout(global_shape, placements, mesh.shape(), mesh.coordinate_shape());  // validates
   auto spec = std::make_shared<DTensorSpec>(mesh, placements, global_shape);
   if (spec->has_partial()) spec->grad_ = intern_spec(mesh, grad_placements(placements), global_shape);
   install_dist_dispatch();
@@ -132,7 +127,7 @@ Tensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Pla
            global.dist_spec()->str());
   auto spec = intern_spec(mesh, placements, global.shape());
   NoGradGuard ng;
-  Tensor local = local_shard(global.detach(), placements, mesh.shape(), coord_of(mesh));
+  Tensor local = local_shard(global.detach(), placements, mesh.shape(), mesh.coordinate_shape());
   return wrap(local, std::move(spec));
 }
 
@@ -145,7 +140,7 @@ Tensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements&
   MT_CHECK(local.shape() == want,
            "from_local: rank {} (mesh coordinates {}) expected local shape {} for global shape {} "
            "under {}, got {}",
-           world().rank(), coord_of(mesh), want, global_shape, placements_str(placements), local.shape());
+           world().rank(), mesh.coordinate_shape(), want, global_shape, placements_str(placements), local.shape());
   Tensor out = wrap(local, spec);
   if (needs_grad(local)) {
     check_local_grad(placements, "from_local");

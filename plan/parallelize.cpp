@@ -18,11 +18,6 @@ namespace {
 
 thread_local std::vector<FactoryScope> g_factories;
 
-Shape coord_of(const DeviceMesh& mesh) {
-  Shape c;
-  for (int64_t v : mesh.coordinates()) c.push_back(v);
-  return c;
-}
 
 std::string where(const HookRecord& r, const PlanMesh& pm) {
   std::string from;
@@ -34,7 +29,7 @@ std::string where(const HookRecord& r, const PlanMesh& pm) {
 void shard_parameter(const std::string& path, const Tensor& p, const InitRecord* rec, const DeviceMesh& mesh,
                      const Placements& ps, Device device) {
   auto spec = intern_spec(mesh, ps, p.shape());
-  LocalLayout lay = local_layout(p.shape(), ps, mesh.shape(), coord_of(mesh));
+  LocalLayout lay = local_layout(p.shape(), ps, mesh.shape(), mesh.coordinate_shape());
   Tensor local;
   if (p.is_meta()) {
     MT_CHECK(rec != nullptr,
@@ -48,7 +43,7 @@ void shard_parameter(const std::string& path, const Tensor& p, const InitRecord*
     }
   } else {
     NoGradGuard ng;
-    local = local_shard(p.detach(), ps, mesh.shape(), coord_of(mesh)).to(device);
+    local = local_shard(p.detach(), ps, mesh.shape(), mesh.coordinate_shape()).to(device);
   }
   MT_CHECK(!p.grad_fn(), "parallelize: parameter {} has autograd history", path);
   if (p.grad().defined()) p.set_grad(Tensor());

@@ -451,25 +451,6 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dq(const T* __restrict__ q,
   }
 }
 
-// Stream-ordered scratch memory, freed (stream-ordered) on scope exit.
-class StreamScratch {
- public:
-  StreamScratch(size_t bytes, cudaStream_t s) : stream_(s) {
-    if (bytes) MT_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream_));
-  }
-  ~StreamScratch() {
-    if (ptr_) (void)cudaFreeAsync(ptr_, stream_);
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  template <class A>
-  A* as() const { return static_cast<A*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
-
 template <class T, int DM>
 void attention_bwd_launch(const AttentionBwdParams& p, const Dims& dm) {
   cudaStream_t st = cuda::current_stream();

@@ -175,6 +175,27 @@ __device__ __forceinline__ D cvt(S x) {
   }
 }
 
+// Stream-ordered scratch memory (cudaMallocAsync), freed stream-ordered on scope exit: for the few
+// kernels whose params have no workspace (norm weight-gradient partials, index_add sort buffers,
+// attention backward row sums).
+class StreamScratch {
+ public:
+  StreamScratch(size_t bytes, cudaStream_t s) : stream_(s) {
+    if (bytes) MT_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream_));
+  }
+  ~StreamScratch() {
+    if (ptr_) (void)cudaFreeAsync(ptr_, stream_);
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  template <class A>
+  A* as() const { return static_cast<A*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
 }  // namespace mt
 
 // Like MT_CUDA_DISPATCH_FLOAT over all eight dtypes.
@@ -188,4 +209,6 @@ __device__ __forceinline__ D cvt(S x) {
     MT_CUDA_DTYPE_CASE(kI32, int32_t, __VA_ARGS__)          \
     MT_CUDA_DTYPE_CASE(kU8, uint8_t, __VA_ARGS__)           \
     MT_CUDA_DTYPE_CASE(kBool, bool, __VA_ARGS__)            \
+    default:                                                \
+      MT_FAIL("{}: dtype {} is not supported on cuda", name, ::mt::dtype_name(dt)); \
   }

@@ -18,20 +18,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/registry.h"
 
-// Every meshtrain dtype with its device storage type (binds scalar_t).
-#define MT_CUDA_DISPATCH_ALL_LOCAL(dt, name, ...)                                          \
-  switch (dt) {                                                                            \
-    MT_CUDA_DTYPE_CASE(kF64, double, __VA_ARGS__)                                          \
-    MT_CUDA_DTYPE_CASE(kF32, float, __VA_ARGS__)                                           \
-    MT_CUDA_DTYPE_CASE(kBF16, __nv_bfloat16, __VA_ARGS__)                                  \
-    MT_CUDA_DTYPE_CASE(kF16, __half, __VA_ARGS__)                                          \
-    MT_CUDA_DTYPE_CASE(kI64, int64_t, __VA_ARGS__)                                         \
-    MT_CUDA_DTYPE_CASE(kI32, int32_t, __VA_ARGS__)                                         \
-    MT_CUDA_DTYPE_CASE(kU8, uint8_t, __VA_ARGS__)                                          \
-    MT_CUDA_DTYPE_CASE(kBool, bool, __VA_ARGS__)                                           \
-    default:                                                                               \
-      MT_FAIL("{}: dtype {} is not supported on cuda", name, ::mt::dtype_name(dt));        \
-  }
 // Index dtypes (binds index_t).
 #define MT_CUDA_DISPATCH_INDEX_LOCAL(dt, name, ...)                                        \
   switch (dt) {                                                                            \
@@ -66,25 +52,6 @@ Split3 split3(const Shape& sizes, int dim) {
 unsigned capped_grid(int64_t blocks) {
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 30));
 }
-
-// Stream-ordered scratch memory, freed (stream-ordered) on scope exit.
-class StreamScratch {
- public:
-  StreamScratch(size_t bytes, cudaStream_t s) : stream_(s) {
-    if (bytes) MT_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream_));
-  }
-  ~StreamScratch() {
-    if (ptr_) (void)cudaFreeAsync(ptr_, stream_);
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  template <class A>
-  A* as() const { return static_cast<A*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
 
 // dst + alpha * v as the CPU computes it: in T's compute type, multiply and add rounded
 // separately (no FMA), rounded once to T.
@@ -237,7 +204,7 @@ void index_add_typed(const IndexAddParams& p) {
 }
 
 void index_add(const IndexAddParams& p) {
-  MT_CUDA_DISPATCH_ALL_LOCAL(p.out.dtype, "index_add", {
+  MT_CUDA_DISPATCH_ALL(p.out.dtype, "index_add", {
     using T = scalar_t;
     MT_CUDA_DISPATCH_INDEX_LOCAL(p.index.dtype, "index_add", { index_add_typed<T, index_t>(p); });
   });
@@ -319,7 +286,7 @@ void scatter_add_typed(const ScatterAddParams& p) {
 }
 
 void scatter_add(const ScatterAddParams& p) {
-  MT_CUDA_DISPATCH_ALL_LOCAL(p.out.dtype, "scatter_add", {
+  MT_CUDA_DISPATCH_ALL(p.out.dtype, "scatter_add", {
     using T = scalar_t;
     MT_CUDA_DISPATCH_INDEX_LOCAL(p.index.dtype, "scatter_add", { scatter_add_typed<T, index_t>(p); });
   });
@@ -436,7 +403,7 @@ void topk_typed(const TopkParams& p) {
   MT_CUDA_LAUNCH_CHECK();
 }
 
-void topk(const TopkParams& p) { MT_CUDA_DISPATCH_ALL_LOCAL(p.in.dtype, "topk", { topk_typed<scalar_t>(p); }); }
+void topk(const TopkParams& p) { MT_CUDA_DISPATCH_ALL(p.in.dtype, "topk", { topk_typed<scalar_t>(p); }); }
 
 }  // namespace
 

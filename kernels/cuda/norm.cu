@@ -110,25 +110,6 @@ bool can_vectorize(int64_t h, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// Stream-ordered scratch memory, freed (stream-ordered) on scope exit.
-class StreamScratch {
- public:
-  StreamScratch(size_t bytes, cudaStream_t s) : stream_(s) {
-    if (bytes) MT_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream_));
-  }
-  ~StreamScratch() {
-    if (ptr_) (void)cudaFreeAsync(ptr_, stream_);
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  template <class A>
-  A* as() const { return static_cast<A*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
-
 // Row chunks of the weight-gradient pass 1: at most kMaxChunks partial rows.
 constexpr int64_t kMaxChunks = 512;
 struct Chunks {

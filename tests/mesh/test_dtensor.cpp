@@ -26,11 +26,6 @@ int P() { return testing::world_size(); }
 using testing::mesh_1d;
 using testing::mesh_2d;
 
-Shape coord_of(const DeviceMesh& mesh) {
-  Shape c;
-  for (int64_t v : mesh.coordinates()) c.push_back(v);
-  return c;
-}
 
 // scale * i + shift, row-major.
 Tensor global_tensor(const Shape& s, double scale = 0.25, double shift = -3.0) {
@@ -101,7 +96,7 @@ TEST_CASE("dtensor: distribute_tensor / to_local / full_tensor round trip", "[cp
         Tensor loc = to_local(dt);
         REQUIRE(!loc.is_distributed());
         REQUIRE(loc.data_ptr() == dt.data_ptr());
-        require_equal(loc, local_shard(g, ps, mesh->shape(), coord_of(*mesh)));
+        require_equal(loc, local_shard(g, ps, mesh->shape(), mesh->coordinate_shape()));
         // detach keeps the spec.
         REQUIRE(dt.detach().dist_spec() == dt.dist_spec());
         Tensor full = full_tensor(dt);
@@ -176,7 +171,7 @@ TEST_CASE("dtensor: redistribute gradient", "[cpu][mpi]") {
           // whose global value is dloss/dx = w.
           Placements gp = grad_of(src);
           REQUIRE(gx.dist_spec() == intern_spec(*mesh, gp, shape).get());
-          require_equal(to_local(gx), local_shard(w, gp, mesh->shape(), coord_of(*mesh)));
+          require_equal(to_local(gx), local_shard(w, gp, mesh->shape(), mesh->coordinate_shape()));
           require_equal(full_tensor(gx), w);
         }
       }
@@ -191,7 +186,7 @@ TEST_CASE("dtensor: gradient through from_local / to_local and a chain", "[cpu][
     Tensor w = global_tensor(shape, 0.5, -2.0);
     for (const Placements& ps : all_placements(mesh->ndim(), true)) {
       INFO(mesh->str() << " " << placements_str(ps));
-      Tensor l = local_shard(g, ps, mesh->shape(), coord_of(*mesh));
+      Tensor l = local_shard(g, ps, mesh->shape(), mesh->coordinate_shape());
       l.requires_grad_();
       Tensor dt = from_local(l, *mesh, ps, shape);
       // A chain through every placement of the list and back.
@@ -200,7 +195,7 @@ TEST_CASE("dtensor: gradient through from_local / to_local and a chain", "[cpu][
       sum(mul(w, full_tensor(y))).backward();
       REQUIRE(!l.grad().is_distributed());
       // Partial(sum) terms: the gradient of each term is the gradient of the sum (replicated).
-      require_equal(l.grad(), local_shard(w, grad_of(ps), mesh->shape(), coord_of(*mesh)));
+      require_equal(l.grad(), local_shard(w, grad_of(ps), mesh->shape(), mesh->coordinate_shape()));
     }
   }
 }

@@ -31,11 +31,6 @@ DeviceMesh& mesh_3d() {
   return m;
 }
 
-Shape coord_of(const DeviceMesh& mesh) {
-  Shape c;
-  for (int64_t v : mesh.coordinates()) c.push_back(v);
-  return c;
-}
 
 // 0.25 * i - 3, row-major.
 Tensor global_tensor(const Shape& s, DType dt = DType::kF64) {
@@ -54,7 +49,7 @@ Tensor pattern(const Shape& s, DType dt) {
 // This rank's source local: local_shard, with the terms of Partial mesh dims made rank-dependent
 // (sum: -(k-1)e at coordinate 0 and +e elsewhere; max: -e off coordinate 0; min: +e off it).
 Tensor source_local(const Tensor& global, const Placements& src, const DeviceMesh& mesh) {
-  const Shape coord = coord_of(mesh);
+  const Shape coord = mesh.coordinate_shape();
   Tensor t = local_shard(global, src, mesh.shape(), coord).clone();
   const Tensor e = pattern(t.shape(), t.dtype());
   for (int j = 0; j < mesh.ndim(); ++j) {
@@ -104,7 +99,7 @@ bool check_pair(const Tensor& global, const Placements& src, const Placements& d
     mesh.comm(j).all_reduce(got, comm_reduce_op(p.reduce_op()));
     reduced[static_cast<size_t>(j)] = Placement::replicate();
   }
-  const Tensor want = local_shard(global, reduced, mesh.shape(), coord_of(mesh));
+  const Tensor want = local_shard(global, reduced, mesh.shape(), mesh.coordinate_shape());
   const bool ok = got.shape() == want.shape() && got.dtype() == want.dtype() &&
                   got.to_vector<double>() == want.to_vector<double>();
   if (!ok)
@@ -205,14 +200,14 @@ TEST_CASE("redistribute: other dtypes", "[cpu][mpi]") {
 TEST_CASE("redistribute: identical placements return the input", "[cpu][mpi]") {
   const Tensor g = global_tensor({7, 5});
   const Placements ps = parse_placements("S(1)");
-  const Tensor in = local_shard(g, ps, mesh_1d().shape(), coord_of(mesh_1d()));
+  const Tensor in = local_shard(g, ps, mesh_1d().shape(), mesh_1d().coordinate_shape());
   CHECK(redistribute_local(in, g.shape(), ps, ps, mesh_1d()).same(in));
 }
 
 TEST_CASE("redistribute: errors name the placements, the shape and the mesh", "[cpu][mpi]") {
   const Tensor g = global_tensor({7, 5});
   const DeviceMesh& m = mesh_1d();
-  const Tensor in = local_shard(g, parse_placements("R"), m.shape(), coord_of(m));
+  const Tensor in = local_shard(g, parse_placements("R"), m.shape(), m.coordinate_shape());
   REQUIRE_THROWS_WITH(redistribute_local(in, g.shape(), parse_placements("R, R"), parse_placements("S(0)"), m),
                       Contains("redistribute([R, R] -> [S(0)], global shape [7, 5], DeviceMesh(") &&
                           Contains("one placement per mesh dim"));

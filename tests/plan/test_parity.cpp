@@ -13,7 +13,6 @@
 #include "models/llama.h"
 #include "optim/adamw.h"
 #include "plan/grad_reducer.h"
-#include "plan/grad_sync.h"
 #include "plan/parallelize.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"

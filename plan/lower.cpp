@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <map>
-#include <regex>
 
+#include "kernels/registry.h"
 #include "mesh/shard_layout.h"
+#include "plan/path_regex.h"
 #include "runtime/error.h"
+#include "tensor/autograd.h"
 
 namespace mt {
 
@@ -230,10 +232,10 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
 
   // ---- entries ----
   for (const PlanEntry& e : plan.entries()) {
-    std::regex mre(e.module_re, std::regex::ECMAScript);
+    PathRegex mre(e.module_re, e.module_loc, "a regex over module paths");
     std::vector<size_t> matched;
     for (size_t i = 0; i < modules.size(); ++i)
-      if (std::regex_match(modules[i].path, mre)) matched.push_back(i);
+      if (mre.full_match(modules[i].path)) matched.push_back(i);
     MT_CHECK(!matched.empty(), "{}: module regex '{}' matches no module path of the model; nearest module paths: "
              "{}",
              e.module_loc.str(), e.module_re, nearest(e.module_re, module_paths));
@@ -271,14 +273,14 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
       continue;
     }
     // Parameters.
-    std::regex tre(e.tensor, std::regex::ECMAScript);
+    PathRegex tre(e.tensor, e.tensor_loc, "a parameter name");
     size_t hits = 0;
     std::vector<std::string> names;
     for (size_t mi : matched)
       for (size_t pi : modules[mi].params) {
         ParamState& p = params[pi];
         if (std::find(names.begin(), names.end(), p.name) == names.end()) names.push_back(p.name);
-        if (!std::regex_match(p.name, tre)) continue;
+        if (!tre.full_match(p.name)) continue;
         ++hits;
         if (e.phase != PlanPhase::kRun) merge(p.init, e.how, mesh);
         if (e.phase != PlanPhase::kInit) merge(p.run, e.how, mesh);
@@ -396,6 +398,72 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
       if (key.first == 0 && s.has_grad) emit(io_record(key, s, HookPoint::kBackward, true));
   }
   return ir;
+}
+
+void check_io_shapes(const Plan& plan, const HookIR& ir, Module& model, const std::vector<Tensor>& example_inputs) {
+  // Per module path, the shapes of its inputs and outputs (nullopt: undefined) in the probe run.
+  using Shapes = std::vector<std::optional<Shape>>;
+  std::map<std::string, std::pair<Shapes, Shapes>> seen;
+  auto shapes_of = [](const std::vector<Tensor>& ts) {
+    Shapes s;
+    for (const Tensor& t : ts) s.push_back(t.defined() ? std::optional<Shape>(t.shape()) : std::nullopt);
+    return s;
+  };
+  {
+    std::vector<HookHandle> probes;
+    for (auto& [path, m] : model.named_modules()) {
+      std::string key = path;
+      probes.push_back(m->register_forward_hook(
+          [&seen, key, shapes_of](Module&, const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+            seen.try_emplace(key, shapes_of(in), shapes_of(out));
+          }));
+    }
+    MetaKernelsGuard meta;
+    NoGradGuard no_grad;
+    try {
+      (void)model(example_inputs);
+    } catch (...) {
+      for (auto& h : probes) h.remove();
+      throw;
+    }
+    for (auto& h : probes) h.remove();
+  }
+  // The placement text and location of each entry's dims, to point at the token at fault.
+  std::map<std::string, const PlanEntry*> entry_at;
+  for (const PlanEntry& e : plan.entries()) entry_at[e.loc.str()] = &e;
+  for (const HookRecord& r : ir.records) {
+    if (r.io_index < 0) continue;
+    auto it = seen.find(r.module);
+    if (it == seen.end()) continue;  // not run by this forward
+    const Shapes& shapes = r.io_input ? it->second.first : it->second.second;
+    const char* what = r.io_input ? "input" : "output";
+    PlanLoc at = r.from.empty() ? PlanLoc{plan.source(), 0, 0} : r.from.back();
+    MT_CHECK(static_cast<size_t>(r.io_index) < shapes.size(),
+             "{}: {} of module {}: its forward has {} {}s (indices 0..{}); expected an existing {}", at.str(),
+             r.tensor, shown(r.module), shapes.size(), what, static_cast<int64_t>(shapes.size()) - 1, what);
+    const std::optional<Shape>& shape = shapes[static_cast<size_t>(r.io_index)];
+    if (!shape) continue;
+    for (const auto* ps : {&r.annotate, &r.src, &r.dst}) {
+      if (!ps->has_value()) continue;
+      for (size_t d = 0; d < (*ps)->size(); ++d) {
+        const Placement& p = (**ps)[d];
+        if (!p.splits() || p.dim() < static_cast<int>(shape->size())) continue;
+        // The entry (of this record's) that put this split on mesh dim d: its DIM=PLACEMENT token.
+        PlanLoc blame = at;
+        for (const PlanLoc& f : r.from) {
+          auto e = entry_at.find(f.str());
+          if (e == entry_at.end()) continue;
+          for (const How* how : {&e->second->how, &e->second->src, &e->second->grad_src, &e->second->grad_dst})
+            for (const DimPlacement& dp : *how)
+              if (dp.dim == ir.mesh.names[d] && dp.placement == p) blame = dp.loc;
+        }
+        MT_FAIL("{}: {}@{} for {} of module {} splits tensor dim {}, but that {} is {} ({}-D) in a forward "
+                "on an example batch; expected a split dim in 0..{}",
+                blame.str(), p.str(), ir.mesh.names[d], r.tensor, shown(r.module), p.dim(), what, *shape,
+                shape->size(), static_cast<int>(shape->size()) - 1);
+      }
+    }
+  }
 }
 
 }  // namespace mt

@@ -18,6 +18,7 @@
 #include "plan/plan.h"
 #include "runtime/shape.h"
 #include "tensor/module.h"
+#include "tensor/tensor.h"
 
 namespace mt {
 
@@ -62,6 +63,14 @@ struct HookIR {
 std::string placements_on(const Placements& ps, const PlanMesh& mesh);
 
 HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh);
+
+// Checks the IR's input/output records against the shapes a forward shows: runs `model` once on
+// `example_inputs` (meta tensors under MetaKernelsGuard: no kernel runs, nothing is allocated;
+// `model` must be free of hooks that communicate, e.g. not yet parallelized), recording every
+// module's inputs and outputs, then requires that each <in>:K / <out>:K the plan names exists and
+// that every split placement names a dim the tensor has. Errors at the file:line:column of the
+// placement at fault. Modules the forward does not run are not checked. `meshtrain plan` uses it.
+void check_io_shapes(const Plan& plan, const HookIR& ir, Module& model, const std::vector<Tensor>& example_inputs);
 // The plan's mesh must resolve, for mesh.size() ranks, to exactly `mesh` (names and shape).
 HookIR lower(const Plan& plan, Module& model, const DeviceMesh& mesh);
 

@@ -4,6 +4,7 @@
 // what each record does at run time.
 #include "plan/parallelize.h"
 
+#include <algorithm>
 #include <map>
 
 #include "mesh/dtensor.h"
@@ -23,6 +24,55 @@ std::string where(const HookRecord& r, const PlanMesh& pm) {
   std::string from;
   for (const auto& f : r.from) { from += from.empty() ? "" : ", "; from += f.str(); }
   return fmt::format("{} (plan {})", r.str(pm), from.empty() ? "?" : from);
+}
+
+// Runs one record's action; an error names the record and its plan lines. ModuleError: the
+// modules around the hook leave the message as it is (tensor/module.h).
+template <class Fn>
+void run_record(const HookRecord& r, const PlanMesh& pm, Fn&& fn) {
+  try {
+    fn();
+  } catch (const ModuleError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ModuleError(fmt::format("{}; in plan hook {}", e.what(), where(r, pm)));
+  }
+}
+
+// Per module path, the plan entries whose records concern it or its submodules (parameters
+// placed, inputs/outputs, factories), as "file:line:col `entry`", in plan order; "" when none.
+// These become the modules' error notes: an op that fails inside a forward names them.
+std::map<std::string, std::string> error_notes(const HookIR& ir, const Plan& plan, Module& model) {
+  std::map<std::string, std::string> text;  // loc -> entry in file syntax
+  std::map<std::string, size_t> order;
+  for (size_t i = 0; i < plan.entries().size(); ++i) {
+    const PlanEntry& e = plan.entries()[i];
+    text[e.loc.str()] = e.str();
+    order[e.loc.str()] = i;
+  }
+  std::map<std::string, std::string> notes;
+  for (auto& [path, m] : model.named_modules()) {
+    std::vector<std::string> locs;
+    for (const HookRecord& r : ir.records) {
+      bool inside = path.empty() || r.module == path || r.module.rfind(path + ".", 0) == 0;
+      if (!inside) continue;
+      for (const PlanLoc& f : r.from)
+        if (std::find(locs.begin(), locs.end(), f.str()) == locs.end()) locs.push_back(f.str());
+    }
+    if (locs.empty()) continue;
+    std::stable_sort(locs.begin(), locs.end(), [&](const std::string& a, const std::string& b) {
+      return order.count(a) && order.count(b) ? order[a] < order[b] : a < b;
+    });
+    constexpr size_t kShown = 6;
+    std::string note = "plan entries for it and its submodules: ";
+    for (size_t i = 0; i < std::min(kShown, locs.size()); ++i) {
+      note += i ? "; " : "";
+      note += text.count(locs[i]) ? fmt::format("{} `{}`", locs[i], text[locs[i]]) : locs[i];
+    }
+    if (locs.size() > kShown) note += fmt::format("; ... ({} more)", locs.size() - kShown);
+    notes[path] = std::move(note);
+  }
+  return notes;
 }
 
 // The parameter `p` becomes a DTensor of `ps` whose storage is this rank's shard.
@@ -63,8 +113,8 @@ Tensor activation(const Tensor& t, const HookRecord& r, const DeviceMesh& mesh, 
   bool static_eager = false;
   auto check_is = [&](const Placements& want, const char* what) {
     const auto& have = dtensor_spec(x, "parallelize").placements();
-    MT_CHECK(have == want, "{}: {} expects {}, but the tensor is a DTensor with {}", where(r, pm), what,
-             placements_on(want, pm), placements_on(have, pm));
+    MT_CHECK(have == want, "{} expects {}, but the tensor is a DTensor with {}", what, placements_on(want, pm),
+             placements_on(have, pm));
   };
   if (r.annotate) {
     if (x.is_distributed())
@@ -119,52 +169,58 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
   std::map<std::string, Tensor> stored;
   for (const auto& r : recs)
     if (r.action == HookAction::kGather) stored[r.tensor] = m.get_parameter(r.tensor);
-  auto check_index = [&pm](const HookRecord& r, size_t n) {
-    MT_CHECK(r.io_index >= 0 && static_cast<size_t>(r.io_index) < n, "{}: the module has {} {}s", where(r, pm), n,
-             r.io_input ? "input" : "output");
+  auto check_index = [](const HookRecord& r, size_t n) {
+    MT_CHECK(r.io_index >= 0 && static_cast<size_t>(r.io_index) < n, "{} names {} {} but the module has {} {}s",
+             r.tensor, r.io_input ? "input" : "output", r.io_index, n, r.io_input ? "input" : "output");
   };
   size_t n_factories = 0;
   for (const auto& r : pre) n_factories += r.action == HookAction::kFactory;
   if (!pre.empty())
     handles.push_back(m.register_forward_pre_hook([pre, stored, mesh, pm, check_index](Module& mod, std::vector<Tensor>& in) {
       for (const HookRecord& r : pre) {
-        if (r.action == HookAction::kGather) {
-          mod.parameter_slot(r.tensor) = redistribute(stored.at(r.tensor), *r.dst);
-        } else if (r.action == HookAction::kFactory) {
-          g_factories.push_back({r.module, r.tensor, mesh, *r.dst});
-        } else {
-          check_index(r, in.size());
-          in[r.io_index] = activation(in[r.io_index], r, mesh, pm);
-        }
+        run_record(r, pm, [&] {
+          if (r.action == HookAction::kGather) {
+            mod.parameter_slot(r.tensor) = redistribute(stored.at(r.tensor), *r.dst);
+          } else if (r.action == HookAction::kFactory) {
+            g_factories.push_back({r.module, r.tensor, mesh, *r.dst});
+          } else {
+            check_index(r, in.size());
+            in[r.io_index] = activation(in[r.io_index], r, mesh, pm);
+          }
+        });
       }
     }));
   if (!fwd.empty() || n_factories > 0)
     handles.push_back(m.register_forward_hook(
         [fwd, stored, mesh, pm, check_index, n_factories](Module& mod, const std::vector<Tensor>&, std::vector<Tensor>& out) {
           for (const HookRecord& r : fwd) {
-            if (r.action == HookAction::kRelease) {
-              mod.parameter_slot(r.tensor) = stored.at(r.tensor);
-            } else {
-              check_index(r, out.size());
-              out[r.io_index] = activation(out[r.io_index], r, mesh, pm);
-            }
+            run_record(r, pm, [&] {
+              if (r.action == HookAction::kRelease) {
+                mod.parameter_slot(r.tensor) = stored.at(r.tensor);
+              } else {
+                check_index(r, out.size());
+                out[r.io_index] = activation(out[r.io_index], r, mesh, pm);
+              }
+            });
           }
           for (size_t i = 0; i < n_factories && !g_factories.empty(); ++i) g_factories.pop_back();
         }));
   if (!bwd_pre.empty())
-    handles.push_back(m.register_backward_pre_hook([bwd_pre, mesh, check_index](Module&, std::vector<Tensor>& g) {
-      for (const HookRecord& r : bwd_pre) {
-        check_index(r, g.size());
-        g[r.io_index] = gradient(g[r.io_index], r, mesh);
-      }
+    handles.push_back(m.register_backward_pre_hook([bwd_pre, mesh, pm, check_index](Module&, std::vector<Tensor>& g) {
+      for (const HookRecord& r : bwd_pre)
+        run_record(r, pm, [&] {
+          check_index(r, g.size());
+          g[r.io_index] = gradient(g[r.io_index], r, mesh);
+        });
     }));
   if (!bwd.empty())
     handles.push_back(m.register_backward_hook(
-        [bwd, mesh, check_index](Module&, std::vector<Tensor>& g, const std::vector<Tensor>&) {
-          for (const HookRecord& r : bwd) {
-            check_index(r, g.size());
-            g[r.io_index] = gradient(g[r.io_index], r, mesh);
-          }
+        [bwd, mesh, pm, check_index](Module&, std::vector<Tensor>& g, const std::vector<Tensor>&) {
+          for (const HookRecord& r : bwd)
+            run_record(r, pm, [&] {
+              check_index(r, g.size());
+              g[r.io_index] = gradient(g[r.io_index], r, mesh);
+            });
         }));
 }
 
@@ -224,6 +280,16 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
   for (auto& [path, recs] : by_module) {
     std::shared_ptr<Module> m = path.empty() ? nullptr : model.get_module(path);
     install(m ? *m : model, recs, mesh, ir.mesh, handles);
+  }
+  // Error notes: an op failing inside a module's forward names the module and these plan lines.
+  for (auto& [path, note] : error_notes(ir, plan, model)) {
+    std::shared_ptr<Module> m = path.empty() ? nullptr : model.get_module(path);
+    Module& target = m ? *m : model;
+    target.set_error_note(std::move(note));
+    std::weak_ptr<Module> weak = m ? std::weak_ptr<Module>(m) : model.weak_from_this();
+    handles.emplace_back([weak] {
+      if (auto alive = weak.lock()) alive->set_error_note("");
+    });
   }
   return Parallelized(std::move(ir), std::move(handles));
 }

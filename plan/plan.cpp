@@ -4,10 +4,9 @@
 #include "plan/plan.h"
 
 #include <fstream>
-#include <regex>
 #include <set>
-#include <sstream>
 
+#include "plan/path_regex.h"
 #include "runtime/error.h"
 
 namespace mt {
@@ -15,6 +14,8 @@ namespace mt {
 namespace {
 
 constexpr const char* kKeywords = "mesh, place, init, run, redistribute, annotate, factory";
+// A plan is a page of text (the stock plans are under 2 KiB); anything far larger is not a plan.
+constexpr size_t kMaxPlanBytes = size_t{1} << 20;
 
 struct Token {
   std::string text;
@@ -228,13 +229,7 @@ void Plan::set_mesh(std::vector<MeshDimDecl> dims, PlanLoc loc) {
 void Plan::add_entry(PlanEntry e) {
   MT_CHECK(!mesh_.empty(), "{}: '{}' comes before the mesh; expected a 'mesh NAME=SIZE ...' line first",
            e.loc.str(), e.keyword());
-  try {
-    std::regex re(e.module_re, std::regex::ECMAScript);
-  } catch (const std::regex_error& err) {
-    MT_FAIL("{}: '{}' is not a valid regular expression ({}); expected an ECMAScript regex fully matched "
-            "against module paths, e.g. model\\.layers\\.\\d+\\.mlp",
-            e.module_loc.str(), e.module_re, err.what());
-  }
+  (void)PathRegex(e.module_re, e.module_loc, "a regex over module paths, e.g. model\\.layers\\.\\d+\\.mlp");
   IoRef io = parse_io_ref(e.tensor);
   const bool io_like = !e.tensor.empty() && e.tensor[0] == '<';
   MT_CHECK(!io_like || io.valid(), "{}: '{}' is not a module input or output; expected <in>:K or <out>:K",
@@ -260,13 +255,7 @@ void Plan::add_entry(PlanEntry e) {
       break;
   }
   if (is_param_entry(e)) {
-    try {
-      std::regex re(e.tensor, std::regex::ECMAScript);
-    } catch (const std::regex_error& err) {
-      MT_FAIL("{}: '{}' is not a valid regular expression ({}); expected a parameter name such as weight "
-              "or weight|bias",
-              e.tensor_loc.str(), e.tensor, err.what());
-    }
+    (void)PathRegex(e.tensor, e.tensor_loc, "a parameter name such as weight or weight|bias");
   }
   auto check_how = [&](const How& how, const char* what) {
     MT_CHECK(!how.empty(), "{}: {} has no placement; expected at least one DIM=PLACEMENT such as {}=R",
@@ -416,6 +405,8 @@ std::string Plan::str() const {
 // ---- parser ----
 
 Plan parse_plan(std::string_view text, const std::string& filename) {
+  MT_CHECK(text.size() <= kMaxPlanBytes, "{}: the plan file is {} bytes; expected a text file of at most {} bytes",
+           filename, text.size(), kMaxPlanBytes);
   Plan plan;
   plan.set_source(filename);
   int line_no = 0;
@@ -425,6 +416,13 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
     std::string_view line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
     pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
     ++line_no;
+    // Binary data is not a plan: name the first control byte instead of echoing it back.
+    for (size_t i = 0; i < line.size(); ++i) {
+      unsigned char c = static_cast<unsigned char>(line[i]);
+      MT_CHECK(c >= 0x20 || c == '\t' || c == '\r',
+               "{}:{}:{}: byte 0x{:02x} is a control character; expected a text plan file (docs/plans.md)", filename,
+               line_no, i + 1, c);
+    }
     auto toks = tokenize(line, 3);
     if (toks.empty()) continue;
     PlanLoc line_loc{filename, line_no, 1};
@@ -508,9 +506,14 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
 Plan load_plan(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   MT_CHECK(in.good(), "load_plan: cannot open plan file '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_plan(ss.str(), path);
+  // Read at most one byte past the limit: a huge file (or a device) is rejected without reading it all.
+  std::string text(kMaxPlanBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  MT_CHECK(!in.bad(), "load_plan: cannot read plan file '{}' (is it a directory?)", path);
+  text.resize(static_cast<size_t>(in.gcount()));
+  MT_CHECK(text.size() <= kMaxPlanBytes, "{}: the plan file is larger than {} bytes; expected a text file",
+           path, kMaxPlanBytes);
+  return parse_plan(text, path);
 }
 
 }  // namespace mt

@@ -167,6 +167,17 @@ std::vector<size_t> route_through(const std::shared_ptr<Node>& node, std::vector
 // ---- forward and hooks ------------------------------------------------------------------------
 
 std::vector<Tensor> Module::operator()(std::vector<Tensor> inputs) {
+  if (error_note_.empty()) return call(std::move(inputs));
+  try {
+    return call(std::move(inputs));
+  } catch (const ModuleError&) {
+    throw;  // an inner module (or hook) already said where
+  } catch (const Error& e) {
+    throw ModuleError(fmt::format("{}; in {}: {}", e.what(), where(), error_note_));
+  }
+}
+
+std::vector<Tensor> Module::call(std::vector<Tensor> inputs) {
   for (auto& hook : forward_pre_hooks_.snapshot()) hook(*this, inputs);
 
   std::shared_ptr<BackwardHookState> st;

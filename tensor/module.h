@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/params.h"
+#include "runtime/error.h"
 #include "tensor/hooks.h"
 #include "tensor/tensor.h"
 
@@ -63,6 +64,13 @@ enum class Strict { kNo, kYes };     // load_state_dict: unknown or missing keys
 struct LoadResult {
   std::vector<std::string> missing_keys;     // in the model, not in the state
   std::vector<std::string> unexpected_keys;  // in the state, not in the model
+};
+
+// An error that already carries a module's note (Module::set_error_note): modules further out
+// pass it on unchanged, so the innermost note is the one a message shows.
+class ModuleError : public Error {
+ public:
+  using Error::Error;
 };
 
 class Module : public std::enable_shared_from_this<Module> {
@@ -145,6 +153,14 @@ class Module : public std::enable_shared_from_this<Module> {
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
 
+  // ---- error context ----
+  // A note added to errors (mt::Error) that escape this module's call, its hooks and its
+  // submodules included: "WHAT; in module 'a.b': NOTE". Set by the layer that installs the hooks
+  // (plan/parallelize.cpp: the plan entries in effect), so that an op failing deep inside a
+  // forward names the module and the plan lines. The innermost module with a note adds it, once.
+  void set_error_note(std::string note) { error_note_ = std::move(note); }
+  const std::string& error_note() const { return error_note_; }
+
   // ---- hooks (firing order in docs/modules.md) ----
   HookHandle register_forward_pre_hook(ForwardPreHook hook) { return forward_pre_hooks_.add(std::move(hook)); }
   HookHandle register_forward_hook(ForwardHook hook) { return forward_hooks_.add(std::move(hook)); }
@@ -170,6 +186,7 @@ class Module : public std::enable_shared_from_this<Module> {
   void add_child(const std::string& name, std::shared_ptr<Module> m);
   void set_path(const std::string& path);
   std::string where() const;  // "module 'a.b'" or "the root module"
+  std::vector<Tensor> call(std::vector<Tensor> inputs);  // operator() without the error note
   Tensor& add_init_param(const std::string& name, InitRecord rec);
   enum class Slots { kParams, kBuffers, kAll };
   // Visits (path, slot) pre-order: each module's parameters, then its buffers, then children;
@@ -186,6 +203,7 @@ class Module : public std::enable_shared_from_this<Module> {
   std::string path_;
   bool training_ = true;
   Recompute recompute_ = Recompute::kNo;
+  std::string error_note_;
   HookList<ForwardPreHook> forward_pre_hooks_;
   HookList<ForwardHook> forward_hooks_;
   HookList<BackwardPreHook> backward_pre_hooks_;

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(g++ meson ninja-build pkg-config libeigen3-dev libfmt-dev nlohmann-json3-dev catch2 python3 libopenmpi-dev openmpi-bin)
+PKGS=(g++ meson ninja-build pkg-config libeigen3-dev libfmt-dev nlohmann-json3-dev catch2 libre2-dev python3 libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -3,17 +3,22 @@
 // anything (the model is built on the meta device; no MPI needed).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "mesh/shard_layout.h"
 #include "models/hf_config.h"
 #include "models/llama.h"
 #include "plan/lower.h"
 #include "plan/plan.h"
 #include "runtime/error.h"
+#include "tensor/ops.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 
 namespace mt::cli {
 namespace {
+
+constexpr int64_t kMaxWorld = 65536;
 
 const std::vector<FlagSpec> kPlanFlags = {
     {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
@@ -52,7 +57,8 @@ int run_plan(int argc, char** argv) {
   Args args("plan", kPlanFlags, argc, argv, 2);
   const std::string plan_path = args.required("plan");
   const int64_t world = args.integer("world");
-  MT_CHECK(world >= 1, "plan: --world must be at least 1, got {}", world);
+  MT_CHECK(world >= 1 && world <= kMaxWorld, "plan: --world must be in 1..{} (every mesh coordinate is listed), got {}",
+           kMaxWorld, world);
   ModelConfig config = resolve_config(args.str("config"));
   Plan plan = load_plan(plan_path);
   std::shared_ptr<CausalLM> model;
@@ -62,6 +68,12 @@ int run_plan(int argc, char** argv) {
   }
   PlanMesh mesh = plan.resolve_mesh(world);
   HookIR ir = lower(plan, *model, mesh);
+  // Inputs and outputs have no static shape: one forward on a meta batch of token ids shows them.
+  {
+    InitDeviceGuard meta(Device::meta());
+    const int64_t seq = std::min<int64_t>(8, std::max<int64_t>(config.max_position_embeddings, 1));
+    check_io_shapes(plan, ir, *model, {zeros(Shape{1, seq}, TensorOptions(DType::kI64).with_device(Device::meta()))});
+  }
   fmt::print("# plan {} for {} on a world of {}: mesh {}\n", plan_path, args.str("config"), world, mesh.str());
   fmt::print("# hook IR: {} records\n{}", ir.records.size(), ir.str());
   std::string dims = fmt::format("{}", fmt::join(mesh.names, ","));

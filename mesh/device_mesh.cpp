@@ -34,14 +34,16 @@ struct DeviceMesh::Root {
   Shape shape;
   std::vector<std::string> names;
   std::vector<int64_t> coords;  // this rank's coordinates in the root mesh
+  bool simulated = false;       // DeviceMesh::simulated: no communicators
   std::mutex mutex;
   std::map<uint32_t, Communicator> comms;  // key: bit mask of root dims
 
   std::string str() const { return fmt::format("DeviceMesh({}, {})", shape, quoted(names)); }
 };
 
-DeviceMesh::DeviceMesh(Shape shape, std::vector<std::string> names) {
-  const std::string what = fmt::format("DeviceMesh({}, {})", shape, quoted(names));
+namespace {
+
+void check_dims(const Shape& shape, const std::vector<std::string>& names, const std::string& what) {
   MT_CHECK(shape.size() >= 1, "{}: a mesh needs at least one dim", what);
   MT_CHECK(static_cast<int>(names.size()) == shape.size(), "{}: shape has {} dims but {} names given",
            what, shape.size(), names.size());
@@ -52,6 +54,13 @@ DeviceMesh::DeviceMesh(Shape shape, std::vector<std::string> names) {
     MT_CHECK(shape[static_cast<int>(i)] >= 1, "{}: dim \"{}\" has size {}; sizes must be >= 1", what,
              names[i], shape[static_cast<int>(i)]);
   }
+}
+
+}  // namespace
+
+DeviceMesh::DeviceMesh(Shape shape, std::vector<std::string> names) {
+  const std::string what = fmt::format("DeviceMesh({}, {})", shape, quoted(names));
+  check_dims(shape, names, what);
   const World& w = world();
   MT_CHECK(shape.numel() == w.size(),
            "{}: the mesh has {} ranks but the world has {} (start the job with mpirun -np {})",
@@ -69,6 +78,27 @@ DeviceMesh::DeviceMesh(Shape shape, std::vector<std::string> names) {
   for (int d = 0; d < shape.size(); ++d) dims_.push_back({d});
   names_ = std::move(names);
 }
+
+DeviceMesh DeviceMesh::simulated(Shape shape, std::vector<std::string> names, std::vector<int64_t> coords) {
+  const std::string what = fmt::format("DeviceMesh::simulated({}, {})", shape, quoted(names));
+  check_dims(shape, names, what);
+  MT_CHECK(static_cast<int>(coords.size()) == shape.size(), "{}: {} coordinates for {} dims", what, coords.size(),
+           shape.size());
+  for (int d = 0; d < shape.size(); ++d)
+    MT_CHECK(coords[static_cast<size_t>(d)] >= 0 && coords[static_cast<size_t>(d)] < shape[d],
+             "{}: coordinate {} of dim \"{}\" is outside 0..{}", what, coords[static_cast<size_t>(d)],
+             names[static_cast<size_t>(d)], shape[d] - 1);
+  auto root = std::make_shared<Root>();
+  root->shape = shape;
+  root->names = names;
+  root->coords = std::move(coords);
+  root->simulated = true;
+  std::vector<std::vector<int>> dims;
+  for (int d = 0; d < shape.size(); ++d) dims.push_back({d});
+  return DeviceMesh(std::move(root), std::move(dims), std::move(names));
+}
+
+bool DeviceMesh::is_simulated() const { return root_->simulated; }
 
 DeviceMesh::DeviceMesh(std::shared_ptr<Root> root, std::vector<std::vector<int>> dims,
                        std::vector<std::string> names)
@@ -198,6 +228,8 @@ Communicator DeviceMesh::comm_for(const std::vector<int>& root_dims) const {
     mask |= 1u << rd;
     dim_names.push_back(root_->names[static_cast<size_t>(rd)]);
   }
+  MT_CHECK(!root_->simulated, "{}: a simulated mesh (a plan checked on meta tensors) has no communicator for "
+           "mesh dims {}", root_->str(), quoted(dim_names));
   std::lock_guard<std::mutex> lock(root_->mutex);
   auto it = root_->comms.find(mask);
   if (it != root_->comms.end()) return it->second;

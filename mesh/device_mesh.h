@@ -23,6 +23,11 @@ class DeviceMesh {
  public:
   // shape.numel() must equal world().size(); names are distinct and non-empty.
   DeviceMesh(Shape shape, std::vector<std::string> names);
+  // The mesh as rank `coords` of a world that is not running would see it, without
+  // communicators (comm() throws): for checking a plan on meta tensors for any world size
+  // (plan/check.h, `meshtrain plan`). Shapes, coordinates and ranks are those of that rank.
+  static DeviceMesh simulated(Shape shape, std::vector<std::string> names, std::vector<int64_t> coords);
+  bool is_simulated() const;
 
   int ndim() const { return static_cast<int>(names_.size()); }
   Shape shape() const;

@@ -22,6 +22,9 @@ std::string spec_key(const DeviceMesh& mesh, const Placements& placements, const
   key += '|';
   key += placements_str(placements);
   key += fmt::format("|{}", shape);
+  // A simulated mesh (plan checks) is one rank of a world that is not running: its specs (local
+  // shapes, no communicators) are its own, per coordinate.
+  if (mesh.is_simulated()) key += fmt::format("|simulated at {}", mesh.coordinate_shape());
   return key;
 }
 

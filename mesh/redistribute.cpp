@@ -226,7 +226,6 @@ Tensor redistribute_local(const Tensor& local, const Shape& global_shape, const 
   MT_CHECK(static_cast<int>(src.size()) == nd && static_cast<int>(dst.size()) == nd,
            "{}: need one placement per mesh dim ({}), got {} source and {} destination placements",
            c.what, nd, src.size(), dst.size());
-  MT_CHECK(local.device().is_cpu(), "{}: local tensor {} is not a host tensor", c.what, local.desc());
   Shape src_local, dst_local;
   try {
     src_local = local_layout(global_shape, src, c.mesh_shape, c.coord).local_shape;
@@ -236,6 +235,10 @@ Tensor redistribute_local(const Tensor& local, const Shape& global_shape, const 
   }
   MT_CHECK(local.shape() == src_local, "{}: local tensor has shape {}, the source shard at mesh coordinate {} has {}",
            c.what, local.shape(), c.coord, src_local);
+  // A meta tensor has no values to move: the result is the destination shard's shape (plan checks
+  // run whole forwards this way, on a simulated mesh without communicators).
+  if (local.is_meta()) return empty(dst_local, local.options());
+  MT_CHECK(local.device().is_cpu(), "{}: local tensor {} is not a host tensor", c.what, local.desc());
 
   int i0 = 0;
   while (i0 < nd && src[static_cast<size_t>(i0)] == dst[static_cast<size_t>(i0)]) ++i0;

@@ -8,6 +8,7 @@
 #include "mesh/shard_layout.h"
 #include "models/hf_config.h"
 #include "models/llama.h"
+#include "plan/check.h"
 #include "plan/lower.h"
 #include "plan/plan.h"
 #include "runtime/error.h"
@@ -72,7 +73,10 @@ int run_plan(int argc, char** argv) {
   {
     InitDeviceGuard meta(Device::meta());
     const int64_t seq = std::min<int64_t>(8, std::max<int64_t>(config.max_position_embeddings, 1));
-    check_io_shapes(plan, ir, *model, {zeros(Shape{1, seq}, TensorOptions(DType::kI64).with_device(Device::meta()))});
+    std::vector<Tensor> ids = {zeros(Shape{1, seq}, TensorOptions(DType::kI64).with_device(Device::meta()))};
+    check_io_shapes(plan, ir, *model, ids);
+    // Then the ops themselves under the plan (heads split evenly, views of shards, ...).
+    check_plan_forward(plan, mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(config); }, ids);
   }
   fmt::print("# plan {} for {} on a world of {}: mesh {}\n", plan_path, args.str("config"), world, mesh.str());
   fmt::print("# hook IR: {} records\n{}", ir.records.size(), ir.str());

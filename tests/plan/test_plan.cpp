@@ -1,15 +1,21 @@
 // Plans without communication: the parser on every stock plan, builder == file, error messages
 // (file:line:column, unmatched regexes with nearby paths, mesh/world mismatch, placements that do
-// not fit), and golden IR lines for llama-tiny under llama_tp at world 2.
+// not fit), and golden IR lines for llama-tiny under llama_tp at world 2. Hostile input: regexes
+// (RE2: linear time, bounded length), binary and oversized files, inputs split on dims they do not
+// have, and head splits the model's views cannot take (check_plan_forward on a simulated mesh).
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "models/config.h"
 #include "models/llama.h"
+#include "plan/check.h"
 #include "plan/lower.h"
+#include "plan/path_regex.h"
 #include "plan/plan.h"
 #include "runtime/error.h"
+#include "tensor/ops.h"
 #include "testing.h"
 
 using namespace mt;
@@ -223,4 +229,144 @@ TEST_CASE("plan: lowering errors (unmatched regexes, mesh/world, placements that
   Plan p = parse_plan("mesh tp=*\n", "t.plan");
   DeviceMesh one({1}, {"dp"});
   REQUIRE_THROWS_WITH(lower(p, *m, one), Contains("declares mesh [tp=1]") && Contains("DeviceMesh([1]"));
+}
+
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const mt::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// A meta batch of token ids [1, 8] for llama-tiny.
+std::vector<Tensor> meta_ids() {
+  return {zeros(Shape{1, 8}, TensorOptions(DType::kI64).with_device(Device::meta()))};
+}
+
+}  // namespace
+
+TEST_CASE("plan: regexes are RE2 (linear time, full match, bounded) with file:line:column errors", "[cpu]") {
+  using Catch::Contains;
+  // A 100 kB regex is an error at its token, not a stack overflow in the regex engine.
+  const std::string huge(100000, 'a');
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh tp=*\nplace " + huge + " weight tp=R\n", "t.plan"); }),
+               Contains("t.plan:2:7") && Contains("100000 bytes long") && Contains("at most 4096 bytes"));
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh tp=*\nplace model " + huge + " tp=R\n", "t.plan"); }),
+               Contains("t.plan:2:13") && Contains("at most 4096 bytes"));
+  std::string nested = std::string(2000, '(') + "a" + std::string(2000, ')');
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh tp=*\nplace " + std::string(100000, '(') + " weight tp=R\n", "t.plan"); }),
+               Contains("t.plan:2:7") && Contains("at most 4096 bytes"));
+  Plan deep;
+  deep.mesh({{"tp", -1}});
+  REQUIRE_NOTHROW(deep.place(nested, "weight", "tp=R"));  // deep nesting within the bound is fine
+  Plan b;
+  b.mesh({{"tp", -1}});
+  REQUIRE_THROWS_WITH(b.place(huge, "weight", "tp=R"), Contains("<builder>:2") && Contains("at most 4096 bytes"));
+
+  // Catastrophic backtracking patterns match in linear time (a backtracking engine takes minutes).
+  PathRegex bad("((.*)*)*Q", PlanLoc{"t.plan", 1, 1}, "a regex");
+  const std::string path(200000, 'a');
+  REQUIRE_FALSE(bad.full_match(path));
+  REQUIRE(bad.full_match(path + "Q"));
+  PathRegex alt("(a|aa)*(a|aa)*(a|aa)*b", PlanLoc{"t.plan", 1, 1}, "a regex");
+  REQUIRE_FALSE(alt.full_match(path));
+  // ... and in a plan: the entry matches the paths it should, quickly.
+  auto m = meta_model("llama-tiny");
+  Plan cat = parse_plan("mesh tp=*\nplace ((.*)*)*head weight tp=S(0)\n", "t.plan");
+  REQUIRE_THAT(lower(cat, *m, cat.resolve_mesh(2)).str(), Contains("lm_head.param_init:weight:init(S(0)@tp)"));
+  REQUIRE_THAT(error_of([&] {
+                 Plan q = parse_plan("mesh tp=*\nplace ((.*)*)*Q weight tp=R\n", "t.plan");
+                 lower(q, *m, q.resolve_mesh(2));
+               }),
+               Contains("t.plan:2:7") && Contains("matches no module path"));
+
+  // Full match, not search: "self_attn" is not "model.layers.0.self_attn".
+  PathRegex part("self_attn", PlanLoc{"t.plan", 1, 1}, "a regex");
+  REQUIRE_FALSE(part.full_match("model.layers.0.self_attn"));
+  REQUIRE(PathRegex(R"(model\.layers\.\d+\.self_attn)", PlanLoc{"t.plan", 1, 1}, "").full_match("model.layers.12.self_attn"));
+  REQUIRE(PathRegex(R"(a\#b)", PlanLoc{"t.plan", 1, 1}, "").full_match("a#b"));  // "\#" in plan files
+
+  // Invalid regexes: RE2's message, at the column of the part it names.
+  auto err = [](const std::string& text) { return error_of([&] { parse_plan(text, "t.plan"); }); };
+  REQUIRE_THAT(err("mesh tp=*\nplace model\\.(layers weight tp=R\n"),
+               Contains("t.plan:2:7") && Contains("not a valid regular expression") && Contains("missing )"));
+  REQUIRE_THAT(err("mesh tp=*\nplace model(?=x) weight tp=R\n"),
+               Contains("t.plan:2:12") && Contains("invalid perl operator: (?=") && Contains("no backreferences or lookaround"));
+  REQUIRE_THAT(err("mesh tp=*\nplace (model)\\1 weight tp=R\n"),
+               Contains("t.plan:2:14") && Contains("invalid escape sequence: \\1"));
+  REQUIRE_THAT(err("mesh tp=*\nplace model weight[ tp=R\n"),
+               Contains("t.plan:2:19") && Contains("missing ]"));
+  REQUIRE_THAT(err("mesh tp=*\nplace model a{2000} tp=R\n"), Contains("t.plan:2:14") && Contains("invalid repetition size"));
+}
+
+TEST_CASE("plan: binary and oversized plan files are clean errors", "[cpu]") {
+  using Catch::Contains;
+  REQUIRE_THAT(error_of([] { parse_plan(std::string("mesh tp=*\nplace mo\x01" "del weight tp=R\n"), "t.plan"); }),
+               Contains("t.plan:2:9") && Contains("byte 0x01 is a control character"));
+  REQUIRE_THAT(error_of([] { parse_plan(std::string("mesh\0tp=*\n", 10), "t.plan"); }),
+               Contains("t.plan:1:5") && Contains("byte 0x00"));
+  REQUIRE_THAT(error_of([] { parse_plan(std::string((1 << 20) + 1, '#'), "t.plan"); }),
+               Contains("t.plan") && Contains("expected a text file of at most 1048576 bytes"));
+  REQUIRE_THAT(error_of([] { parse_plan("", "t.plan"); }), Contains("t.plan:1") && Contains("declares no mesh"));
+  // A long line that is only a comment is fine; a long placement list is an error at its token.
+  REQUIRE_NOTHROW(parse_plan("mesh tp=*\n#" + std::string(500000, 'x') + "\n", "t.plan"));
+}
+
+TEST_CASE("plan: inputs and outputs are checked against a meta forward", "[cpu]") {
+  using Catch::Contains;
+  auto m = meta_model("llama-tiny");
+  auto io_err = [&](const std::string& text, int64_t world) {
+    Plan p = parse_plan(text, "t.plan");
+    HookIR ir = lower(p, *m, p.resolve_mesh(world));
+    return error_of([&] { check_io_shapes(p, ir, *m, meta_ids()); });
+  };
+  // Token ids are [B, T]: S(2) names a dim they do not have; the error points at "tp=S(2)".
+  REQUIRE_THAT(io_err("mesh tp=*\nplace model <in>:0 tp=S(2)\n", 2),
+               Contains("t.plan:2:20") && Contains("S(2)@tp for <in>:0 of module model splits tensor dim 2") &&
+                   Contains("[1, 8] (2-D)"));
+  REQUIRE_THAT(io_err("mesh dp=2 tp=*\nredistribute model\\.norm <out>:0 dp=R tp=S(1) -> dp=R tp=S(3)\n", 4),
+               Contains("t.plan:2:55") && Contains("S(3)@tp for <out>:0 of module model.norm") && Contains("(3-D)"));
+  REQUIRE_THAT(io_err("mesh tp=*\nplace model <in>:2 tp=R\n", 2),
+               Contains("t.plan:2:1") && Contains("<in>:2 of module model: its forward has 1 inputs"));
+  // The stock plans pass.
+  for (const auto& name : {"llama_dp", "llama_tp", "llama_tp_sp", "llama_zero3"}) {
+    Plan p = load_plan(plans_dir() + "/" + name + ".plan");
+    HookIR ir = lower(p, *m, p.resolve_mesh(2));
+    REQUIRE_NOTHROW(check_io_shapes(p, ir, *m, meta_ids()));
+  }
+}
+
+TEST_CASE("plan: the forward check finds uneven head splits, naming the module and the plan line", "[cpu]") {
+  using Catch::Contains;
+  auto build = [] { return std::static_pointer_cast<Module>(meta_model("llama-tiny")); };
+  const std::string tp = plans_dir() + "/llama_tp.plan";
+  Plan p = load_plan(tp);
+  // llama-tiny has 2 KV heads: 4 tensor-parallel ranks split them unevenly; the view in attention
+  // cannot take it. Found without a job, for any world size.
+  REQUIRE_THAT(error_of([&] { check_plan_forward(p, p.resolve_mesh(4), build, meta_ids()); }),
+               Contains(tp + ": a forward under the plan on mesh [tp=4] at coordinate [0] fails") &&
+                   Contains("is not a Shard of the view [1, 8, 64] -> [1, 8, 2, 32]") &&
+                   Contains("in module 'model.layers.0.self_attn'") && Contains(tp + ":8:1 `place") &&
+                   Contains("(q|k|v)_proj weight|bias tp=S(0)`"));
+  // An input split on a dim it has not, placed by the plan's root entry, fails in the hook.
+  Plan in = parse_plan("mesh tp=*\nplace model <in>:0 tp=S(2)\n", "t.plan");
+  REQUIRE_THAT(error_of([&] { check_plan_forward(in, in.resolve_mesh(2), build, meta_ids()); }),
+               Contains("in plan hook model.forward_pre:<in>:0:to(S(2)@tp) (plan t.plan:2:1)"));
+  // Every stock plan passes where it fits (llama-tiny: 4 heads, 2 KV heads).
+  for (const auto& name : kStock) {
+    INFO(name);
+    Plan s = load_plan(plans_dir() + "/" + name + ".plan");
+    const std::string cfg = config_for(name);
+    auto b = [cfg] { return std::static_pointer_cast<Module>(meta_model(cfg)); };
+    for (int64_t world : {1, 2, 4}) {
+      // 4-way tensor parallelism splits llama-tiny's 2 KV heads; dp_tp and ep_tp need 2 ranks.
+      if ((name == "llama_tp" || name == "llama_tp_sp") && world == 4) continue;
+      if ((name == "llama_dp_tp" || name == "mixtral_ep_tp") && world == 1) continue;
+      REQUIRE_NOTHROW(check_plan_forward(s, s.resolve_mesh(world), b, meta_ids()));
+    }
+  }
 }

@@ -2,9 +2,10 @@
 // stock plan that fits the world gives parameters whose full_tensor equals the single-device init
 // bit for bit; ZeRO-3's gather/release hooks; and llama_tp in static-eager mode (plain local
 // tensors, the plan's hooks doing the communication) reproducing the single-device logits and
-// gradients.
+// gradients. Errors inside a parallelized forward name the module path and the plan entries.
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 
 #include "mesh/dtensor.h"
 #include "mesh/world.h"
@@ -147,5 +148,63 @@ TEST_CASE("parallelize: llama_tp in static-eager mode matches the single-device 
     double max_abs = 0;
     for (double v : want_g) max_abs = std::max(max_abs, std::abs(v));
     REQUIRE_CLOSE(full, want_g, 0.0, 1e-5 * max_abs);
+  }
+}
+
+TEST_CASE("parallelize: errors in a parallelized forward name the module path and the plan entries", "[cpu]") {
+  using Catch::Contains;
+  const int64_t world = mt::world().size();
+  DeviceMesh mesh({world}, {"dp"});
+  auto error_of = [](const std::function<void()>& fn) -> std::string {
+    try {
+      fn();
+    } catch (const mt::Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  {
+    // A hook that cannot do what the plan says: the input [5, 3] has no dim 2.
+    auto probe = std::make_shared<Probe>();
+    Plan plan;
+    plan.mesh({{"dp", -1}}).place("()", "<in>:0", "dp=S(2)");
+    Parallelized par = parallelize(*probe, plan, mesh);
+    REQUIRE_THAT(error_of([&] { (*probe)(testing::rand({5, 3}, DType::kF32, 1)); }),
+                 Contains("in plan hook forward_pre:<in>:0:to(S(2)@dp) (plan <builder>:2)"));
+  }
+  {
+    // An op failing inside a module's forward: the module and the plan entries that concern it.
+    auto probe = std::make_shared<Probe>();
+    Plan plan;
+    plan.mesh({{"dp", -1}}).place("()", "weight", "dp=R");
+    Parallelized par = parallelize(*probe, plan, mesh);
+    const std::string e = error_of([&] { (*probe)(testing::rand({4, 4}, DType::kF32, 1)); });
+    REQUIRE_THAT(e, Contains("; in the root module: plan entries for it and its submodules: <builder>:2 `place () "
+                             "weight dp=R`"));
+    // Removing the plan's hooks removes the note too.
+    par.remove();
+    REQUIRE_THAT(error_of([&] { (*probe)(testing::rand({4, 4}, DType::kF32, 1)); }),
+                 !Contains("plan entries"));
+  }
+  if (world == 2) {
+    // One KV head split over 2 tensor-parallel ranks: each rank gets half a head, which rotary
+    // embedding cannot take (it rotates pairs along the split head dim). The
+    // first forward names the attention module and the plan line that placed k_proj.
+    ModelConfig cfg = builtin_config("llama-tiny");
+    cfg.num_key_value_heads = 1;
+    std::shared_ptr<CausalLM> model;
+    {
+      InitDeviceGuard g(Device::meta());
+      model = build_causal_lm(cfg);
+    }
+    const std::string path = plans_dir() + "/llama_tp.plan";
+    Plan plan = load_plan(path);
+    PlanMesh pm = plan.resolve_mesh(world);
+    DeviceMesh tp(pm.shape, pm.names);
+    Parallelized par = parallelize(*model, plan, tp);
+    Tensor ids = testing::ids_tensor(testing::kIds, 2, 5);
+    REQUIRE_THAT(error_of([&] { (*model)(ids); }),
+                 Contains("no sharding without communication") && Contains("in module 'model.layers.0.self_attn'") &&
+                     Contains(path + ":8:1 `place model\\.layers\\.\\d+\\.self_attn\\.(q|k|v)_proj weight|bias tp=S(0)`"));
   }
 }

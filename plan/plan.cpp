@@ -370,15 +370,19 @@ PlanMesh Plan::resolve_mesh(int64_t world) const {
   PlanMesh m;
   int64_t fixed = 1;
   int star = -1;
+  bool too_big = false;
   std::string decl;
   for (size_t i = 0; i < mesh_.size(); ++i) {
     m.names.push_back(mesh_[i].name);
     if (mesh_[i].size < 0)
       star = static_cast<int>(i);
-    else
-      fixed *= mesh_[i].size;
+    else if (__builtin_mul_overflow(fixed, mesh_[i].size, &fixed))
+      too_big = true;  // the product does not even fit in 64 bits
     decl += fmt::format("{}{}={}", i ? " " : "", mesh_[i].name, mesh_[i].size < 0 ? "*" : std::to_string(mesh_[i].size));
   }
+  MT_CHECK(!too_big, "{}: mesh {} needs more ranks than the world has ({}); expected the sizes to multiply to "
+           "the world size (or one dim to be *)",
+           mesh_loc_.str(), decl, world);
   if (star >= 0) {
     MT_CHECK(world % fixed == 0 && world >= fixed,
              "{}: mesh {} does not fit a world of {} ranks: the fixed dims take {} ranks, which must divide "

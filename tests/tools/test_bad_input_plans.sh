@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Bad plans against `meshtrain plan` (issue 10, item 5): hostile regexes (huge, catastrophic,
+# invalid), plans the model cannot run (uneven head splits, inputs split on dims they do not have),
+# meshes that do not fit, and files that are not plans. Each case must exit non-zero within the
+# time limit (no hang, no crash), name the file and line (or flag), and leave the plans alone.
+# Usage: test_bad_input_plans.sh MESHTRAIN PLANS_DIR
+bin=$1
+plans=$2
+source "$(dirname "$0")/bad_input_lib.sh"
+
+P=$WORK/p   # the bad plans, watched: nothing may change them
+mkdir -p "$P"
+plan() { printf '%b' "$2" > "$P/$1.plan"; }
+run=("$bin" plan --config llama-tiny --plan)  # an array: `timeout` runs programs, not functions
+
+# ---- regexes ----
+plan huge "mesh tp=*\nplace $(head -c 100000 /dev/zero | tr '\0' a) weight tp=R\n"
+bad_case "100 kB module regex" --watch "$P" "huge.plan:2:7" "100000 bytes long" "at most 4096 bytes" -- \
+  "${run[@]}" "$P/huge.plan" --world 2
+plan deep "mesh tp=*\nplace $(head -c 100000 /dev/zero | tr '\0' '(') weight tp=R\n"
+bad_case "100 kB of nested groups" --watch "$P" "deep.plan:2:7" "at most 4096 bytes" -- "${run[@]}" "$P/deep.plan" --world 2
+plan hugeparam "mesh tp=*\nplace model\\\\.norm $(head -c 5000 /dev/zero | tr '\0' w) tp=R\n"
+bad_case "5 kB parameter regex" --watch "$P" "hugeparam.plan:2:19" "5000 bytes long" -- "${run[@]}" "$P/hugeparam.plan" --world 2
+plan cat "mesh tp=*\nplace ((.*)*)*Q weight tp=R\n"
+bad_case "catastrophic module regex" --watch "$P" --timeout 10 "cat.plan:2:7" "matches no module path" -- \
+  "${run[@]}" "$P/cat.plan" --world 2
+plan catparam "mesh tp=*\nplace .* ((.*)*)*Q tp=R\n"
+bad_case "catastrophic parameter regex" --watch "$P" --timeout 10 "catparam.plan:2:10" "matches no parameter" -- \
+  "${run[@]}" "$P/catparam.plan" --world 2
+plan unclosed "mesh tp=*\nplace model\\\\.layers\\\\.(0 weight tp=R\n"
+bad_case "unclosed group" --watch "$P" "unclosed.plan:2:7" "not a valid regular expression" "missing )" -- \
+  "${run[@]}" "$P/unclosed.plan" --world 2
+plan look "mesh tp=*\nplace model(?!x) weight tp=R\n"
+bad_case "lookahead (not RE2)" --watch "$P" "look.plan:2:12" "invalid perl operator" "no backreferences or lookaround" -- \
+  "${run[@]}" "$P/look.plan" --world 2
+plan backref "mesh tp=*\nplace (model)\\\\1 weight tp=R\n"
+bad_case "backreference (not RE2)" --watch "$P" "backref.plan:2:14" "invalid escape sequence" -- \
+  "${run[@]}" "$P/backref.plan" --world 2
+plan rep "mesh tp=*\nplace model a{1001} tp=R\n"
+bad_case "repetition over 1000" --watch "$P" "rep.plan:2:14" "invalid repetition size" -- "${run[@]}" "$P/rep.plan" --world 2
+
+# ---- plans the model cannot run ----
+bad_case "uneven KV heads (llama_tp, tp 4, 2 KV heads)" --watch "$plans" \
+  "llama_tp.plan: a forward under the plan on mesh [tp=4]" "in module 'model.layers.0.self_attn'" "llama_tp.plan:8:1" -- \
+  "${run[@]}" "$plans/llama_tp.plan" --world 4
+bad_case "uneven heads (llama_tp_sp, tp 3)" --watch "$plans" \
+  "llama_tp_sp.plan: a forward under the plan on mesh [tp=3]" "in module 'model.layers.0.self_attn'" -- \
+  "${run[@]}" "$plans/llama_tp_sp.plan" --world 3
+plan in2 "mesh tp=*\nplace model <in>:0 tp=S(2)\n"
+bad_case "input split on a dim it has not" --watch "$P" "in2.plan:2:20" "splits tensor dim 2" "[1, 8] (2-D)" -- \
+  "${run[@]}" "$P/in2.plan" --world 2
+plan out3 "mesh tp=*\nredistribute model\\\\.norm <out>:0 tp=R -> tp=S(3)\n"
+bad_case "output split on a dim it has not" --watch "$P" "out3.plan:2:42" "<out>:0 of module model.norm" -- \
+  "${run[@]}" "$P/out3.plan" --world 2
+plan in5 "mesh tp=*\nplace model <in>:5 tp=R\n"
+bad_case "input index beyond the forward's inputs" --watch "$P" "in5.plan:2:1" "its forward has 1 inputs" -- \
+  "${run[@]}" "$P/in5.plan" --world 2
+plan wdim "mesh tp=*\nplace model\\\\.norm weight tp=S(1)\n"
+bad_case "parameter split on a dim it has not" --watch "$P" "wdim.plan:2:26" "tensor dim 1 is out of range" -- \
+  "${run[@]}" "$P/wdim.plan" --world 2
+plan partial "mesh tp=*\nplace model\\\\.norm weight tp=P(sum)\n"
+bad_case "partial parameter" --watch "$P" "partial.plan:2:26" "cannot be Partial" -- "${run[@]}" "$P/partial.plan" --world 2
+bad_case "mixtral plan on a llama model" --watch "$plans" "mixtral_ep_tp.plan:" "matches no module path" -- \
+  "${run[@]}" "$plans/mixtral_ep_tp.plan" --world 2
+
+# ---- meshes ----
+plan dim "mesh tp=*\nplace model\\\\.norm weight dp=S(0)\n"
+bad_case "unknown mesh dim" --watch "$P" "dim.plan:2:26" "names no mesh dim" -- "${run[@]}" "$P/dim.plan" --world 2
+bad_case "world does not fit the mesh" --watch "$plans" "llama_dp_tp.plan:4:1" "does not fit a world of 3" -- \
+  "${run[@]}" "$plans/llama_dp_tp.plan" --world 3
+plan stars "mesh tp=* dp=*\n"
+bad_case "two * dims" --watch "$P" "stars.plan:1:11" "second '*'" -- "${run[@]}" "$P/stars.plan" --world 2
+plan zero "mesh tp=0\n"
+bad_case "mesh dim of size 0" --watch "$P" "zero.plan:1:6" "size 0" -- "${run[@]}" "$P/zero.plan" --world 2
+plan big "mesh tp=99999999999\n"
+bad_case "mesh dim far beyond the world" --watch "$P" "big.plan:1:1" "the world has 2" -- "${run[@]}" "$P/big.plan" --world 2
+plan overflow "mesh a=99999999999 b=99999999999 c=99999999999\n"
+bad_case "mesh dims whose product overflows" --watch "$P" "overflow.plan:1:1" "needs more ranks than the world has (2)" -- \
+  "${run[@]}" "$P/overflow.plan" --world 2
+plan twice "mesh tp=*\nmesh dp=*\n"
+bad_case "mesh declared twice" --watch "$P" "twice.plan:2:1" "declared twice" -- "${run[@]}" "$P/twice.plan" --world 2
+bad_case "--world 0" --watch "$plans" "--world must be in 1..65536" -- "${run[@]}" "$plans/llama_dp.plan" --world 0
+bad_case "--world 2^40" --watch "$plans" "--world must be in 1..65536" -- "${run[@]}" "$plans/llama_dp.plan" --world 1099511627776
+
+# ---- files that are not plans ----
+plan empty ""
+bad_case "empty plan" --watch "$P" "empty.plan:1" "declares no mesh" -- "${run[@]}" "$P/empty.plan" --world 2
+{ printf 'mesh tp=*\n'; head -c 4096 /dev/urandom; printf '\001'; } > "$P/garbage.plan"
+bad_case "binary garbage" --watch "$P" "garbage.plan:" "control character" -- "${run[@]}" "$P/garbage.plan" --world 2
+{ printf 'mesh tp=*\nplace model\\.norm weight'; for _ in $(seq 2000); do printf ' tp=R'; done; printf '\n'; } > "$P/long.plan"
+bad_case "very long line (2000 placements)" --watch "$P" "long.plan:2:" "given twice" -- "${run[@]}" "$P/long.plan" --world 2
+{ printf 'mesh tp=*\n#'; head -c 2000000 /dev/zero | tr '\0' x; printf '\n'; } > "$P/toolarge.plan"
+bad_case "2 MB plan file" --watch "$P" "toolarge.plan" "larger than 1048576 bytes" -- "${run[@]}" "$P/toolarge.plan" --world 2
+mkdir -p "$WORK/adir.plan"
+bad_case "plan is a directory" --watch "$P" "adir.plan" "cannot" -- "${run[@]}" "$WORK/adir.plan" --world 2
+bad_case "missing plan file" --watch "$P" "cannot open plan file '$WORK/none.plan'" -- "${run[@]}" "$WORK/none.plan" --world 2
+plan kw "mesh tp=*\nplase model weight tp=R\n"
+bad_case "unknown keyword" --watch "$P" "kw.plan:2:1" "unknown keyword 'plase'" -- "${run[@]}" "$P/kw.plan" --world 2
+
+bad_input_done

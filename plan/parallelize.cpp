@@ -17,7 +17,14 @@ namespace mt {
 
 namespace {
 
-thread_local std::vector<FactoryScope> g_factories;
+// Factory scopes in effect on this thread, each with the Parallelized that pushed it (an id): a
+// forward that throws skips the forward hook that pops its scopes, so a hook drops its own stale
+// scopes before pushing again, and remove() drops all of its handle's.
+struct OwnedScope {
+  const void* owner;
+  FactoryScope scope;
+};
+thread_local std::vector<OwnedScope> g_factories;
 
 
 std::string where(const HookRecord& r, const PlanMesh& pm) {
@@ -153,7 +160,7 @@ Tensor gradient(const Tensor& g, const HookRecord& r, const DeviceMesh& mesh) {
 using Records = std::vector<HookRecord>;
 
 // Installs one hook per hook point of `m` carrying out `recs` (that module's records).
-void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanMesh& pm,
+void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanMesh& pm, const void* owner,
              std::vector<HookHandle>& handles) {
   Records pre, fwd, bwd_pre, bwd;
   for (const auto& r : recs) {
@@ -176,13 +183,16 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
   size_t n_factories = 0;
   for (const auto& r : pre) n_factories += r.action == HookAction::kFactory;
   if (!pre.empty())
-    handles.push_back(m.register_forward_pre_hook([pre, stored, mesh, pm, check_index](Module& mod, std::vector<Tensor>& in) {
+    handles.push_back(m.register_forward_pre_hook([pre, stored, mesh, pm, owner, check_index, n_factories](
+                                                      Module& mod, std::vector<Tensor>& in) {
+      if (n_factories > 0)  // left by a forward of this module that threw
+        std::erase_if(g_factories, [&](const OwnedScope& f) { return f.owner == owner && f.scope.module == pre[0].module; });
       for (const HookRecord& r : pre) {
         run_record(r, pm, [&] {
           if (r.action == HookAction::kGather) {
             mod.parameter_slot(r.tensor) = redistribute(stored.at(r.tensor), *r.dst);
           } else if (r.action == HookAction::kFactory) {
-            g_factories.push_back({r.module, r.tensor, mesh, *r.dst});
+            g_factories.push_back({owner, {r.module, r.tensor, mesh, *r.dst}});
           } else {
             check_index(r, in.size());
             in[r.io_index] = activation(in[r.io_index], r, mesh, pm);
@@ -238,7 +248,7 @@ Placements Parallelized::input_placements(const std::string& path, int index) co
 
 const FactoryScope* current_factory(const std::string& label) {
   for (auto it = g_factories.rbegin(); it != g_factories.rend(); ++it)
-    if (it->label == label || it->label == "*") return &*it;
+    if (it->scope.label == label || it->scope.label == "*") return &it->scope;
   return nullptr;
 }
 
@@ -277,10 +287,14 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
     }
   }
   std::vector<HookHandle> handles;
+  auto owner = std::make_shared<char>(0);  // identifies this call's factory scopes
   for (auto& [path, recs] : by_module) {
     std::shared_ptr<Module> m = path.empty() ? nullptr : model.get_module(path);
-    install(m ? *m : model, recs, mesh, ir.mesh, handles);
+    install(m ? *m : model, recs, mesh, ir.mesh, owner.get(), handles);
   }
+  handles.emplace_back([owner] {
+    std::erase_if(g_factories, [&](const OwnedScope& f) { return f.owner == owner.get(); });
+  });
   // Error notes: an op failing inside a module's forward names the module and these plan lines.
   for (auto& [path, note] : error_notes(ir, plan, model)) {
     std::shared_ptr<Module> m = path.empty() ? nullptr : model.get_module(path);

@@ -12,6 +12,7 @@
 #include "models/llama.h"
 #include "plan/check.h"
 #include "plan/lower.h"
+#include "plan/parallelize.h"
 #include "plan/path_regex.h"
 #include "plan/plan.h"
 #include "runtime/error.h"
@@ -352,6 +353,8 @@ TEST_CASE("plan: the forward check finds uneven head splits, naming the module a
                    Contains("is not a Shard of the view [1, 8, 64] -> [1, 8, 2, 32]") &&
                    Contains("in module 'model.layers.0.self_attn'") && Contains(tp + ":8:1 `place") &&
                    Contains("(q|k|v)_proj weight|bias tp=S(0)`"));
+  // The failed forward left no factory scope behind (its rope scope went with the handle).
+  REQUIRE(current_factory("rope") == nullptr);
   // An input split on a dim it has not, placed by the plan's root entry, fails in the hook.
   Plan in = parse_plan("mesh tp=*\nplace model <in>:0 tp=S(2)\n", "t.plan");
   REQUIRE_THAT(error_of([&] { check_plan_forward(in, in.resolve_mesh(2), build, meta_ids()); }),

@@ -186,7 +186,8 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
     handles.push_back(m.register_forward_pre_hook([pre, stored, mesh, pm, owner, check_index, n_factories](
                                                       Module& mod, std::vector<Tensor>& in) {
       if (n_factories > 0)  // left by a forward of this module that threw
-        std::erase_if(g_factories, [&](const OwnedScope& f) { return f.owner == owner && f.scope.module == pre[0].module; });
+        std::erase_if(g_factories,
+                      [&](const OwnedScope& f) { return f.owner == owner && f.scope.module == pre[0].module; });
       for (const HookRecord& r : pre) {
         run_record(r, pm, [&] {
           if (r.action == HookAction::kGather) {

@@ -259,7 +259,8 @@ TEST_CASE("plan: regexes are RE2 (linear time, full match, bounded) with file:li
   REQUIRE_THAT(error_of([&] { parse_plan("mesh tp=*\nplace model " + huge + " tp=R\n", "t.plan"); }),
                Contains("t.plan:2:13") && Contains("at most 4096 bytes"));
   std::string nested = std::string(2000, '(') + "a" + std::string(2000, ')');
-  REQUIRE_THAT(error_of([&] { parse_plan("mesh tp=*\nplace " + std::string(100000, '(') + " weight tp=R\n", "t.plan"); }),
+  const std::string parens(100000, '(');
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh tp=*\nplace " + parens + " weight tp=R\n", "t.plan"); }),
                Contains("t.plan:2:7") && Contains("at most 4096 bytes"));
   Plan deep;
   deep.mesh({{"tp", -1}});

@@ -73,6 +73,19 @@ PlanLoc at(const PlanLoc& base, int column) {
   return l;
 }
 
+// `s` for a message: bytes outside printable ASCII as \xNN (a UTF-8 byte-order mark or binary
+// data is shown, not echoed).
+std::string printable(std::string_view s) {
+  std::string out;
+  for (char ch : s.substr(0, 80)) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c >= 0x7f) out += fmt::format("\\x{:02x}", c);
+    else out += ch;
+  }
+  if (s.size() > 80) out += fmt::format("... ({} bytes)", s.size());
+  return out;
+}
+
 bool is_identifier(const std::string& s) {
   if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
   for (char c : s)
@@ -460,7 +473,7 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
     } else if (kw == "factory") {
       e.kind = PlanEntryKind::kFactory;
     } else {
-      MT_FAIL("{}: unknown keyword '{}'; expected one of: {}", e.loc.str(), kw, kKeywords);
+      MT_FAIL("{}: unknown keyword '{}'; expected one of: {}", e.loc.str(), printable(kw), kKeywords);
     }
     MT_CHECK(toks.size() >= 4,
              "{}: '{}' needs a module regex, a tensor and a placement; expected e.g. "

@@ -314,6 +314,9 @@ TEST_CASE("plan: binary and oversized plan files are clean errors", "[cpu]") {
   REQUIRE_THAT(error_of([] { parse_plan(std::string((1 << 20) + 1, '#'), "t.plan"); }),
                Contains("t.plan") && Contains("expected a text file of at most 1048576 bytes"));
   REQUIRE_THAT(error_of([] { parse_plan("", "t.plan"); }), Contains("t.plan:1") && Contains("declares no mesh"));
+  // A UTF-8 byte-order mark (or other non-ASCII bytes) is shown escaped, not echoed.
+  REQUIRE_THAT(error_of([] { parse_plan("\xef\xbb\xbfmesh tp=*\n", "t.plan"); }),
+               Contains("t.plan:1:1: unknown keyword '\\xef\\xbb\\xbfmesh'"));
   // A long line that is only a comment is fine; a long placement list is an error at its token.
   REQUIRE_NOTHROW(parse_plan("mesh tp=*\n#" + std::string(500000, 'x') + "\n", "t.plan"));
 }

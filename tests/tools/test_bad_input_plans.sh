@@ -94,6 +94,9 @@ bad_case "2 MB plan file" --watch "$P" "toolarge.plan" "larger than 1048576 byte
 mkdir -p "$WORK/adir.plan"
 bad_case "plan is a directory" --watch "$P" "adir.plan" "cannot" -- "${run[@]}" "$WORK/adir.plan" --world 2
 bad_case "missing plan file" --watch "$P" "cannot open plan file '$WORK/none.plan'" -- "${run[@]}" "$WORK/none.plan" --world 2
+plan bom "\xef\xbb\xbfmesh tp=*\n"
+bad_case "UTF-8 byte-order mark" --watch "$P" "bom.plan:1:1" "unknown keyword '\\xef\\xbb\\xbfmesh'" -- \
+  "${run[@]}" "$P/bom.plan" --world 2
 plan kw "mesh tp=*\nplase model weight tp=R\n"
 bad_case "unknown keyword" --watch "$P" "kw.plan:2:1" "unknown keyword 'plase'" -- "${run[@]}" "$P/kw.plan" --world 2
 

@@ -42,6 +42,9 @@ struct BackendWorld {
 BackendWorld backend_init();
 // Ends every rank of the job: MPI_Abort, or std::abort in a build without MPI.
 [[noreturn]] void backend_abort();
+// The rank and world size the launcher gave this process (mpirun's environment), read without
+// starting MPI; {0, 1} when there is no launcher or MPI is not built in.
+BackendWorld backend_launcher_world();
 
 // A communicator over `world_ranks` (in that order); collective over those ranks only.
 // `tag` tells apart groups created concurrently over the same ranks.

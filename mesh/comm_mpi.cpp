@@ -5,10 +5,12 @@
 // expression, file:line and MPI's own error string.
 #include "mesh/comm_backend.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "config.h"
 #include "runtime/error.h"
@@ -183,6 +185,21 @@ BackendWorld backend_init() {
   return w;
 }
 
+BackendWorld backend_launcher_world() {
+  BackendWorld w{0, 1, "launcher environment"};
+  // Open MPI's mpirun, then MPICH's Hydra.
+  for (const auto& [rank, size] : {std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                   std::pair{"PMI_RANK", "PMI_SIZE"}}) {
+    const char* r = std::getenv(rank);
+    const char* n = std::getenv(size);
+    if (!r || !n) continue;
+    w.rank = std::atoi(r);
+    w.size = std::max(1, std::atoi(n));
+    break;
+  }
+  return w;
+}
+
 void backend_abort() {
   int inited = 0;
   MPI_Initialized(&inited);
@@ -354,6 +371,8 @@ void copy_elems(const void* in, void* out, int64_t count, DType dtype) {
 class CommHandle {};
 
 BackendWorld backend_init() { return BackendWorld{0, 1, "none (built without MPI)"}; }
+
+BackendWorld backend_launcher_world() { return BackendWorld{0, 1, "none (built without MPI)"}; }
 
 void backend_abort() { std::abort(); }
 

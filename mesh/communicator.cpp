@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -333,6 +334,52 @@ void reduce_rows(const Tensor& rows, int size, int64_t n, CommReduceOp op, Tenso
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// Deadline of blocking set-up steps
+
+namespace {
+
+// Communicator creation (MPI_Comm_create_group) and NCCL initialization (ncclCommInitRank) block
+// until every member joins and cannot be polled like a request. A watchdog thread gives them the
+// collective deadline: if the step has not returned when collective_timeout() passes, it ends the
+// job with an error naming the step, the group and this rank (as Work::wait does), so a peer that
+// died or hung before joining never leaves this rank blocked forever.
+class SetupDeadline {
+ public:
+  SetupDeadline(std::string what, std::string group)
+      : what_(std::move(what)), group_(std::move(group)), timeout_(collective_timeout()),
+        thread_([this] { watch(); }) {}
+  ~SetupDeadline() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  SetupDeadline(const SetupDeadline&) = delete;
+  SetupDeadline& operator=(const SetupDeadline&) = delete;
+
+ private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (cv_.wait_for(lock, timeout_, [this] { return done_; })) return;
+    abort_job(fmt::format(
+        "{} timed out after {:.1f} s (timeout set by MT_COLLECTIVE_TIMEOUT_S or set_collective_timeout) "
+        "on {}, world rank {}: a peer is dead, hung, or not creating the same group",
+        what_, static_cast<double>(timeout_.count()) / 1000.0, group_, world().rank()));
+  }
+
+  std::string what_, group_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
 // Communicator
 
 Communicator Communicator::create(const std::vector<int>& world_ranks, int tag, std::string description) {
@@ -340,7 +387,10 @@ Communicator Communicator::create(const std::vector<int>& world_ranks, int tag, 
   MT_CHECK(std::find(world_ranks.begin(), world_ranks.end(), me) != world_ranks.end(),
            "Communicator::create: world rank {} is not in the group {}", me, description);
   auto impl = std::make_shared<Impl>();
-  impl->handle = detail::backend_create_group(world_ranks, tag);
+  {
+    SetupDeadline deadline("communicator creation", description);
+    impl->handle = detail::backend_create_group(world_ranks, tag);
+  }
   impl->rank = detail::backend_rank(*impl->handle);
   impl->size = detail::backend_size(*impl->handle);
   impl->world_ranks = world_ranks;
@@ -409,7 +459,10 @@ detail::NcclPtr nccl_comm(const std::shared_ptr<Communicator::Impl>& impl, const
   }
   detail::NcclId uid;
   std::memcpy(uid.data(), id.data_ptr(), uid.size());
-  c.nccl = detail::nccl_init(uid, c.rank, c.size, device, c.description);
+  {
+    SetupDeadline deadline("NCCL communicator initialization", c.description);
+    c.nccl = detail::nccl_init(uid, c.rank, c.size, device, c.description);
+  }
   return c.nccl;
 }
 

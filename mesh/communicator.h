@@ -5,7 +5,8 @@
 // underneath: `x_async` returns a Work handle, and `x` is `x_async(...).wait()`. A wait that
 // exceeds collective_timeout() ends the whole job with an error naming the collective, the group
 // and this rank (abort_job; NCCL communicators are aborted first): a dead or hung peer never
-// leaves the others waiting forever.
+// leaves the others waiting forever. Creating a communicator (and a group's NCCL communicator)
+// has the same deadline.
 //
 // Rules: tensors are contiguous, of any dtype, all on the host or all on one CUDA device (a mix
 // is an error naming both); outputs have the input's dtype and device and the shape the
@@ -33,7 +34,7 @@ class CommHandle;
 enum class CommReduceOp { kSum, kAvg, kMax, kMin };
 const char* comm_reduce_op_name(CommReduceOp op);
 
-// How long a wait may take before the job is aborted. Default 300 s, or MT_COLLECTIVE_TIMEOUT_S
+// How long a wait (or a communicator creation) may take before the job is aborted. Default 300 s, or MT_COLLECTIVE_TIMEOUT_S
 // (seconds, may be fractional) read once at first use; the setter wins afterwards. Each Work
 // takes the timeout in force when it was started.
 std::chrono::milliseconds collective_timeout();

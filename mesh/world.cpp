@@ -1,10 +1,17 @@
 // World bootstrap: a function-local static, so the transport starts on first use from any thread.
 #include "mesh/world.h"
 
+#include <atomic>
+
 #include "mesh/comm_backend.h"
 #include "runtime/log.h"
 
 namespace mt {
+namespace {
+
+std::atomic<int> g_started_world_size{0};  // 0 until world() has started the transport
+
+}  // namespace
 
 World::World() {
   detail::BackendWorld w = detail::backend_init();
@@ -12,6 +19,7 @@ World::World() {
   size_ = w.size;
   transport_ = std::move(w.transport);
   set_log_rank(rank_, size_);
+  g_started_world_size.store(size_);
   MT_LOG_DEBUG("world of {} rank(s), transport {}", size_, transport_);
 }
 
@@ -27,6 +35,18 @@ void abort_job(const std::string& why) {
   }
   MT_LOG_ERROR("aborting the job: {}", why);
   detail::backend_abort();
+}
+
+int end_job_on_error(const std::string& why) {
+  if (g_started_world_size.load() == 0) {
+    // Failed before joining the world: name the rank the launcher gave us. Returning is then
+    // enough, since mpirun ends the job when a process exits non-zero without initializing MPI.
+    const detail::BackendWorld w = detail::backend_launcher_world();
+    set_log_rank(w.rank, w.size);
+  }
+  MT_LOG_ERROR("{}", why);
+  if (g_started_world_size.load() > 1) detail::backend_abort();
+  return 1;
 }
 
 }  // namespace mt

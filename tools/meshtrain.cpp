@@ -1,10 +1,14 @@
 // meshtrain command-line tool: dispatches to the subcommands in tools/cli/. Errors end the process
-// with one line on stderr ("[rank r/w] error: ...") and a non-zero exit code.
+// with one line on stderr ("[rank r/w] error: ...") and a non-zero exit code; under mpirun (--plan)
+// they end every rank of the job at once (end_job_on_error), so that an error only one rank sees
+// never leaves the others waiting.
+#include <fmt/format.h>
+
 #include <cstring>
 
 #include "config.h"
+#include "mesh/world.h"
 #include "runtime/error.h"
-#include "runtime/log.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 
@@ -43,7 +47,6 @@ int main(int argc, char** argv) {
   } catch (const mt::cli::HelpShown&) {
     return 0;
   } catch (const std::exception& e) {
-    MT_LOG_ERROR("{}", e.what());
-    return 1;
+    return mt::end_job_on_error(e.what());
   }
 }

@@ -1,6 +1,7 @@
 // A job in which rank 1 never joins an all_reduce: it sleeps ("hang") or leaves without
-// finalizing ("exit"). Rank 0 must end the whole job with an error naming the collective once
-// MT_COLLECTIVE_TIMEOUT_S passes (checked by test_killed_rank.sh), never hang.
+// finalizing ("exit"); or never joins the creation of the communicator ("create": it sleeps
+// first). Rank 0 must end the whole job with an error naming the collective (or the creation)
+// once MT_COLLECTIVE_TIMEOUT_S passes (checked by test_killed_rank.sh), never hang.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "hang";
   try {
     mt::DeviceMesh mesh({mt::world().size()}, {"dp"});
+    if (mode == "create" && mt::world().rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(120));
     mt::Communicator comm = mesh.comm();
     comm.barrier();
     if (mt::world().rank() == 1) {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A dead or hung peer must end the job with an error, never a silent hang.
-# usage: test_killed_rank.sh MPIRUN BINARY MODE(hang|exit)
+# usage: test_killed_rank.sh MPIRUN BINARY MODE(hang|exit|create)
 # hang: rank 0 must abort after MT_COLLECTIVE_TIMEOUT_S=5 with a message naming all_reduce.
 # exit: rank 1 leaves without finalizing; the job must still end non-zero.
+# create: rank 1 never joins the communicator's creation; rank 0 must abort after the same time.
 set -u
 MPIRUN=$1 BIN=$2 MODE=$3
 export MT_COLLECTIVE_TIMEOUT_S=5
@@ -20,6 +21,9 @@ if [ $rc -eq 0 ]; then echo "FAIL: the job exited 0"; exit 1; fi
 if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "FAIL: the job hung until the 60 s limit"; exit 1; fi
 if [ "$MODE" = hang ]; then
   if ! grep -q "all_reduce timed out after" "$OUT"; then echo "FAIL: no timeout error naming all_reduce"; exit 1; fi
+  if ! grep -q "world ranks \[0, 1\]" "$OUT"; then echo "FAIL: the error does not name the group"; exit 1; fi
+elif [ "$MODE" = create ]; then
+  if ! grep -q "communicator creation timed out after" "$OUT"; then echo "FAIL: no timeout error naming the creation"; exit 1; fi
   if ! grep -q "world ranks \[0, 1\]" "$OUT"; then echo "FAIL: the error does not name the group"; exit 1; fi
 else
   if ! grep -qE "all_reduce timed out after|exiting improperly" "$OUT"; then echo "FAIL: no error about the lost rank"; exit 1; fi

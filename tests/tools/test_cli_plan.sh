@@ -29,7 +29,7 @@ expect_error() {
   "$@" >"$WORK/out" 2>"$WORK/err"
   local rc=$?
   local last
-  last=$(grep "error" "$WORK/err" | tail -n 1)
+  last=$(grep "\] error: " "$WORK/err" | tail -n 1)  # not Open MPI's MPI_Abort notice
   if [ $rc -eq 0 ]; then fail "$name: exit code 0"; return; fi
   if [ $rc -eq 124 ]; then fail "$name: hung (timeout)"; return; fi
   for p in "${pats[@]}"; do

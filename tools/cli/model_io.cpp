@@ -20,6 +20,7 @@
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
 
 namespace mt::cli {
@@ -98,6 +99,7 @@ int run_eval(int argc, char** argv) {
 int run_grad(int argc, char** argv) {
   Args args("grad", kEvalFlags, argc, argv, 2);
   const std::string out = args.required("out");
+  check_output_file(out, "--out");
   auto parallel = parallel_from(args);
   auto [model, loss] = model_loss(args, parallel.get());
   loss.backward();
@@ -123,10 +125,12 @@ int run_init(int argc, char** argv) {
                      {"seed", "random seed", "0", false},
                      {"out", "output directory for config.json + model.safetensors", "", false},
                      {"dtype", "f32, bf16 or f16 on disk", "f32", false},
-                     {"plan", "initialize shard-wise under this plan over the mpirun world; rank 0 writes", "", false}},
+                     {"plan", "initialize shard-wise under this plan over the mpirun world; rank 0 writes", "", false},
+                     {"overwrite", "replace the checkpoint already in --out", "", true}},
             argc, argv, 2);
   ModelConfig cfg = resolve_config(args.required("config"));
   const std::string out = args.required("out");
+  check_checkpoint_out(out, "--out", args.flag("overwrite") ? Overwrite::kAllow : Overwrite::kRefuse);
   std::string dt = args.str("dtype");
   MT_CHECK(dt == "f32" || dt == "bf16" || dt == "f16", "meshtrain init: --dtype must be f32, bf16 or f16, got '{}'", dt);
   DType dtype = dt == "f32" ? DType::kF32 : dt == "bf16" ? DType::kBF16 : DType::kF16;

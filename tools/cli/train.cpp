@@ -26,6 +26,7 @@
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
 #include "tools/cli/train_state.h"
 
@@ -54,6 +55,7 @@ const std::vector<FlagSpec> kTrainFlags = {
     {"checkpoint-dir", "directory for checkpoints (empty: none)", "", false},
     {"checkpoint-every", "save every N steps (0: only at the end)", "0", false},
     {"resume", "continue from the latest checkpoint in --checkpoint-dir", "", true},
+    {"overwrite", "replace checkpoints in --checkpoint-dir that this run did not write (docs/checkpoints.md)", "", true},
     {"metrics", "JSONL metrics file (empty: none)", "metrics.jsonl", false},
     {"log-every", "print every N steps", "1", false},
     {"plan", "parallelize with this plan file over the mpirun world (docs/cli.md, --plan)", "", false},
@@ -118,6 +120,12 @@ int run_train(int argc, char** argv) {
   const std::string ckpt_dir = args.str("checkpoint-dir");
   const bool resume = args.flag("resume");
   MT_CHECK(!resume || !ckpt_dir.empty(), "meshtrain train: --resume needs --checkpoint-dir");
+  // Every output path and the checkpoint history rules, on every rank, before anything is built.
+  const Overwrite overwrite = args.flag("overwrite") ? Overwrite::kAllow : Overwrite::kRefuse;
+  check_output_file(args.str("metrics"), "--metrics");
+  if (!ckpt_dir.empty())
+    check_checkpoint_history({ckpt_dir, resume ? RunKind::kResume : RunKind::kFresh, overwrite, stop_at,
+                              args.integer("checkpoint-every")});
   std::unique_ptr<PlanContext> plan;
   if (!args.str("plan").empty()) {
     plan = std::make_unique<PlanContext>(load_plan_context(args.str("plan")));
@@ -231,12 +239,12 @@ int run_train(int argc, char** argv) {
     if (ckpt_dir.empty()) return;
     TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum};
     if (!plan) {
-      fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s));
+      fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s, overwrite));
       return;
     }
     // Full tensors, gathered by every rank (collective); rank 0 writes.
     NamedTensors weights = full_tensors(master.master_params()), moments = full_tensors(opt.state_dict());
-    if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s));
+    if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s, overwrite));
   };
 
   for (int64_t step = start; step < stop_at; ++step) {

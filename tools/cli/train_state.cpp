@@ -1,21 +1,76 @@
-// Saving and loading training checkpoints (see train_state.h for the layout).
+// Saving and loading training checkpoints, and the rules that keep their history safe (see
+// train_state.h for the layout and docs/checkpoints.md, "Checkpoint history", for the rules).
 #include "tools/cli/train_state.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "models/hf_checkpoint.h"
 #include "models/json_io.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
+#include "tools/cli/outputs.h"
 
 namespace mt::cli {
 namespace fs = std::filesystem;
 
 namespace {
+
+constexpr const char* kLatest = "latest";
+constexpr const char* kStateFile = "trainer_state.json";
+constexpr const char* kStateFormat = "meshtrain-train-state-1";
+
+std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+// The step of a step directory's name (`step-` and 1 to 18 digits), or -1 for any other name.
+int64_t step_of_name(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() == 5 || name.size() > 5 + 18) return -1;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// The PID a temporary's name ends with (`step-N.tmp.PID`, `step-N.tmp.PID.tmp.PID` from the
+// directory writer, `step-N.old.PID`, `latest.tmp.PID`), or 0 when `name` is no such temporary.
+long temporary_owner(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 && name.rfind("latest.", 0) != 0) return 0;
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == name.size() || name.size() - dot > 10) return 0;
+  for (size_t i = dot + 1; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return 0;
+  const size_t kind = name.rfind('.', dot - 1);
+  if (kind == std::string::npos) return 0;
+  const std::string k = name.substr(kind + 1, dot - kind - 1);
+  if (k != "tmp" && k != "old") return 0;
+  return std::stol(name.substr(dot + 1));
+}
+
+bool process_alive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
+
+// Makes a file's data or a directory's entries durable. File systems that cannot sync a
+// directory (EINVAL) are let through; any other failure is an error naming the path.
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  MT_CHECK(fd >= 0, "cannot open {} to sync it: {}", p.string(), std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  MT_CHECK(rc == 0 || err == EINVAL, "cannot sync {}: {}", p.string(), std::strerror(err));
+}
 
 void write_text_atomic(const fs::path& path, const std::string& text) {
   write_file_atomically(path.string(), [&](std::ostream& out) { out << text; });
@@ -27,21 +82,151 @@ std::string read_text(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
+// Step directories in `dir`, by step (temporaries and other entries are not step directories).
+std::map<int64_t, fs::path> step_dirs(const fs::path& dir) {
+  std::map<int64_t, fs::path> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const int64_t step = step_of_name(it->path().filename().string());
+    if (step >= 0 && it->is_directory(ec)) out.emplace(step, it->path());
+  }
+  return out;
+}
+
+int64_t int_field(const nlohmann::json& j, const char* key, int64_t min, const fs::path& file) {
+  const auto it = j.find(key);
+  MT_CHECK(it != j.end(), "{}: field '{}' is missing", file.string(), key);
+  const bool ok = (it->is_number_unsigned() && it->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) ||
+                  (it->is_number_integer() && !it->is_number_unsigned());
+  MT_CHECK(ok && it->get<int64_t>() >= min, "{}: field '{}' must be an integer >= {}, got {}", file.string(), key,
+           min, it->dump());
+  return it->get<int64_t>();
+}
+
+uint64_t uint_field(const nlohmann::json& j, const char* key, const fs::path& file) {
+  const auto it = j.find(key);
+  MT_CHECK(it != j.end(), "{}: field '{}' is missing", file.string(), key);
+  MT_CHECK(it->is_number_unsigned(), "{}: field '{}' must be a non-negative integer, got {}", file.string(), key,
+           it->dump());
+  return it->get<uint64_t>();
+}
+
+// trainer_state.json of the step directory `step_dir`, every field checked.
+TrainState read_train_state(const fs::path& step_dir) {
+  const fs::path file = step_dir / kStateFile;
+  const nlohmann::json j = read_json_file(file.string(), "trainer state");
+  MT_CHECK(j.is_object(), "{}: the trainer state must be a JSON object", file.string());
+  const auto format = j.find("format");
+  MT_CHECK(format != j.end() && *format == kStateFormat, "{}: field 'format' must be \"{}\", got {}", file.string(),
+           kStateFormat, format == j.end() ? "nothing" : format->dump());
+  TrainState s;
+  s.step = int_field(j, "step", 1, file);
+  const int64_t dir_step = step_of_name(step_dir.filename().string());
+  MT_CHECK(s.step == dir_step, "{}: field 'step' is {} but the directory is {}", file.string(), s.step,
+           step_dir.filename().string());
+  s.seed = uint_field(j, "seed", file);
+  s.rng_offset = uint_field(j, "rng_offset", file);
+  s.data_position = int_field(j, "data_position", 0, file);
+  const auto precision = j.find("precision");
+  MT_CHECK(precision != j.end() && (*precision == "f32" || *precision == "bf16"),
+           "{}: field 'precision' must be \"f32\" or \"bf16\", got {}", file.string(),
+           precision == j.end() ? "nothing" : precision->dump());
+  s.precision = precision->get<std::string>();
+  s.batch = int_field(j, "batch", 1, file);
+  s.seq = int_field(j, "seq", 1, file);
+  s.accum = int_field(j, "accum", 1, file);
+  return s;
+}
+
+// The step directory <dir>/latest names, with its state. Errors name `latest` when it is empty or
+// names no step directory, and trainer_state.json when that is invalid.
+struct Latest {
+  fs::path path;
+  TrainState state;
+};
+Latest read_latest(const fs::path& dir) {
+  const fs::path latest = dir / kLatest;
+  std::error_code ec;
+  MT_CHECK(fs::exists(latest, ec), "--resume: no checkpoint in {} (the file {} does not exist)", dir.string(),
+           latest.string());
+  std::string name = read_text(latest);
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  MT_CHECK(!name.empty(), "{}: the file is empty; it must name the newest step directory (e.g. step-00000004)",
+           latest.string());
+  MT_CHECK(step_of_name(name) >= 0, "{}: '{}' is not a step directory name (step-NNNNNNNN)", latest.string(),
+           name.substr(0, 80));
+  Latest out;
+  out.path = dir / name;
+  MT_CHECK(fs::is_directory(out.path, ec), "{}: names {}, which does not exist", latest.string(), out.path.string());
+  out.state = read_train_state(out.path);
+  return out;
+}
+
+// Puts the complete directory `fresh` in place of the existing `target` with no moment at which
+// `target` is missing: renameat2(RENAME_EXCHANGE) swaps the two names in one step, after which
+// `fresh` names the old directory, which is removed. A file system without the exchange gets the
+// old directory renamed aside first (a short window without `target`, docs/checkpoints.md).
+void replace_directory(const fs::path& fresh, const fs::path& target) {
+  std::error_code ec;
+  if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(fresh, ec);
+    return;
+  }
+  const int err = errno;
+  MT_CHECK(err == EINVAL || err == ENOSYS || err == EOPNOTSUPP, "cannot replace {}: {}", target.string(),
+           std::strerror(err));
+  const fs::path old = target.string() + ".old." + std::to_string(::getpid());
+  fs::remove_all(old, ec);
+  fs::rename(target, old, ec);
+  MT_CHECK(!ec, "cannot move {} aside to replace it: {}", target.string(), ec.message());
+  fs::rename(fresh, target, ec);
+  if (ec) {
+    std::error_code back;
+    fs::rename(old, target, back);
+    MT_FAIL("cannot rename {} into place: {}", target.string(), ec.message());
+  }
+  fs::remove_all(old, ec);
+}
+
 }  // namespace
 
+void remove_stale_temporaries(const std::string& dir) {
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const long pid = temporary_owner(it->path().filename().string());
+    if (pid > 0 && pid != ::getpid() && !process_alive(pid)) stale.push_back(it->path());
+  }
+  for (const fs::path& p : stale) fs::remove_all(p, ec);
+}
+
 std::string save_checkpoint(const std::string& dir, const ModelConfig& config, const NamedTensors& model_f32,
-                            const NamedTensors& optimizer_state, const TrainState& s) {
+                            const NamedTensors& optimizer_state, const TrainState& s, Overwrite overwrite) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, "checkpoint directory {} cannot be created: {}", dir, ec.message());
-  const std::string name = fmt::format("step-{:08d}", s.step);
+  remove_stale_temporaries(dir);
+  const std::string name = step_name(s.step);
   const fs::path final_path = fs::path(dir) / name;
-  const fs::path tmp = fs::path(dir) / (name + ".tmp." + std::to_string(getpid()));
-  fs::remove_all(tmp);
+  if (overwrite == Overwrite::kRefuse) {
+    MT_CHECK(!fs::exists(final_path, ec),
+             "checkpoint {} already exists and this run did not write it; pass --overwrite to replace it",
+             final_path.string());
+    const fs::path latest = fs::path(dir) / kLatest;
+    if (fs::exists(latest, ec)) {
+      std::string named = read_text(latest);
+      while (!named.empty() && std::isspace(static_cast<unsigned char>(named.back()))) named.pop_back();
+      MT_CHECK(step_of_name(named) < s.step,
+               "{} names {}, a later step than {}: saving would move it back; pass --overwrite to allow it",
+               latest.string(), named, name);
+    }
+  }
+  const fs::path tmp = fs::path(dir) / (name + ".tmp." + std::to_string(::getpid()));
+  fs::remove_all(tmp, ec);
   try {
     write_hf_checkpoint(tmp.string(), config, model_f32, DType::kF32);
     write_safetensors((tmp / "optimizer.safetensors").string(), optimizer_state);
-    nlohmann::json j = {{"format", "meshtrain-train-state-1"},
+    nlohmann::json j = {{"format", kStateFormat},
                         {"step", s.step},
                         {"seed", s.seed},
                         {"rng_offset", s.rng_offset},
@@ -50,42 +235,61 @@ std::string save_checkpoint(const std::string& dir, const ModelConfig& config, c
                         {"batch", s.batch},
                         {"seq", s.seq},
                         {"accum", s.accum}};
-    write_text_atomic(tmp / "trainer_state.json", j.dump(2) + "\n");
-    fs::remove_all(final_path);
-    fs::rename(tmp, final_path);
+    write_text_atomic(tmp / kStateFile, j.dump(2) + "\n");
+    fsync_path(tmp);  // the files are synced by their writers; this syncs their names
+    if (fs::exists(final_path, ec)) {
+      replace_directory(tmp, final_path);
+    } else {
+      fs::rename(tmp, final_path, ec);
+      MT_CHECK(!ec, "cannot rename {} into place: {}", final_path.string(), ec.message());
+    }
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
   }
-  write_text_atomic(fs::path(dir) / "latest", name + "\n");
+  fsync_path(dir);  // the step directory's name is durable before `latest` names it
+  write_text_atomic(fs::path(dir) / kLatest, name + "\n");
+  fsync_path(dir);
   return final_path.string();
 }
 
+void check_checkpoint_history(const CheckpointRun& run) {
+  check_output_dir(run.dir, "--checkpoint-dir");
+  const fs::path dir(run.dir);
+  std::error_code ec;
+  const std::map<int64_t, fs::path> steps = step_dirs(dir);
+  if (run.kind == RunKind::kFresh) {
+    const bool has_latest = fs::exists(dir / kLatest, ec);
+    if (run.overwrite == Overwrite::kAllow || (steps.empty() && !has_latest)) return;
+    MT_FAIL("--checkpoint-dir {} already holds checkpoints ({} step directories{}): a fresh run would overwrite "
+            "them; pass --resume to continue from them, --overwrite to replace them, or use another directory",
+            run.dir, steps.size(), has_latest ? fmt::format(", {}", (dir / kLatest).string()) : "");
+  }
+  const Latest latest = read_latest(dir);
+  const int64_t from = latest.state.step;
+  MT_CHECK(run.stop_at > from,
+           "--resume: {} is at step {} and this run would stop at step {} (--steps / --stop-at): there is nothing "
+           "to train; pass --steps (and --stop-at) above {}",
+           latest.path.string(), from, run.stop_at, from);
+  if (run.overwrite == Overwrite::kAllow) return;
+  for (const auto& [step, path] : steps) {
+    const bool written = step == run.stop_at || (run.checkpoint_every > 0 && step % run.checkpoint_every == 0);
+    MT_CHECK(!(step > from && step <= run.stop_at && written),
+             "--resume: {} already exists and this run (from step {}, which {} names) would write it again; pass "
+             "--overwrite to replace it, or move it away",
+             path.string(), from, (dir / kLatest).string());
+  }
+}
+
 LoadedCheckpoint load_latest_checkpoint(const std::string& dir) {
-  const fs::path latest = fs::path(dir) / "latest";
-  MT_CHECK(fs::exists(latest), "--resume: no checkpoint in {} (the file {} does not exist)", dir, latest.string());
-  std::string name = read_text(latest);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const Latest latest = read_latest(dir);
   LoadedCheckpoint out;
-  out.path = (fs::path(dir) / name).string();
+  out.path = latest.path.string();
+  out.state = latest.state;
   HfCheckpoint ck = read_hf_checkpoint(out.path);
   out.config = ck.config;
   out.model = std::move(ck.tensors);
-  out.optimizer = read_safetensors((fs::path(out.path) / "optimizer.safetensors").string()).tensors;
-  const fs::path state_path = fs::path(out.path) / "trainer_state.json";
-  nlohmann::json j = read_json_file(state_path.string(), "trainer state");
-  try {
-    out.state.step = j.at("step").get<int64_t>();
-    out.state.seed = j.at("seed").get<uint64_t>();
-    out.state.rng_offset = j.at("rng_offset").get<uint64_t>();
-    out.state.data_position = j.at("data_position").get<int64_t>();
-    out.state.precision = j.at("precision").get<std::string>();
-    out.state.batch = j.at("batch").get<int64_t>();
-    out.state.seq = j.at("seq").get<int64_t>();
-    out.state.accum = j.at("accum").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    MT_FAIL("{}: invalid trainer state: {}", state_path.string(), e.what());
-  }
+  out.optimizer = read_safetensors((latest.path / "optimizer.safetensors").string()).tensors;
   return out;
 }
 

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Bad inputs of issue 10, items 3 and 4: errors that one rank sees end the whole job within
+# seconds, and checkpoint history is never destroyed without --overwrite. Each bad case asserts a
+# non-zero exit, no hang or crash, the message naming the flag/file, and the checkpoint
+# directories it watches unchanged byte for byte (bad_input_lib.sh). Positive cases check that
+# --overwrite works, that stale temporaries are removed, and that training runs killed (-9) at
+# random moments always leave a `latest` that --resume loads.
+# usage: test_bad_input_checkpoints.sh MESHTRAIN_BINARY [MPIRUN PLANS_DIR]
+set -u
+BIN=$1
+MPIRUN=${2:-}
+PLANS=${3:-}
+source "$(dirname "$0")/bad_input_lib.sh"
+# A job ended by the collective deadline would not be "within seconds": make that deadline long.
+export MT_COLLECTIVE_TIMEOUT_S=120
+T=(train --batch 2 --seq 32 --warmup 1 --metrics "")
+ls_temps() { find "$1" -maxdepth 1 \( -name '*.tmp.*' -o -name '*.old.*' \) | sort; }
+
+# ---- fixtures: a checkpoint dir with step-2, step-4 and latest -> step-4; an HF checkpoint -----
+"$BIN" "${T[@]}" --steps 4 --checkpoint-every 2 --checkpoint-dir "$WORK/ck" >/dev/null 2>&1 \
+  && [ "$(cat "$WORK/ck/latest")" = step-00000004 ] || { echo "FAIL - fixture training run"; exit 1; }
+"$BIN" init --config llama-tiny --out "$WORK/hf" >/dev/null || { echo "FAIL - fixture init"; exit 1; }
+printf '1,2,3,4,5\n6,7,8,9,10\n' >"$WORK/tokens.txt"
+touch "$WORK/afile"
+copy_ck() { rm -rf "$WORK/$1"; cp -a "$WORK/ck" "$WORK/$1"; }
+
+# ---- output paths, checked at start-up ---------------------------------------------------------
+bad_case "checkpoint-dir names a file" --watch "$WORK/ck" "--checkpoint-dir $WORK/afile" "not a directory" -- \
+  "$BIN" "${T[@]}" --steps 2 --checkpoint-dir "$WORK/afile"
+bad_case "checkpoint-dir under a file" "--checkpoint-dir $WORK/afile/sub" "$WORK/afile is not a directory" -- \
+  "$BIN" "${T[@]}" --steps 2 --checkpoint-dir "$WORK/afile/sub"
+bad_case "checkpoint-dir in /proc" "--checkpoint-dir /proc/mt_ck" "cannot create files" -- \
+  "$BIN" "${T[@]}" --steps 2 --checkpoint-dir /proc/mt_ck
+bad_case "metrics in a missing directory" "--metrics /nonexistent_ro/m.jsonl" "does not exist" -- \
+  "$BIN" "${T[@]}" --steps 2 --metrics /nonexistent_ro/m.jsonl
+bad_case "metrics names a directory" --watch "$WORK/ck" "--metrics $WORK/ck" "is a directory" -- \
+  "$BIN" "${T[@]}" --steps 2 --metrics "$WORK/ck"
+bad_case "metrics in /proc" "--metrics /proc/m.jsonl" "cannot create files" -- \
+  "$BIN" "${T[@]}" --steps 2 --metrics /proc/m.jsonl
+bad_case "grad --out names a directory" --watch "$WORK/hf" "--out $WORK/hf" "is a directory" -- \
+  "$BIN" grad --hf "$WORK/hf" --tokens "$WORK/tokens.txt" --out "$WORK/hf"
+bad_case "init --out names a file" "--out $WORK/afile" "not a directory" -- \
+  "$BIN" init --config llama-tiny --out "$WORK/afile"
+
+# ---- history: nothing this run did not write is replaced without --overwrite --------------------
+bad_case "resume with --steps below the checkpoint" --watch "$WORK/ck" "step-00000004 is at step 4" \
+  "would stop at step 3" "nothing to train" -- "$BIN" "${T[@]}" --steps 3 --resume --checkpoint-dir "$WORK/ck"
+bad_case "resume with --steps equal to the checkpoint" --watch "$WORK/ck" "is at step 4" "nothing to train" -- \
+  "$BIN" "${T[@]}" --steps 4 --resume --checkpoint-dir "$WORK/ck"
+bad_case "resume with --stop-at at the checkpoint" --watch "$WORK/ck" "would stop at step 4" -- \
+  "$BIN" "${T[@]}" --steps 10 --stop-at 4 --resume --checkpoint-dir "$WORK/ck"
+bad_case "resume --overwrite with nothing to train" --watch "$WORK/ck" "nothing to train" -- \
+  "$BIN" "${T[@]}" --steps 2 --resume --overwrite --checkpoint-dir "$WORK/ck"
+bad_case "fresh run into a checkpoint dir" --watch "$WORK/ck" "--checkpoint-dir $WORK/ck already holds checkpoints" \
+  "--overwrite" -- "$BIN" "${T[@]}" --steps 4 --checkpoint-dir "$WORK/ck"
+copy_ck back; echo step-00000002 >"$WORK/back/latest"  # a save killed after its rename, before `latest`
+bad_case "resume would rewrite an existing later step" --watch "$WORK/back" "$WORK/back/step-00000004 already exists" \
+  "--overwrite" -- "$BIN" "${T[@]}" --steps 4 --resume --checkpoint-dir "$WORK/back"
+bad_case "init --out onto a checkpoint" --watch "$WORK/hf" "--out $WORK/hf: already holds a checkpoint" -- \
+  "$BIN" init --config llama-tiny --seed 9 --out "$WORK/hf"
+
+# ---- invalid latest / trainer state: the error names the right file ------------------------------
+copy_ck empty; : >"$WORK/empty/latest"
+bad_case "empty latest" --watch "$WORK/empty" "$WORK/empty/latest: the file is empty" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/empty"
+copy_ck garbage; echo "../../etc" >"$WORK/garbage/latest"
+bad_case "latest names no step directory" --watch "$WORK/garbage" "$WORK/garbage/latest: '../../etc' is not a step" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/garbage"
+copy_ck missing; echo step-00000009 >"$WORK/missing/latest"
+bad_case "latest names a missing step" --watch "$WORK/missing" "$WORK/missing/latest: names" "does not exist" -- \
+  "$BIN" "${T[@]}" --steps 12 --resume --checkpoint-dir "$WORK/missing"
+set_state() {  # DIR KEY JSON_VALUE: edits step-4's trainer_state.json
+  python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); j[sys.argv[2]]=json.loads(sys.argv[3]); json.dump(j,open(p,"w"))' \
+    "$WORK/$1/step-00000004/trainer_state.json" "$2" "$3"
+}
+copy_ck neg; set_state neg step -3
+bad_case "negative step" --watch "$WORK/neg" "$WORK/neg/step-00000004/trainer_state.json: field 'step' must be an integer >= 1, got -3" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/neg"
+copy_ck other; set_state other step 7
+bad_case "step differs from its directory" --watch "$WORK/other" "trainer_state.json: field 'step' is 7 but the directory is step-00000004" -- \
+  "$BIN" "${T[@]}" --steps 9 --resume --checkpoint-dir "$WORK/other"
+copy_ck strstep; set_state strstep step '"4"'
+bad_case "step not an integer" --watch "$WORK/strstep" "trainer_state.json: field 'step' must be an integer" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/strstep"
+copy_ck negpos; set_state negpos data_position -1
+bad_case "negative data position" --watch "$WORK/negpos" "trainer_state.json: field 'data_position' must be an integer >= 0" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/negpos"
+copy_ck noseed; python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); del j["seed"]; json.dump(j,open(p,"w"))' \
+  "$WORK/noseed/step-00000004/trainer_state.json"
+bad_case "missing seed" --watch "$WORK/noseed" "trainer_state.json: field 'seed' is missing" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/noseed"
+
+# ---- under mpirun: an error on one rank ends every rank within seconds ---------------------------
+if [ -n "$MPIRUN" ]; then
+  MP=("$MPIRUN" --oversubscribe --mca btl self,vader)
+  P=(--batch 2 --seq 32 --steps 2 --plan "$PLANS/llama_dp.plan")
+  bad_case "np 2: metrics in a missing directory" --timeout 20 "[rank 0/2] error: --metrics /nonexistent_ro/m.jsonl" -- \
+    "${MP[@]}" -np 2 "$BIN" train "${P[@]}" --metrics /nonexistent_ro/m.jsonl
+  bad_case "np 2: checkpoint-dir names a file" --timeout 20 --watch "$WORK/ck" "--checkpoint-dir $WORK/afile" -- \
+    "${MP[@]}" -np 2 "$BIN" train "${P[@]}" --metrics "" --checkpoint-dir "$WORK/afile"
+  bad_case "np 2: fresh run into a checkpoint dir" --timeout 20 --watch "$WORK/ck" "already holds checkpoints" -- \
+    "${MP[@]}" -np 2 "$BIN" train "${P[@]}" --metrics "" --checkpoint-dir "$WORK/ck"
+  # Different flags per rank (MPMD): the error exists on one rank only; the peer goes on into
+  # communicator creation and collectives, and must be ended by the failing rank's MPI_Abort.
+  bad_case "np 2: metrics error on rank 0 only" --timeout 20 "[rank 0/2] error: --metrics /nonexistent_ro/m.jsonl" -- \
+    "${MP[@]}" -np 1 "$BIN" train "${P[@]}" --metrics /nonexistent_ro/m.jsonl : -np 1 "$BIN" train "${P[@]}" --metrics ""
+  bad_case "np 2: checkpoint-dir error on rank 1 only" --timeout 20 "[rank 1/2] error: --checkpoint-dir $WORK/afile" -- \
+    "${MP[@]}" -np 1 "$BIN" train "${P[@]}" --metrics "" : -np 1 "$BIN" train "${P[@]}" --metrics "" --checkpoint-dir "$WORK/afile"
+  # After the world started (the token file is read after parallelize): the failing rank aborts.
+  bad_case "np 2: data error on rank 0 only, world started" --timeout 20 "[rank 0/2] error:" "/nonexistent.bin" -- \
+    "${MP[@]}" -np 1 "$BIN" train "${P[@]}" --metrics "" --data /nonexistent.bin : -np 1 "$BIN" train "${P[@]}" --metrics ""
+  bad_case "np 2: data error on rank 1 only, world started" --timeout 20 "[rank 1/2] error:" "/nonexistent.bin" -- \
+    "${MP[@]}" -np 1 "$BIN" train "${P[@]}" --metrics "" : -np 1 "$BIN" train "${P[@]}" --metrics "" --data /nonexistent.bin
+  bad_case "np 2: init --out onto a checkpoint on rank 0 only" --timeout 20 --watch "$WORK/hf" "already holds a checkpoint" -- \
+    "${MP[@]}" -np 1 "$BIN" init --config llama-tiny --out "$WORK/hf" --plan "$PLANS/llama_dp.plan" : \
+    -np 1 "$BIN" init --config llama-tiny --out "$WORK/hf_other" --plan "$PLANS/llama_dp.plan"
+fi
+
+# ---- positive: --overwrite, stale temporaries, kill -9 at random moments ------------------------
+copy_ck ow
+"$BIN" "${T[@]}" --steps 4 --seed 7 --overwrite --checkpoint-dir "$WORK/ow" >/dev/null 2>"$WORK/err" \
+  && ! cmp -s "$WORK/ck/step-00000004/model.safetensors" "$WORK/ow/step-00000004/model.safetensors" \
+  && [ "$(cat "$WORK/ow/latest")" = step-00000004 ] && [ -z "$(ls_temps "$WORK/ow")" ] \
+  && pass "fresh run --overwrite replaces step-4 in place, no temporaries left" || fail "--overwrite: $(tail -n 1 "$WORK/err")"
+"$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ow" >"$WORK/out" 2>"$WORK/err" \
+  && grep -q "resumed from $WORK/ow/step-00000004 at step 4" "$WORK/out" && [ "$(cat "$WORK/ow/latest")" = step-00000006 ] \
+  && pass "the replaced checkpoint resumes" || fail "resume after --overwrite: $(tail -n 1 "$WORK/err")"
+"$BIN" "${T[@]}" --steps 4 --resume --overwrite --checkpoint-dir "$WORK/back" >/dev/null 2>"$WORK/err" \
+  && cmp -s "$WORK/ck/step-00000004/model.safetensors" "$WORK/back/step-00000004/model.safetensors" \
+  && [ "$(cat "$WORK/back/latest")" = step-00000004 ] \
+  && pass "resume --overwrite rewrites the uncommitted step-4 with the same bits" || fail "resume --overwrite: $(tail -n 1 "$WORK/err")"
+"$BIN" init --config llama-tiny --seed 9 --out "$WORK/hf" --overwrite >/dev/null 2>"$WORK/err" \
+  && "$BIN" init --config llama-tiny --seed 9 --out "$WORK/hf9" >/dev/null && cmp -s "$WORK/hf/model.safetensors" "$WORK/hf9/model.safetensors" \
+  && pass "init --overwrite replaces the checkpoint" || fail "init --overwrite: $(tail -n 1 "$WORK/err")"
+
+copy_ck stale
+sleep 30 & live=$!
+mkdir -p "$WORK/stale/step-00000005.tmp.999999999" "$WORK/stale/step-00000005.tmp.999999998.tmp.999999998" \
+  "$WORK/stale/step-00000004.old.999999997" "$WORK/stale/step-00000005.tmp.$live"
+touch "$WORK/stale/latest.tmp.999999999" "$WORK/stale/notes.tmp.999999999"
+"$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/stale" >/dev/null 2>"$WORK/err" \
+  && [ "$(ls_temps "$WORK/stale")" = "$(printf '%s\n%s' "$WORK/stale/notes.tmp.999999999" "$WORK/stale/step-00000005.tmp.$live")" ] \
+  && pass "stale temporaries of dead processes removed at the next save (a live one and other files kept)" \
+  || fail "stale temporaries: $(ls_temps "$WORK/stale" | tr '\n' ' ') $(tail -n 1 "$WORK/err")"
+kill "$live" 2>/dev/null; wait "$live" 2>/dev/null
+
+# kill -9 at random moments of a run that saves every step; each time, --resume must load `latest`.
+K=(train --batch 2 --seq 32 --warmup 1 --metrics "" --steps 1000 --checkpoint-every 1 --checkpoint-dir "$WORK/kill")
+"$BIN" "${K[@]}" --stop-at 1 >/dev/null 2>&1 || fail "kill -9: first run"
+loaded=0 broken=0 midsave=0
+for i in $(seq 1 10); do
+  "$BIN" "${K[@]}" --resume --overwrite >/dev/null 2>&1 &
+  pid=$!
+  sleep "$(python3 -c 'import random; print(round(random.uniform(0.3, 2.0), 2))')"
+  kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  [ -n "$(ls_temps "$WORK/kill")" ] && midsave=$((midsave + 1))  # killed in the middle of a save
+  step=$(sed 's/step-0*//' "$WORK/kill/latest")
+  if "$BIN" "${K[@]}" --resume --overwrite --stop-at $((step + 1)) >"$WORK/out" 2>"$WORK/err" \
+      && grep -q "resumed from $WORK/kill/step-.* at step $step" "$WORK/out" && [ -z "$(ls_temps "$WORK/kill")" ]; then
+    loaded=$((loaded + 1))
+  else
+    broken=$((broken + 1)); echo "   after kill $i: $(tail -n 1 "$WORK/err") $(ls_temps "$WORK/kill" | tr '\n' ' ')"
+  fi
+done
+[ $broken -eq 0 ] && [ $loaded -eq 10 ] && pass "kill -9 at 10 random moments ($midsave in the middle of a save): --resume loaded latest every time" \
+  || fail "kill -9: $loaded loads, $broken broken"
+
+bad_input_done

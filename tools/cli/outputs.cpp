@@ -1,0 +1,79 @@
+// Start-up checks of output paths (see outputs.h).
+#include "tools/cli/outputs.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "runtime/error.h"
+
+namespace mt::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Creates and removes an empty file in `dir`: the one test of writability that root, read-only
+// mounts and pseudo file systems (/proc) all answer truthfully.
+void probe_directory(const fs::path& dir, const std::string& path, const std::string& flag) {
+  std::string name = (dir / ".meshtrain-probe-XXXXXX").string();
+  const int fd = ::mkstemp(name.data());
+  MT_CHECK(fd >= 0, "{} {}: cannot create files in the directory {}: {}", flag, path, dir.string(),
+           std::strerror(errno));
+  ::close(fd);
+  ::unlink(name.c_str());
+}
+
+fs::path parent_or_cwd(const fs::path& p) { return p.has_parent_path() ? p.parent_path() : fs::path("."); }
+
+}  // namespace
+
+void check_output_file(const std::string& path, const std::string& flag) {
+  if (path.empty()) return;
+  const fs::path p(path);
+  std::error_code ec;
+  MT_CHECK(!fs::is_directory(p, ec), "{} {}: is a directory, not a file", flag, path);
+  const fs::path dir = parent_or_cwd(p);
+  MT_CHECK(fs::exists(dir, ec), "{} {}: the directory {} does not exist", flag, path, dir.string());
+  MT_CHECK(fs::is_directory(dir, ec), "{} {}: {} is not a directory", flag, path, dir.string());
+  if (fs::exists(p, ec)) {
+    // Opening for writing without O_CREAT or O_TRUNC changes nothing.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    MT_CHECK(fd >= 0, "{} {}: cannot write the file: {}", flag, path, std::strerror(errno));
+    ::close(fd);
+  } else {
+    probe_directory(dir, path, flag);
+  }
+}
+
+void check_output_dir(const std::string& path, const std::string& flag) {
+  MT_CHECK(!path.empty(), "{}: the directory name is empty", flag);
+  fs::path p(path);
+  std::error_code ec;
+  if (fs::exists(p, ec)) {
+    MT_CHECK(fs::is_directory(p, ec), "{} {}: exists and is not a directory", flag, path);
+    probe_directory(p, path, flag);
+    return;
+  }
+  // Created at the first write (with its parents): the nearest existing ancestor must take it.
+  fs::path up = fs::absolute(p, ec).parent_path();
+  while (!up.empty() && !fs::exists(up, ec) && up != up.root_path()) up = up.parent_path();
+  MT_CHECK(fs::is_directory(up, ec), "{} {}: cannot be created: {} is not a directory", flag, path, up.string());
+  probe_directory(up, path, flag);
+}
+
+void check_checkpoint_out(const std::string& path, const std::string& flag, Overwrite overwrite) {
+  check_output_dir(path, flag);
+  if (overwrite == Overwrite::kAllow) return;
+  std::error_code ec;
+  for (const char* file : {"config.json", "model.safetensors", "model.safetensors.index.json"}) {
+    MT_CHECK(!fs::exists(fs::path(path) / file, ec),
+             "{} {}: already holds a checkpoint ({} exists); pass --overwrite to replace it, or use another directory",
+             flag, path, file);
+  }
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,29 @@
+// Start-up checks of the paths a command will write (--metrics, --checkpoint-dir, --out). Every
+// rank runs them before anything is built, loaded or trained, so that a path that cannot be
+// written ends the job at once with an error naming the flag and the path, instead of after the
+// whole run, or on rank 0 only while the others wait. They leave nothing behind: writability is
+// probed by creating and removing a uniquely named empty file in the directory concerned.
+#pragma once
+
+#include <string>
+
+namespace mt::cli {
+
+// Whether existing checkpoints (an `init --out` directory, training step directories, a `latest`
+// naming a later step) may be replaced: only when the user said so (`--overwrite`).
+enum class Overwrite { kRefuse, kAllow };
+
+// `path` will be written as a file: it must not be a directory, its directory must exist and be
+// writable, and an existing file must be writable. An empty path (output off) passes.
+void check_output_file(const std::string& path, const std::string& flag);
+
+// `path` is, or will be created as, a directory: it must not be a file, and it (or, when it does
+// not exist yet, the nearest existing directory it will be created under) must be writable.
+void check_output_dir(const std::string& path, const std::string& flag);
+
+// check_output_dir for a Hugging Face checkpoint directory about to be written (`init --out`):
+// one that already holds a checkpoint (config.json or model weights) is refused unless
+// `overwrite` allows it.
+void check_checkpoint_out(const std::string& path, const std::string& flag, Overwrite overwrite);
+
+}  // namespace mt::cli

@@ -94,24 +94,24 @@ bad_case "missing seed" --watch "$WORK/noseed" "trainer_state.json: field 'seed'
 if [ -n "$MPIRUN" ]; then
   MP=("$MPIRUN" --oversubscribe --mca btl self,vader)
   P=(--batch 2 --seq 32 --steps 2 --plan "$PLANS/llama_dp.plan")
-  bad_case "np 2: metrics in a missing directory" --timeout 20 "[rank 0/2] error: --metrics /nonexistent_ro/m.jsonl" -- \
+  bad_case "np 2: metrics in a missing directory" --mpi --timeout 30 "[rank 0/2] error: --metrics /nonexistent_ro/m.jsonl" -- \
     "${MP[@]}" -np 2 "$BIN" train "${P[@]}" --metrics /nonexistent_ro/m.jsonl
-  bad_case "np 2: checkpoint-dir names a file" --timeout 20 --watch "$WORK/ck" "--checkpoint-dir $WORK/afile" -- \
+  bad_case "np 2: checkpoint-dir names a file" --mpi --timeout 30 --watch "$WORK/ck" "--checkpoint-dir $WORK/afile" -- \
     "${MP[@]}" -np 2 "$BIN" train "${P[@]}" --metrics "" --checkpoint-dir "$WORK/afile"
-  bad_case "np 2: fresh run into a checkpoint dir" --timeout 20 --watch "$WORK/ck" "already holds checkpoints" -- \
+  bad_case "np 2: fresh run into a checkpoint dir" --mpi --timeout 30 --watch "$WORK/ck" "already holds checkpoints" -- \
     "${MP[@]}" -np 2 "$BIN" train "${P[@]}" --metrics "" --checkpoint-dir "$WORK/ck"
   # Different flags per rank (MPMD): the error exists on one rank only; the peer goes on into
   # communicator creation and collectives, and must be ended by the failing rank's MPI_Abort.
-  bad_case "np 2: metrics error on rank 0 only" --timeout 20 "[rank 0/2] error: --metrics /nonexistent_ro/m.jsonl" -- \
+  bad_case "np 2: metrics error on rank 0 only" --mpi --timeout 30 "[rank 0/2] error: --metrics /nonexistent_ro/m.jsonl" -- \
     "${MP[@]}" -np 1 "$BIN" train "${P[@]}" --metrics /nonexistent_ro/m.jsonl : -np 1 "$BIN" train "${P[@]}" --metrics ""
-  bad_case "np 2: checkpoint-dir error on rank 1 only" --timeout 20 "[rank 1/2] error: --checkpoint-dir $WORK/afile" -- \
+  bad_case "np 2: checkpoint-dir error on rank 1 only" --mpi --timeout 30 "[rank 1/2] error: --checkpoint-dir $WORK/afile" -- \
     "${MP[@]}" -np 1 "$BIN" train "${P[@]}" --metrics "" : -np 1 "$BIN" train "${P[@]}" --metrics "" --checkpoint-dir "$WORK/afile"
   # After the world started (the token file is read after parallelize): the failing rank aborts.
-  bad_case "np 2: data error on rank 0 only, world started" --timeout 20 "[rank 0/2] error:" "/nonexistent.bin" -- \
+  bad_case "np 2: data error on rank 0 only, world started" --mpi --timeout 30 "[rank 0/2] error:" "/nonexistent.bin" -- \
     "${MP[@]}" -np 1 "$BIN" train "${P[@]}" --metrics "" --data /nonexistent.bin : -np 1 "$BIN" train "${P[@]}" --metrics ""
-  bad_case "np 2: data error on rank 1 only, world started" --timeout 20 "[rank 1/2] error:" "/nonexistent.bin" -- \
+  bad_case "np 2: data error on rank 1 only, world started" --mpi --timeout 30 "[rank 1/2] error:" "/nonexistent.bin" -- \
     "${MP[@]}" -np 1 "$BIN" train "${P[@]}" --metrics "" : -np 1 "$BIN" train "${P[@]}" --metrics "" --data /nonexistent.bin
-  bad_case "np 2: init --out onto a checkpoint on rank 0 only" --timeout 20 --watch "$WORK/hf" "already holds a checkpoint" -- \
+  bad_case "np 2: init --out onto a checkpoint on rank 0 only" --mpi --timeout 30 --watch "$WORK/hf" "already holds a checkpoint" -- \
     "${MP[@]}" -np 1 "$BIN" init --config llama-tiny --out "$WORK/hf" --plan "$PLANS/llama_dp.plan" : \
     -np 1 "$BIN" init --config llama-tiny --out "$WORK/hf_other" --plan "$PLANS/llama_dp.plan"
 fi

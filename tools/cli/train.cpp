@@ -6,8 +6,10 @@
 // GradReducer, AdamW and clipping work on the shards, and rank 0 prints, logs and writes full
 // checkpoints (which resume under any plan, or none).
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -25,6 +27,7 @@
 #include "runtime/error.h"
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
+#include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/parallel.h"
 #include "tools/cli/train_state.h"
@@ -107,12 +110,11 @@ void check_resume_matches(const TrainState& s, const Args& args) {
 
 int run_train(int argc, char** argv) {
   Args args("train", kTrainFlags, argc, argv, 2);
+  validate_train_flags(args);  // every flag in its range before anything is read
   MT_CHECK(args.str("device") == "cpu", "meshtrain train: --device {} is not available in this build (cpu only)",
            args.str("device"));
   const int64_t batch = args.integer("batch"), seq = args.integer("seq"), accum = args.integer("accum");
   const int64_t steps = args.integer("steps"), log_every = std::max<int64_t>(1, args.integer("log-every"));
-  MT_CHECK(batch > 0 && seq > 0 && accum > 0 && steps > 0,
-           "meshtrain train: --batch, --seq, --accum and --steps must be positive");
   const int64_t stop_at = args.integer("stop-at") > 0 ? std::min(args.integer("stop-at"), steps) : steps;
   const DType compute = parse_precision(args.str("precision"));
   const std::string ckpt_dir = args.str("checkpoint-dir");
@@ -145,6 +147,9 @@ int run_train(int argc, char** argv) {
   }
   cfg.attention_dropout = cfg.residual_dropout = args.real("dropout");
   cfg.validate();
+  const std::string cfg_source = resume ? loaded.path : !args.str("hf").empty() ? args.str("hf") : args.str("config");
+  validate_train_flags(args, cfg, cfg_source);
+  check_model_fits_memory(cfg, ModelUse::kTraining, "train", cfg_source);
   manual_seed(seed);
   std::shared_ptr<CausalLM> model;
   if (resume || !args.str("hf").empty()) {
@@ -230,12 +235,20 @@ int run_train(int argc, char** argv) {
   auto save = [&](int64_t done) {
     if (ckpt_dir.empty()) return;
     TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum};
+    // Never a checkpoint with non-finite weights (the loop stops before such a step; this guards it).
+    auto refuse_non_finite = [&](const NamedTensors& weights) {
+      auto bad = first_non_finite(weights);
+      MT_CHECK(!bad, "meshtrain train: refusing to save step {}: weight '{}' holds {} at element {} after the "
+               "optimizer step (lower --lr)", done, bad->name, bad->value, bad->index);
+    };
     if (!plan) {
+      refuse_non_finite(master.master_params());
       fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s));
       return;
     }
     // Full tensors, gathered by every rank (collective); rank 0 writes.
     NamedTensors weights = full_tensors(master.master_params()), moments = full_tensors(opt.state_dict());
+    refuse_non_finite(weights);
     if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s));
   };
 
@@ -257,17 +270,21 @@ int run_train(int argc, char** argv) {
     if (reducer) reducer->finish();
     master.grads_to_master();
     double norm = clip_grad_norm(master.master_params(), args.real("grad-clip"));
+    double loss = loss_sum / static_cast<double>(accum);
+    // A non-finite loss or gradient stops the run before the optimizer step applies it: the weights
+    // stay those of the previous step, and this step is never saved (docs/cli.md, "Non-finite values").
+    MT_CHECK(std::isfinite(loss) && std::isfinite(norm),
+             "meshtrain train: step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, "
+             "so no checkpoint of step {} is written (lower --lr, enable --grad-clip, or check the data and the "
+             "starting weights)", step + 1, loss, norm, step + 1);
     opt.step();
     opt.zero_grad();
     model->zero_grad();
     master.master_to_model();
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double loss = loss_sum / static_cast<double>(accum);
     double tok_s = static_cast<double>(batch * seq * accum) / secs;
     double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
     double mem = static_cast<double>(cpu_memory_stats().peak) / (1 << 20);
-    MT_CHECK(std::isfinite(loss), "meshtrain train: loss became {} at step {}; lower --lr or enable --grad-clip", loss,
-             step + 1);
     const int64_t collectives = reducer ? reducer->stats().collectives : 0;
     if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
       fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",
@@ -281,6 +298,8 @@ int run_train(int argc, char** argv) {
       if (reducer) j["grad_collectives"] = collectives;
       *metrics << j.dump() << "\n";
       metrics->flush();
+      MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file '{}' at step {}: {}", args.str("metrics"),
+               step + 1, std::strerror(errno));
     }
     int64_t every = args.integer("checkpoint-every");
     if (every > 0 && (step + 1) % every == 0 && step + 1 != stop_at) save(step + 1);

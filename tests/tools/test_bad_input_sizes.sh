@@ -6,7 +6,8 @@
 # bad_input_lib.sh).
 # usage: test_bad_input_sizes.sh MESHTRAIN_BINARY
 BIN=$(realpath "$1")
-source "$(dirname "$0")/bad_input_lib.sh"
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/bad_input_lib.sh"
 cd "$WORK" || exit 1
 mkdir -p outs run
 OUTS=$WORK/outs  # every failing command that could write aims at this (watched, stays empty)
@@ -200,6 +201,8 @@ train_bad "--log-every 0" "--log-every 0 is out of range" -- --log-every 0
 train_bad "--stop-at -1" "--stop-at -1 is out of range" -- --stop-at -1
 train_bad "--bucket-mb 1e300" "--bucket-mb 1e300 is out of range" -- --bucket-mb 1e300
 train_bad "batch x seq beyond the corpus" "corpus has" "fewer than one global window" -- --batch 16777216 --seq 1024
+bad_case "plan: --world 2^62 (used to plan for ever)" --timeout 20 "--world $TWO62 is out of range" -- \
+  "$BIN" plan --plan "$HERE/../../plans/llama_dp.plan" --world $TWO62
 bad_case "init: --seed -1" --watch "$OUTS" "--seed -1 is out of range" -- "$BIN" init --config llama-tiny --seed -1 --out "$OUTS/ck"
 
 # ---- 2. non-finite weights: eval/grad fail naming the tensor, train stops and saves nothing -------

@@ -212,6 +212,10 @@ bad_case "eval: nan weight" "meshtrain eval" "$c" "is nan" "tensor 'model.layers
 c=$(ck_with inf_ck 'poke("model.norm.weight", 0, float("inf"))')
 bad_case "grad: inf weight, no gradient file" --watch "$OUTS" "meshtrain grad" "$c" "tensor 'model.norm.weight' holds inf" -- \
   "$BIN" grad --hf "$WORK/inf_ck" --tokens "$WORK/tokens.txt" --out "$OUTS/g.safetensors"
+# Finite weights whose logits overflow f32: the loss is inf; the message says the weights are finite.
+c=$(ck_with huge_ck 'for k in range(128): poke("lm_head.weight", 128 * 5 + k, -1e37)')
+bad_case "eval: finite weights, forward overflow" "meshtrain eval" "is inf" "every weight is finite" -- \
+  "$BIN" eval --hf "$c" --tokens "$WORK/tokens.txt"
 train_bad "nan weights from --hf: stops before step 1, saves nothing" "step 1: the loss is nan" \
   "no checkpoint of step 1 is written" -- --hf "$WORK/nan_ck" --checkpoint-every 1 --metrics "$WORK/nan.jsonl"
 train_bad "--lr 1e38: weights overflow in the step; the final save refuses them" "refusing to save step 1" \

@@ -103,7 +103,7 @@ std::optional<NonFinite> first_non_finite(const NamedTensors& tensors) {
 
 std::string describe_non_finite(const NamedTensors& tensors) {
   auto bad = first_non_finite(tensors);
-  if (!bad) return "every weight is finite";
+  if (!bad) return "every weight is finite, so the forward pass overflowed (weights too large?)";
   return fmt::format("tensor '{}' holds {} at element {}", bad->name, bad->value, bad->index);
 }
 

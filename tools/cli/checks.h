@@ -41,7 +41,7 @@ struct NonFinite {
   double value = 0;
 };
 std::optional<NonFinite> first_non_finite(const NamedTensors& tensors);
-// "tensor 'x' holds nan at element 7" or "every weight is finite".
+// "tensor 'x' holds nan at element 7", or that every weight is finite (the forward pass overflowed).
 std::string describe_non_finite(const NamedTensors& tensors);
 
 // Flushes stdout and throws naming the command when the result could not be written (a full disk,

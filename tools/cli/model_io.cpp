@@ -129,6 +129,10 @@ int run_grad(int argc, char** argv) {
   }
   if (parallel) grads = full_tensors(grads);  // collective: every rank
   for (auto& [name, g] : grads) g = g.to(DType::kF32);
+  // A finite loss with a non-finite gradient (an overflow in the backward pass) is no result either.
+  if (auto bad = first_non_finite(grads))
+    MT_FAIL("meshtrain grad: the gradient of '{}' holds {} at element {} (checkpoint '{}', loss {}); nothing written",
+            bad->name, bad->value, bad->index, args.str("hf"), scalar_value(loss));
   if (!parallel || parallel->ctx.is_root()) write_safetensors(out, grads);
   print_loss("grad", loss);
   return 0;

@@ -226,6 +226,8 @@ train_bad "--lr 1e38 with periodic saves: the first save refuses, nothing saved"
 # ---- 6. a full disk -------------------------------------------------------------------------------
 bad_case "train: metrics to /dev/full" --watch "$OUTS" "cannot write metrics file '/dev/full' at step 1" -- \
   "$BIN" train --steps 2 --batch 2 --seq 16 --metrics /dev/full
+bad_case "train: step lines to a full stdout" --watch "$OUTS" "meshtrain train: cannot write the result to stdout" -- \
+  bash -c '"$0" train --steps 1 --batch 2 --seq 16 --metrics "" >/dev/full' "$BIN"
 bad_case "eval: result to a full stdout" "meshtrain eval: cannot write the result to stdout" -- \
   bash -c '"$0" eval --hf "$1" --tokens "$2" >/dev/full' "$BIN" "$WORK/ck" "$WORK/tokens.txt"
 

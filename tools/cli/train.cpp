@@ -305,6 +305,7 @@ int run_train(int argc, char** argv) {
     if (every > 0 && (step + 1) % every == 0 && step + 1 != stop_at) save(step + 1);
   }
   save(stop_at);
+  flush_stdout("train");
   return 0;
 }
 

@@ -18,11 +18,13 @@ namespace {
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
-// A real flag in [lo, hi] (or [lo, hi) with `open_hi`), named in the error with the range.
-double real_in(const Args& args, const char* name, double lo, double hi, bool open_hi, const char* why) {
+enum class Upper { kInclusive, kExclusive };
+
+// A real flag in [lo, hi] or [lo, hi), named in the error with why the range is what it is.
+double real_in(const Args& args, const char* name, double lo, double hi, Upper upper, const char* why) {
   const double x = args.real(name);
-  MT_CHECK(x >= lo && (open_hi ? x < hi : x <= hi), "meshtrain train: --{} {} is out of range: {}", name,
-           args.str(name), why);
+  MT_CHECK(x >= lo && (upper == Upper::kExclusive ? x < hi : x <= hi), "meshtrain train: --{} {} is out of range: {}",
+           name, args.str(name), why);
   return x;
 }
 
@@ -51,14 +53,15 @@ void validate_train_flags(const Args& args) {
   const double inf = std::numeric_limits<double>::infinity();
   const double lr = args.real("lr");
   MT_CHECK(lr > 0, "meshtrain train: --lr {} must be positive", args.str("lr"));
-  const double min_lr = real_in(args, "min-lr", 0, inf, false, "the final learning rate must be >= 0");
+  const double min_lr = real_in(args, "min-lr", 0, inf, Upper::kInclusive, "the final learning rate must be >= 0");
   MT_CHECK(min_lr <= lr, "meshtrain train: --min-lr {} is above --lr {}: the cosine schedule decays from --lr to --min-lr",
            args.str("min-lr"), args.str("lr"));
-  real_in(args, "weight-decay", 0, inf, false, "weight decay must be >= 0");
-  real_in(args, "beta2", 0, 1, true, "AdamW's beta2 must be in [0, 1)");
-  real_in(args, "grad-clip", 0, inf, false, "the clipping norm must be >= 0 (0: off)");
-  real_in(args, "dropout", 0, 1, true, "a dropout probability must be in [0, 1)");
-  real_in(args, "bucket-mb", 1.0 / (1 << 20), 1 << 20, false, "the gradient bucket must be between 1 byte and 1 TiB");
+  real_in(args, "weight-decay", 0, inf, Upper::kInclusive, "weight decay must be >= 0");
+  real_in(args, "beta2", 0, 1, Upper::kExclusive, "AdamW's beta2 must be in [0, 1)");
+  real_in(args, "grad-clip", 0, inf, Upper::kInclusive, "the clipping norm must be >= 0 (0: off)");
+  real_in(args, "dropout", 0, 1, Upper::kExclusive, "a dropout probability must be in [0, 1)");
+  real_in(args, "bucket-mb", 1.0 / (1 << 20), 1 << 20, Upper::kInclusive,
+          "the gradient bucket must be between 1 byte and 1 TiB");
 }
 
 void validate_train_flags(const Args& args, const ModelConfig& cfg, const std::string& source) {

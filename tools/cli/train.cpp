@@ -5,8 +5,8 @@
 // rank reads the same global batch and keeps its shard of it, gradients are reduced by the fused
 // GradReducer, AdamW and clipping work on the shards, and rank 0 prints, logs and writes full
 // checkpoints (which resume under any plan, or none).
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -272,7 +272,7 @@ int run_train(int argc, char** argv) {
     double norm = clip_grad_norm(master.master_params(), args.real("grad-clip"));
     double loss = loss_sum / static_cast<double>(accum);
     // A non-finite loss or gradient stops the run before the optimizer step applies it: the weights
-    // stay those of the previous step, and this step is never saved (docs/cli.md, "Non-finite values").
+    // stay those of the previous step, and this step is never saved (docs/cli.md, "Bad input and non-finite values").
     MT_CHECK(std::isfinite(loss) && std::isfinite(norm),
              "meshtrain train: step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, "
              "so no checkpoint of step {} is written (lower --lr, enable --grad-clip, or check the data and the "

@@ -19,6 +19,18 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// Upper bounds on the sizes a config may give (docs/models.md, "Bounds"). Each is far above every
+// published model of these families, and together they keep every size product below 2^63, so
+// size arithmetic cannot overflow once validate() has passed. kMaxParameters bounds the whole model
+// (2^40, 1.1e12 parameters: 4 TiB in f32) before anything is allocated.
+inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;           // 16,777,216 (token ids are int32)
+inline constexpr int64_t kMaxWidth = int64_t{1} << 20;               // hidden, intermediate, head_dim
+inline constexpr int64_t kMaxLayers = 4096;                          // num_hidden_layers
+inline constexpr int64_t kMaxHeads = int64_t{1} << 16;               // attention / key-value heads
+inline constexpr int64_t kMaxPositions = int64_t{1} << 24;           // max_position_embeddings
+inline constexpr int64_t kMaxExperts = 4096;                         // num_local_experts
+inline constexpr int64_t kMaxParameters = int64_t{1} << 40;          // the whole model
+
 struct ModelConfig {
   std::string model_type = "llama";  // "llama" or "mixtral"
   int64_t vocab_size = 256;
@@ -50,10 +62,14 @@ struct ModelConfig {
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   bool is_moe() const { return model_type == "mixtral"; }
-  // Throws naming the field when the shapes do not fit together.
-  void validate() const;
-  // Parameter count (tied embeddings counted once).
+  // Throws naming the field (and `source`, e.g. "config.json '/path'") when a value is out of
+  // range (sizes above the k* bounds, eps/theta not positive and finite, probabilities outside
+  // [0, 1), ...), the shapes do not fit together, or the parameter count exceeds kMaxParameters.
+  void validate(const std::string& source = "config") const;
+  // Parameter count (tied embeddings counted once). Exact for a validated config.
   int64_t num_parameters() const;
+  // The same in double: finite and overflow-free for any field values (validate() bounds it).
+  double num_parameters_approx() const;
 };
 
 // llama-tiny, llama-125m, llama-1b, llama-3-8b, mixtral-tiny, mixtral-8x7b.

@@ -104,11 +104,23 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
 }
 
 std::vector<int32_t> read_token_file(const std::string& path) {
-  const std::string data = read_all(path, "read_token_file");
-  const int64_t size = static_cast<int64_t>(data.size());
+  // The header is read and checked against the file size before the body is read, so a file
+  // that is not a token shard (or claims more tokens than it holds) costs 1 KiB of reading.
+  std::error_code ec;
+  MT_CHECK(std::filesystem::exists(path, ec), "read_token_file: file '{}' does not exist", path);
+  MT_CHECK(!std::filesystem::is_directory(path, ec), "read_token_file: '{}' is a directory, not a file", path);
+  MT_CHECK(std::filesystem::is_regular_file(path, ec), "read_token_file: '{}' is not a regular file", path);
+  const auto file_size = std::filesystem::file_size(path, ec);
+  MT_CHECK(!ec, "read_token_file: cannot get the size of '{}': {}", path, ec.message());
+  const int64_t size = static_cast<int64_t>(file_size);
   MT_CHECK(size >= kTokenFileHeaderBytes,
            "read_token_file '{}': file is {} bytes, too short for the {}-byte header (256 int32)", path,
            size, kTokenFileHeaderBytes);
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.good(), "read_token_file: cannot open '{}': {}", path, std::strerror(errno));
+  std::string data(static_cast<size_t>(kTokenFileHeaderBytes), '\0');
+  in.read(data.data(), kTokenFileHeaderBytes);
+  MT_CHECK(in.gcount() == kTokenFileHeaderBytes, "read_token_file '{}': cannot read the header", path);
   const auto* p = reinterpret_cast<const unsigned char*>(data.data());
   const auto magic = static_cast<int32_t>(get_u32(p));
   const auto version = static_cast<int32_t>(get_u32(p + 4));
@@ -135,6 +147,11 @@ std::vector<int32_t> read_token_file(const std::string& path) {
            "read_token_file '{}': header says {} tokens ({} bytes of uint{}), but the file has {} bytes "
            "after the header",
            path, count, int64_t{count} * width, width * 8, body);
+  data.resize(static_cast<size_t>(size));
+  in.read(data.data() + kTokenFileHeaderBytes, body);
+  MT_CHECK(in.gcount() == body, "read_token_file '{}': read {} of the {} token bytes (file changed or unreadable)",
+           path, static_cast<int64_t>(in.gcount()), body);
+  p = reinterpret_cast<const unsigned char*>(data.data());
   std::vector<int32_t> tokens(static_cast<size_t>(count));
   const unsigned char* q = p + kTokenFileHeaderBytes;
   for (int64_t i = 0; i < count; ++i) {
@@ -220,6 +237,11 @@ DataLoader::DataLoader(std::vector<int32_t> tokens, int64_t batch, int64_t seq, 
            seq);
   MT_CHECK(world >= 1 && rank >= 0 && rank < world, "DataLoader: rank {} is not in [0, world {})", rank,
            world);
+  // W*B*T + 1 must not overflow: a huge batch would otherwise wrap to a window that "fits".
+  int64_t window = 0;
+  MT_CHECK(checked_mul(world, batch, &window) && checked_mul(window, seq, &window) && checked_add(window, 1, &window),
+           "DataLoader: a window of world {} x batch {} x seq {} tokens overflows int64 (the corpus has {} tokens)",
+           world, batch, seq, num_tokens());
   MT_CHECK(num_tokens() >= tokens_per_step() + 1,
            "DataLoader: the corpus has {} tokens, fewer than one global window of world {} x batch {} x "
            "seq {} + 1 = {} tokens",

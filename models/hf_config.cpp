@@ -41,11 +41,22 @@ class Fields {
     if (!has(key)) return dflt;
     return as_int(at(key), key);
   }
+  // An integer (1e3 and 1000.0 are too, as Python's json would give them). Integers beyond int64
+  // are refused here; validate() applies each field's own bound.
   int64_t as_int(const json& v, const char* key) const {
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        fail(key, fmt::format("= {} is too large (not an int64)", u));
+      return static_cast<int64_t>(u);
+    }
     if (v.is_number_integer()) return v.get<int64_t>();
     if (v.is_number_float()) {
       double d = v.get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
+      if (std::isfinite(d) && d == std::floor(d)) {
+        if (std::fabs(d) < 9e15) return static_cast<int64_t>(d);
+        fail(key, fmt::format("= {} is too large", v.dump()));
+      }
     }
     fail(key, fmt::format("must be an integer, got {}", v.dump()));
   }
@@ -196,16 +207,12 @@ ModelConfig load_hf_config(const std::string& path) {
   const std::string act = f.get_string("hidden_act", "silu");
   MT_CHECK(act == "silu", "config.json '{}': field 'hidden_act' is '{}'; meshtrain's MLP is SwiGLU (silu)", path, act);
 
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    MT_FAIL("config.json '{}': {}", path, e.what());
-  }
+  c.validate(fmt::format("config.json '{}'", path));
   return c;
 }
 
 void save_hf_config(const ModelConfig& c, const std::string& path) {
-  c.validate();
+  c.validate(fmt::format("save_hf_config '{}'", path));
   const bool moe = c.is_moe();
   ordered_json j;
   j["architectures"] = {moe ? "MixtralForCausalLM" : "LlamaForCausalLM"};

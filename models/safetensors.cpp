@@ -105,20 +105,20 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   MT_CHECK(sh.is_array(), "safetensors '{}': tensor '{}': shape must be an array, got {}", path, name, sh.dump());
   MT_CHECK(sh.size() <= static_cast<size_t>(kMaxDims), "safetensors '{}': tensor '{}': {} dims, at most {} supported",
            path, name, sh.size(), kMaxDims);
-  // numel * dtype size, refusing overflow (a corrupt shape must not wrap around to a small size).
-  uint64_t nbytes = static_cast<uint64_t>(dtype_size(out.dtype));
-  bool overflow = false;
+  // numel * dtype size, refusing overflow: a corrupt shape must not wrap around to a small (or
+  // zero) size. A zero dim makes the tensor empty whatever the other dims are; otherwise every
+  // partial product must stay below 2^63 (the element count is an int64 in meshtrain).
+  bool has_zero = false;
   for (const auto& d : sh) {
     int64_t v = json_nonneg_int(d, path, name, "shape");
     out.shape.push_back(v);
-    if (v != 0 && nbytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(v)) overflow = true;
-    nbytes *= static_cast<uint64_t>(v);
+    has_zero |= v == 0;
   }
-  if (out.shape.numel() == 0) {  // a zero dim makes any other dim harmless
-    overflow = false;
-    nbytes = 0;
-  }
-  MT_CHECK(!overflow, "safetensors '{}': tensor '{}': shape {} is too large", path, name, sh.dump());
+  int64_t nbytes = has_zero ? 0 : dtype_size(out.dtype);
+  for (int i = 0; i < out.shape.size() && nbytes > 0; ++i)
+    MT_CHECK(checked_mul(nbytes, out.shape[i], &nbytes),
+             "safetensors '{}': tensor '{}': shape {} of {} is too large: its size in bytes overflows a 64-bit "
+             "integer (a corrupt header?)", path, name, out.shape, dts);
   const json& off = e["data_offsets"];
   MT_CHECK(off.is_array() && off.size() == 2,
            "safetensors '{}': tensor '{}': data_offsets must be [begin, end], got {}", path, name, off.dump());
@@ -126,9 +126,10 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   out.end = static_cast<uint64_t>(json_nonneg_int(off[1], path, name, "data_offsets"));
   MT_CHECK(out.begin <= out.end, "safetensors '{}': tensor '{}': data_offsets [{}, {}] end before begin", path,
            name, out.begin, out.end);
-  MT_CHECK(out.end - out.begin == nbytes,
-           "safetensors '{}': tensor '{}': shape {} of {} needs {} bytes but data_offsets [{}, {}] span {}", path,
-           name, out.shape, dts, nbytes, out.begin, out.end, out.end - out.begin);
+  MT_CHECK(out.end - out.begin == static_cast<uint64_t>(nbytes),
+           "safetensors '{}': tensor '{}': shape {} of {} needs {} bytes but data_offsets [{}, {}] span {} ({} "
+           "elements of {} bytes each)", path, name, out.shape, dts, nbytes, out.begin, out.end, out.end - out.begin,
+           out.shape.numel(), dtype_size(out.dtype));
   return out;
 }
 

@@ -46,8 +46,12 @@ void Shape::resize(int n, int64_t fill) {
 
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < n_; ++i) n *= d_[i];
-  return n;
+  bool overflow = false;
+  for (int i = 0; i < n_; ++i) overflow |= !checked_mul(n, d_[i], &n);
+  // A zero size makes the product 0 whatever the others are; only a non-empty shape can overflow.
+  if (overflow && std::find(d_, d_ + n_, int64_t{0}) == d_ + n_) [[unlikely]]
+    MT_FAIL("shape {} has more elements than an int64 can count (the product of its sizes overflows)", *this);
+  return overflow ? 0 : n;
 }
 
 Shape Shape::contiguous_strides() const {

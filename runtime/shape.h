@@ -36,6 +36,8 @@ class Shape {
   void resize(int n, int64_t fill = 0);
   std::vector<int64_t> vec() const { return std::vector<int64_t>(d_, d_ + n_); }
 
+  // Product of the sizes; throws naming the shape when it does not fit int64 (a corrupt or
+  // hostile size must not wrap around to a small element count).
   int64_t numel() const;
   // Row-major strides for these sizes.
   Shape contiguous_strides() const;
@@ -49,6 +51,11 @@ class Shape {
   int64_t d_[kMaxDims] = {};
   int n_ = 0;
 };
+
+// a * b into *out; false (and *out unspecified) when the product overflows int64. Size arithmetic
+// on values from files and flags goes through this (or checked_product) before any allocation.
+inline bool checked_mul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+inline bool checked_add(int64_t a, int64_t b, int64_t* out) { return !__builtin_add_overflow(a, b, out); }
 
 // Broadcast two shapes (numpy rules); throws naming `op` and both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);

@@ -1,6 +1,7 @@
 // Tensor and Storage basics: metadata, factories, copies, casts, in-place updates.
 #include "tensor/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/registry.h"
@@ -122,14 +123,18 @@ Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opt
   for (int i = 0; i < shape.size(); ++i)
     MT_CHECK(shape[i] >= 0, "empty: negative size {} in shape {}", shape[i], shape);
   auto impl = make_rc<TensorImpl>();
-  int64_t extent = 1;  // elements spanned
-  for (int i = 0; i < shape.size(); ++i) {
-    if (shape[i] == 0) extent = 0;
-    if (extent == 0) break;
-    extent += (shape[i] - 1) * strides[i];
+  // Elements spanned and their bytes, refusing int64 overflow: a huge shape must fail here with
+  // its shape named, not wrap around to a small allocation that later code overruns.
+  const bool has_zero = std::find(shape.begin(), shape.end(), int64_t{0}) != shape.end();
+  int64_t extent = has_zero ? 0 : 1, nbytes = 0;
+  bool overflow = false;
+  for (int i = 0; i < shape.size() && extent > 0; ++i) {
+    int64_t span = 0;
+    overflow |= !checked_mul(shape[i] - 1, strides[i], &span) || !checked_add(extent, span, &extent);
   }
-  if (!opts.device.is_meta())
-    impl->storage = make_rc<Storage>(static_cast<size_t>(extent * dtype_size(opts.dtype)), opts.device);
+  overflow |= !checked_mul(extent, dtype_size(opts.dtype), &nbytes);
+  MT_CHECK(!overflow, "empty: a {} tensor of shape {} would need more than 2^63 bytes", opts.dtype, shape);
+  if (!opts.device.is_meta()) impl->storage = make_rc<Storage>(static_cast<size_t>(nbytes), opts.device);
   impl->sizes = shape;
   impl->strides = strides;
   impl->dtype = opts.dtype;

@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <cmath>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <unistd.h>
@@ -194,6 +196,85 @@ TEST_CASE("config: validate names the field at fault", "[cpu]") {
   c = ModelConfig();
   c.residual_dropout = 1.0;
   REQUIRE_THROWS_WITH(c.validate(), Contains("dropout"));
+}
+
+TEST_CASE("config: sizes are bounded and nonsense values refused, each error naming the field", "[cpu]") {
+  const int64_t huge = int64_t{1} << 62;
+  auto bad = [](auto edit, const std::string& what) {
+    ModelConfig c = builtin_config("llama-tiny");
+    edit(c);
+    REQUIRE_THROWS_WITH(c.validate("cfg.json"), Contains("cfg.json: ") && Contains(what));
+  };
+  bad([&](ModelConfig& c) { c.vocab_size = huge; }, "vocab_size = 4611686018427387904 is too large (at most 16777216");
+  bad([&](ModelConfig& c) { c.hidden_size = huge; }, "hidden_size = 4611686018427387904 is too large");
+  bad([&](ModelConfig& c) { c.intermediate_size = huge; }, "intermediate_size = 4611686018427387904 is too large");
+  bad([&](ModelConfig& c) { c.num_hidden_layers = 1'000'000'000; }, "num_hidden_layers = 1000000000 is too large");
+  bad([&](ModelConfig& c) { c.num_attention_heads = huge; }, "num_attention_heads = 4611686018427387904");
+  bad([&](ModelConfig& c) { c.num_key_value_heads = huge; }, "num_key_value_heads = 4611686018427387904");
+  bad([&](ModelConfig& c) { c.head_dim = huge; }, "head_dim = 4611686018427387904 is too large");
+  bad([&](ModelConfig& c) { c.max_position_embeddings = huge; }, "max_position_embeddings = 4611686018427387904");
+  bad([&](ModelConfig& c) { c.max_position_embeddings = 0; }, "max_position_embeddings = 0 must be at least 1");
+  bad([&](ModelConfig& c) { c.vocab_size = 0; }, "vocab_size = 0 must be at least 1");
+  bad([&](ModelConfig& c) { c.hidden_size = -128; }, "hidden_size = -128 must be at least 1");
+  bad([&](ModelConfig& c) { c.rms_norm_eps = -1e-6; }, "rms_norm_eps = -1e-06 must be positive and finite");
+  bad([&](ModelConfig& c) { c.rms_norm_eps = 0; }, "rms_norm_eps = 0 must be positive");
+  bad([&](ModelConfig& c) { c.rms_norm_eps = std::nan(""); }, "rms_norm_eps = nan");
+  bad([&](ModelConfig& c) { c.rope_theta = 0; }, "rope_theta = 0 must be positive and finite in float32");
+  bad([&](ModelConfig& c) { c.rope_theta = -1; }, "rope_theta = -1");
+  bad([&](ModelConfig& c) { c.rope_theta = 1e39; }, "rope_theta = 1e+39");
+  bad([&](ModelConfig& c) { c.rope_theta = std::numeric_limits<double>::infinity(); }, "rope_theta = inf");
+  bad([&](ModelConfig& c) { c.initializer_range = -0.02; }, "initializer_range = -0.02 must be >= 0");
+  bad([&](ModelConfig& c) { c.initializer_range = std::nan(""); }, "initializer_range = nan");
+  bad([&](ModelConfig& c) { c.attention_dropout = 1.0; }, "attention_dropout = 1 is a dropout probability");
+  bad([&](ModelConfig& c) { c.residual_dropout = -0.5; }, "mt_residual_dropout = -0.5");
+  bad([&](ModelConfig& c) { c.bos_token_id = -2; }, "bos_token_id = -2");
+  bad([&](ModelConfig& c) {
+    c.rope_scaling = {RopeScaling::Type::kLinear, std::numeric_limits<double>::infinity(), 1, 4, 8192};
+  }, "rope_scaling.factor = inf");
+  bad([&](ModelConfig& c) { c.rope_scaling = {RopeScaling::Type::kLlama3, 8, 0, 4, 8192}; },
+      "rope_scaling.low_freq_factor = 0 must be positive");
+  bad([&](ModelConfig& c) { c.rope_scaling = {RopeScaling::Type::kLlama3, 8, 1, 4, 0}; },
+      "rope_scaling.original_max_position_embeddings = 0");
+  bad([&](ModelConfig& c) {
+    c.model_type = "mixtral";
+    c.num_local_experts = 1'000'000;
+  }, "num_local_experts = 1000000 is too large (at most 4096");
+  bad([&](ModelConfig& c) {
+    c.model_type = "mixtral";
+    c.num_local_experts = 4;
+    c.router_aux_loss_coef = -1;
+  }, "router_aux_loss_coef = -1 must be >= 0");
+  // Every field within its bound, the product not: the parameter bound, computed without overflow.
+  bad([&](ModelConfig& c) {
+    c.vocab_size = kMaxVocabSize;
+    c.hidden_size = kMaxWidth;
+  }, "more than the 1099511627776 (2^40) meshtrain accepts");
+  bad([&](ModelConfig& c) {
+    c.model_type = "mixtral";
+    c.hidden_size = c.intermediate_size = kMaxWidth;
+    c.num_hidden_layers = kMaxLayers;
+    c.num_local_experts = kMaxExperts;
+  }, "parameters, more than");
+  // The largest built-in models stay far inside the bounds.
+  for (const auto& name : builtin_config_names()) REQUIRE_NOTHROW(builtin_config(name).validate());
+}
+
+TEST_CASE("config: config.json sizes beyond int64 or absurd are refused naming the file and field", "[cpu]") {
+  TempDir dir;
+  auto check = [&](const std::string& fields, const std::string& what) {
+    const std::string p = dir.write("big.json", R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, )" + fields + "}");
+    REQUIRE_THROWS_WITH(load_hf_config(p), Contains("config.json '" + p + "'") && Contains(what));
+  };
+  check(R"("max_position_embeddings": 4611686018427387904)",
+        "max_position_embeddings = 4611686018427387904 is too large");
+  check(R"("num_key_value_heads": 18446744073709551615)", "field 'num_key_value_heads' = 18446744073709551615 is too large");
+  check(R"("head_dim": 1e30)", "field 'head_dim' = 1e+30 is too large");
+  check(R"("head_dim": 1e9)", "head_dim = 1000000000 is too large");
+  check(R"("rms_norm_eps": -1e-5)", "rms_norm_eps = -1e-05 must be positive");
+  check(R"("rope_theta": 0)", "rope_theta = 0 must be positive");
+  check(R"("initializer_range": -1)", "initializer_range = -1 must be >= 0");
+  check(R"("max_position_embeddings": 0)", "max_position_embeddings = 0 must be at least 1");
 }
 
 TEST_CASE("config: llama config.json round trip with every field set", "[cpu]") {

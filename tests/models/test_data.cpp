@@ -205,6 +205,14 @@ TEST_CASE("bad token files name the file and the problem", "[cpu]") {
                       Contains("header says 1 tokens (4 bytes of uint32)") && Contains("8 bytes"));
 
   REQUIRE_THROWS_WITH(read_token_file(tmp.path.string()), Contains("is a directory"));
+
+  // The largest count the int32 header field holds, on a short file: refused from the header alone.
+  const std::string huge = tmp.file("huge.bin");
+  write_text(huge, llmc_bytes(20240801, 7, 2147483647, {1, 2, 3}, 4));
+  REQUIRE_THROWS_WITH(read_token_file(huge), Contains(huge) && Contains("header says 2147483647 tokens") &&
+                                                 Contains("8589934588 bytes of uint32") && Contains("12 bytes"));
+  write_text(huge, llmc_bytes(20240520, 1, -1, {1}, 2));
+  REQUIRE_THROWS_WITH(read_token_file(huge), Contains("negative token count -1"));
 }
 
 // ---- text token files ----
@@ -364,6 +372,11 @@ TEST_CASE("DataLoader rejects bad arguments", "[cpu]") {
                       Contains("world 2 x batch 2 x seq 3 + 1 = 13 tokens"));
   REQUIRE_THROWS_WITH(DataLoader(iota_tokens(100), 2, 3, 2, 2), Contains("rank 2 is not in [0, world 2)"));
   REQUIRE_THROWS_WITH(DataLoader(iota_tokens(100), 0, 3), Contains("must be positive"));
+  // A window that overflows int64 must not wrap around to one that "fits" the corpus.
+  REQUIRE_THROWS_WITH(DataLoader(iota_tokens(100), int64_t{1} << 62, 4),
+                      Contains("batch 4611686018427387904 x seq 4 tokens overflows int64"));
+  REQUIRE_THROWS_WITH(DataLoader(iota_tokens(100), int64_t{1} << 32, int64_t{1} << 32, 0, 2),
+                      Contains("world 2 x batch 4294967296 x seq 4294967296"));
 }
 
 TEST_CASE("DataLoader over the embedded corpus", "[cpu]") {

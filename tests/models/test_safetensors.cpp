@@ -296,7 +296,23 @@ TEST_CASE("safetensors: shape and offsets that disagree or leave the buffer", "[
   };
   // shape x dtype size != span
   check(R"({"w":{"dtype":"F32","shape":[2,4],"data_offsets":[0,24]}})", 24,
-        "tensor 'w': shape [2, 4] of F32 needs 32 bytes but data_offsets [0, 24] span 24");
+        "tensor 'w': shape [2, 4] of F32 needs 32 bytes but data_offsets [0, 24] span 24 (8 elements of 4 bytes each)");
+  // [2^40, 3]: a clear byte count, not "0 bytes".
+  check(R"({"w":{"dtype":"F32","shape":[1099511627776,3],"data_offsets":[0,24]}})", 24,
+        "shape [1099511627776, 3] of F32 needs 13194139533312 bytes but data_offsets [0, 24] span 24 "
+        "(3298534883328 elements");
+  // [2^62, 4] has 2^64 elements, which wrap to 0 in 64 bits: refused as too large, never "needs 0 bytes".
+  check(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]},)"
+        R"("v":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})", 24,
+        "tensor 'w': shape [4611686018427387904, 4] of F32 is too large: its size in bytes overflows");
+  check(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]},)"
+        R"("v":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})", 24, "tensor 'w': shape [4294967296, 4294967296]");
+  // A zero dim makes any other dim harmless: an empty tensor.
+  write_bytes(p, raw_file(R"({"e":{"dtype":"F32","shape":[0,4611686018427387904],"data_offsets":[0,0]},)"
+                          R"("v":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})", std::vector<uint8_t>(24, 0)));
+  auto f = read_safetensors(p);
+  REQUIRE(f.tensors.size() == 2);
+  REQUIRE(f.tensors[0].second.numel() == 0);
   // beyond the buffer
   check(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[8,32]}})", 24, "tensor 'w': data_offsets [8, 32] lie outside");
   // overlap

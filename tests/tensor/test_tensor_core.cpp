@@ -60,6 +60,24 @@ TEST_CASE("dtype names, sizes and classes", "[cpu]") {
   REQUIRE(fmt::format("{}", DType::kI32) == "i32");
 }
 
+TEST_CASE("sizes that overflow int64 are refused, never wrapped to a small count", "[cpu]") {
+  using Catch::Contains;
+  const int64_t big = int64_t{1} << 62;
+  REQUIRE_THROWS_WITH((Shape{big, 4}.numel()), Contains("[4611686018427387904, 4] has more elements than an int64"));
+  REQUIRE_THROWS_WITH((Shape{int64_t{1} << 32, int64_t{1} << 32}.numel()), Contains("overflows"));
+  REQUIRE((Shape{big, 0, 4}.numel()) == 0);  // a zero size: empty, whatever the others are
+  REQUIRE((Shape{big, 1}.numel()) == big);
+  int64_t out = 0;
+  REQUIRE(!checked_mul(big, 2, &out));
+  REQUIRE(checked_mul(big, 1, &out));
+  REQUIRE(!checked_add(std::numeric_limits<int64_t>::max(), 1, &out));
+  // The bytes of a storage overflow before its elements do: [2^61, 2] f32 is 2^64 bytes.
+  REQUIRE_THROWS_WITH(empty({int64_t{1} << 61, 2}), Contains("empty: a f32 tensor of shape") &&
+                                                        Contains("more than 2^63 bytes"));
+  REQUIRE_THROWS_WITH(empty({big, 4}, TensorOptions().with_device(Device::meta())), Contains("more than 2^63 bytes"));
+  REQUIRE(empty({big, 0}).numel() == 0);
+}
+
 TEST_CASE("bf16 conversion: round to nearest even, ties, specials", "[cpu]") {
   REQUIRE(bf16_bits(1.0f) == 0x3f80);
   REQUIRE(bf16_bits(-2.0f) == 0xc000);

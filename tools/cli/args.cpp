@@ -1,6 +1,12 @@
 // Flag parsing for the meshtrain CLI.
 #include "tools/cli/args.h"
 
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
 #include "runtime/error.h"
 
 namespace mt::cli {
@@ -61,25 +67,39 @@ std::string Args::required(const std::string& name) const {
 }
 
 int64_t Args::integer(const std::string& name) const {
-  std::string v = str(name);
-  try {
-    size_t used = 0;
-    int64_t x = std::stoll(v, &used);
-    if (used == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  MT_FAIL("meshtrain {}: --{} expects an integer, got '{}'", command_, name, v);
+  const std::string v = str(name);
+  int64_t x = 0;
+  const char* end = v.data() + v.size();
+  const auto [ptr, ec] = std::from_chars(v.data(), end, x);
+  MT_CHECK(ec != std::errc::result_out_of_range, "meshtrain {}: --{} {} is out of range (a 64-bit integer: at most {})",
+           command_, name, v, std::numeric_limits<int64_t>::max());
+  MT_CHECK(ec == std::errc() && ptr == end && !v.empty(), "meshtrain {}: --{} expects an integer, got '{}'", command_,
+           name, v);
+  return x;
+}
+
+int64_t Args::integer(const std::string& name, int64_t lo, int64_t hi) const {
+  const int64_t x = integer(name);
+  MT_CHECK(x >= lo && x <= hi, "meshtrain {}: --{} {} is out of range (expected {} <= --{} <= {})", command_, name,
+           x, lo, name, hi);
+  return x;
 }
 
 double Args::real(const std::string& name) const {
-  std::string v = str(name);
+  const std::string v = str(name);
+  double x = 0;
+  bool parsed = false;
   try {
     size_t used = 0;
-    double x = std::stod(v, &used);
-    if (used == v.size()) return x;
+    x = std::stod(v, &used);
+    parsed = used == v.size() && !v.empty() && !std::isspace(static_cast<unsigned char>(v[0]));
+  } catch (const std::out_of_range&) {
+    MT_FAIL("meshtrain {}: --{} {} is out of the range of a double", command_, name, v);
   } catch (const std::exception&) {
   }
-  MT_FAIL("meshtrain {}: --{} expects a number, got '{}'", command_, name, v);
+  MT_CHECK(parsed, "meshtrain {}: --{} expects a number, got '{}'", command_, name, v);
+  MT_CHECK(std::isfinite(x), "meshtrain {}: --{} must be a finite number, got '{}'", command_, name, v);
+  return x;
 }
 
 bool Args::flag(const std::string& name) const {

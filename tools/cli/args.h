@@ -26,7 +26,12 @@ class Args {
 
   bool has(const std::string& name) const;
   std::string str(const std::string& name) const;
+  // The value as an int64: decimal digits with an optional '-', nothing else; errors name the
+  // flag (garbage, or a value beyond int64).
   int64_t integer(const std::string& name) const;
+  // The same, refused unless lo <= value <= hi (the error names the flag and the range).
+  int64_t integer(const std::string& name, int64_t lo, int64_t hi) const;
+  // A finite number (nan and inf are refused: no flag means anything by them).
   double real(const std::string& name) const;
   bool flag(const std::string& name) const;  // switches
   // Throws unless `name` was given or has a default.

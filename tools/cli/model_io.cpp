@@ -10,6 +10,9 @@
 // the last T, and the loss is the mean cross-entropy over all targets (no auxiliary losses).
 #include <fmt/format.h>
 
+#include <cmath>
+#include <limits>
+
 #include "models/data.h"
 #include "models/hf_checkpoint.h"
 #include "models/hf_config.h"
@@ -19,6 +22,7 @@
 #include "runtime/error.h"
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
+#include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
@@ -42,10 +46,13 @@ struct Batch {
   Tensor inputs, targets;
 };
 
-Batch read_batch(const std::string& path, int64_t vocab) {
+Batch read_batch(const std::string& path, const ModelConfig& cfg, const std::string& dir) {
   TokenRows rows = read_token_lines(path);
-  check_token_range(rows, vocab, path);
+  check_token_range(rows, cfg.vocab_size, path);
   MT_CHECK(rows.cols >= 2, "{}: each line needs at least 2 token ids (T+1 with T >= 1), found {}", path, rows.cols);
+  MT_CHECK(rows.cols - 1 <= cfg.max_position_embeddings,
+           "{}: sequences of T = {} tokens are longer than max_position_embeddings = {} of checkpoint '{}'", path,
+           rows.cols - 1, cfg.max_position_embeddings, dir);
   Tensor all = from_vector<int64_t>(rows.ids, Shape{rows.rows, rows.cols});
   return {all.narrow(1, 0, rows.cols - 1).contiguous(), all.narrow(1, 1, rows.cols - 1).contiguous()};
 }
@@ -53,10 +60,11 @@ Batch read_batch(const std::string& path, int64_t vocab) {
 // Loads the checkpoint in f32 and returns the model with its mean cross-entropy on the file. With
 // --plan (`parallel` set), the loaded model is parallelized (each rank keeps its shards) and the
 // loss is a replicated DTensor.
-std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const Args& args, Parallel* parallel) {
+std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& command, const Args& args,
+                                                        Parallel* parallel) {
   const std::string dir = args.required("hf"), tokens = args.required("tokens");
   HfCheckpoint ck = read_hf_checkpoint(dir);
-  Batch batch = read_batch(tokens, ck.config.vocab_size);
+  Batch batch = read_batch(tokens, ck.config, dir);
   std::shared_ptr<CausalLM> model;
   {
     InitDeviceGuard meta(Device::meta());  // weights come from the file: skip random init
@@ -71,10 +79,18 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const Args& args, Parall
   }
   Tensor logits = (*model)(std::vector<Tensor>{batch.inputs})[0];
   Tensor loss = cross_entropy(logits.to(DType::kF32), batch.targets);
+  // A non-finite loss is an error, never a printed result; the message names the first non-finite
+  // weight when there is one (else the forward pass itself overflowed).
+  const double value = scalar_value(loss);
+  MT_CHECK(std::isfinite(value), "meshtrain {}: the loss of checkpoint '{}' on '{}' is {}: {}", command, dir, tokens,
+           value, describe_non_finite(ck.tensors));
   return {model, loss};
 }
 
-void print_loss(const Tensor& loss) { fmt::print("{{\"loss\": {:.9g}}}\n", scalar_value(loss)); }
+void print_loss(const std::string& command, const Tensor& loss) {
+  fmt::print("{{\"loss\": {:.9g}}}\n", scalar_value(loss));
+  flush_stdout(command);
+}
 
 // --plan: reads the plan (every rank) and silences stdout on ranks other than 0.
 std::unique_ptr<Parallel> parallel_from(const Args& args) {
@@ -91,8 +107,8 @@ int run_eval(int argc, char** argv) {
   Args args("eval", kEvalFlags, argc, argv, 2);
   NoGradGuard no_grad;
   auto parallel = parallel_from(args);
-  auto [model, loss] = model_loss(args, parallel.get());
-  print_loss(loss);
+  auto [model, loss] = model_loss("eval", args, parallel.get());
+  print_loss("eval", loss);
   return 0;
 }
 
@@ -101,7 +117,7 @@ int run_grad(int argc, char** argv) {
   const std::string out = args.required("out");
   check_output_file(out, "--out");
   auto parallel = parallel_from(args);
-  auto [model, loss] = model_loss(args, parallel.get());
+  auto [model, loss] = model_loss("grad", args, parallel.get());
   loss.backward();
   // --plan: Partial gradients (data-parallel terms) reduced to the parameters' placements.
   if (parallel) sync_gradients(*model);
@@ -115,8 +131,12 @@ int run_grad(int argc, char** argv) {
   }
   if (parallel) grads = full_tensors(grads);  // collective: every rank
   for (auto& [name, g] : grads) g = g.to(DType::kF32);
+  // A finite loss with a non-finite gradient (an overflow in the backward pass) is no result either.
+  if (auto bad = first_non_finite(grads))
+    MT_FAIL("meshtrain grad: the gradient of '{}' holds {} at element {} (checkpoint '{}', loss {}); nothing written",
+            bad->name, bad->value, bad->index, args.str("hf"), scalar_value(loss));
   if (!parallel || parallel->ctx.is_root()) write_safetensors(out, grads);
-  print_loss(loss);
+  print_loss("grad", loss);
   return 0;
 }
 
@@ -135,7 +155,8 @@ int run_init(int argc, char** argv) {
   MT_CHECK(dt == "f32" || dt == "bf16" || dt == "f16", "meshtrain init: --dtype must be f32, bf16 or f16, got '{}'", dt);
   DType dtype = dt == "f32" ? DType::kF32 : dt == "bf16" ? DType::kBF16 : DType::kF16;
   auto parallel = parallel_from(args);
-  manual_seed(static_cast<uint64_t>(args.integer("seed")));
+  manual_seed(static_cast<uint64_t>(args.integer("seed", 0, std::numeric_limits<int64_t>::max())));
+  check_model_fits_memory(cfg, ModelUse::kWeights, "init", args.str("config"));
   std::shared_ptr<CausalLM> model;
   if (!parallel) {
     model = build_causal_lm(cfg);
@@ -150,6 +171,7 @@ int run_init(int argc, char** argv) {
     if (parallel->ctx.is_root()) write_hf_checkpoint(out, cfg, full, dtype);
   }
   fmt::print("{{\"out\": \"{}\", \"parameters\": {}}}\n", out, cfg.num_parameters());
+  flush_stdout("init");
   return 0;
 }
 

@@ -57,9 +57,7 @@ std::string local_shapes(const Shape& global, const Placements& ps, const PlanMe
 int run_plan(int argc, char** argv) {
   Args args("plan", kPlanFlags, argc, argv, 2);
   const std::string plan_path = args.required("plan");
-  const int64_t world = args.integer("world");
-  MT_CHECK(world >= 1 && world <= kMaxWorld, "plan: --world must be in 1..{} (every mesh coordinate is listed), got {}",
-           kMaxWorld, world);
+  const int64_t world = args.integer("world", 1, kMaxWorld);  // every mesh coordinate is listed
   ModelConfig config = resolve_config(args.str("config"));
   Plan plan = load_plan(plan_path);
   std::shared_ptr<CausalLM> model;

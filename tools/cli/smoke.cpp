@@ -2,6 +2,7 @@
 // and autograd API and checks that the loss falls: a quick end-to-end check of the engine.
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "runtime/error.h"
 #include "tensor/ops.h"
@@ -14,9 +15,10 @@ int run_smoke(int argc, char** argv) {
   Args args("smoke", {{"steps", "SGD steps", "300", false}, {"seed", "random seed", "1234", false},
                       {"lr", "learning rate", "0.2", false}},
             argc, argv, 2);
-  const int64_t steps = args.integer("steps");
+  const int64_t steps = args.integer("steps", 1, int64_t{1} << 40);
   const double lr = args.real("lr");
-  manual_seed(static_cast<uint64_t>(args.integer("seed")));
+  MT_CHECK(lr > 0, "meshtrain smoke: --lr {} must be positive", lr);
+  manual_seed(static_cast<uint64_t>(args.integer("seed", 0, std::numeric_limits<int64_t>::max())));
   const int64_t n = 256, din = 8, hidden = 64;
   Tensor x = normal({n, din});
   Tensor u = normal({din, 1}, 0, 1.0 / std::sqrt(static_cast<double>(din)));

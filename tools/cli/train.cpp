@@ -5,9 +5,11 @@
 // rank reads the same global batch and keeps its shard of it, gradients are reduced by the fused
 // GradReducer, AdamW and clipping work on the shards, and rank 0 prints, logs and writes full
 // checkpoints (which resume under any plan, or none).
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -25,6 +27,7 @@
 #include "runtime/error.h"
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
+#include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
@@ -109,12 +112,11 @@ void check_resume_matches(const TrainState& s, const Args& args) {
 
 int run_train(int argc, char** argv) {
   Args args("train", kTrainFlags, argc, argv, 2);
+  validate_train_flags(args);  // every flag in its range before anything is read
   MT_CHECK(args.str("device") == "cpu", "meshtrain train: --device {} is not available in this build (cpu only)",
            args.str("device"));
   const int64_t batch = args.integer("batch"), seq = args.integer("seq"), accum = args.integer("accum");
   const int64_t steps = args.integer("steps"), log_every = std::max<int64_t>(1, args.integer("log-every"));
-  MT_CHECK(batch > 0 && seq > 0 && accum > 0 && steps > 0,
-           "meshtrain train: --batch, --seq, --accum and --steps must be positive");
   const int64_t stop_at = args.integer("stop-at") > 0 ? std::min(args.integer("stop-at"), steps) : steps;
   const DType compute = parse_precision(args.str("precision"));
   const std::string ckpt_dir = args.str("checkpoint-dir");
@@ -153,6 +155,9 @@ int run_train(int argc, char** argv) {
   }
   cfg.attention_dropout = cfg.residual_dropout = args.real("dropout");
   cfg.validate();
+  const std::string cfg_source = resume ? loaded.path : !args.str("hf").empty() ? args.str("hf") : args.str("config");
+  validate_train_flags(args, cfg, cfg_source);
+  check_model_fits_memory(cfg, ModelUse::kTraining, "train", cfg_source);
   manual_seed(seed);
   std::shared_ptr<CausalLM> model;
   if (resume || !args.str("hf").empty()) {
@@ -238,12 +243,20 @@ int run_train(int argc, char** argv) {
   auto save = [&](int64_t done) {
     if (ckpt_dir.empty()) return;
     TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum};
+    // Never a checkpoint with non-finite weights (the loop stops before such a step; this guards it).
+    auto refuse_non_finite = [&](const NamedTensors& weights) {
+      auto bad = first_non_finite(weights);
+      MT_CHECK(!bad, "meshtrain train: refusing to save step {}: weight '{}' holds {} at element {} after the "
+               "optimizer step (lower --lr)", done, bad->name, bad->value, bad->index);
+    };
     if (!plan) {
+      refuse_non_finite(master.master_params());
       fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s, overwrite));
       return;
     }
     // Full tensors, gathered by every rank (collective); rank 0 writes.
     NamedTensors weights = full_tensors(master.master_params()), moments = full_tensors(opt.state_dict());
+    refuse_non_finite(weights);
     if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s, overwrite));
   };
 
@@ -265,17 +278,21 @@ int run_train(int argc, char** argv) {
     if (reducer) reducer->finish();
     master.grads_to_master();
     double norm = clip_grad_norm(master.master_params(), args.real("grad-clip"));
+    double loss = loss_sum / static_cast<double>(accum);
+    // A non-finite loss or gradient stops the run before the optimizer step applies it: the weights
+    // stay those of the previous step, and this step is never saved (docs/cli.md, "Bad input and non-finite values").
+    MT_CHECK(std::isfinite(loss) && std::isfinite(norm),
+             "meshtrain train: step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, "
+             "so no checkpoint of step {} is written (lower --lr, enable --grad-clip, or check the data and the "
+             "starting weights)", step + 1, loss, norm, step + 1);
     opt.step();
     opt.zero_grad();
     model->zero_grad();
     master.master_to_model();
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double loss = loss_sum / static_cast<double>(accum);
     double tok_s = static_cast<double>(batch * seq * accum) / secs;
     double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
     double mem = static_cast<double>(cpu_memory_stats().peak) / (1 << 20);
-    MT_CHECK(std::isfinite(loss), "meshtrain train: loss became {} at step {}; lower --lr or enable --grad-clip", loss,
-             step + 1);
     const int64_t collectives = reducer ? reducer->stats().collectives : 0;
     if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
       fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",
@@ -289,11 +306,14 @@ int run_train(int argc, char** argv) {
       if (reducer) j["grad_collectives"] = collectives;
       *metrics << j.dump() << "\n";
       metrics->flush();
+      MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file '{}' at step {}: {}", args.str("metrics"),
+               step + 1, std::strerror(errno));
     }
     int64_t every = args.integer("checkpoint-every");
     if (every > 0 && (step + 1) % every == 0 && step + 1 != stop_at) save(step + 1);
   }
   save(stop_at);
+  flush_stdout("train");
   return 0;
 }
 

@@ -5,8 +5,10 @@
 #include "plan/parallelize.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 
+#include "mesh/dispatch.h"
 #include "mesh/dtensor.h"
 #include "mesh/redistribute.h"
 #include "mesh/shard_layout.h"
@@ -18,6 +20,17 @@ namespace mt {
 namespace {
 
 thread_local std::vector<FactoryScope> g_factories;
+
+// parallelize() results whose hooks are installed, and whether there ever was one: DTensor op
+// errors while none is alive get a note (a dropped result removes the hooks; see parallelize.h).
+std::atomic<int> g_live_results{0};
+std::atomic<bool> g_ever_parallelized{false};
+
+std::string dropped_result_note() {
+  if (!g_ever_parallelized.load() || g_live_results.load() > 0) return {};
+  return " (note: no parallelize() result is alive, so no plan hooks run: if this model was parallelized, keep "
+         "the returned Parallelized or ParallelJob alive while it trains)";
+}
 
 
 std::string where(const HookRecord& r, const PlanMesh& pm) {
@@ -206,6 +219,31 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
 
 }  // namespace
 
+Parallelized::Parallelized(HookIR ir, std::vector<HookHandle> hooks, std::vector<std::string> module_paths)
+    : ir_(std::move(ir)), hooks_(std::move(hooks)), modules_(std::move(module_paths)) {
+  if (hooks_.empty()) return;
+  set_dist_error_note(&dropped_result_note);
+  g_ever_parallelized = true;
+  ++g_live_results;
+}
+
+Parallelized& Parallelized::operator=(Parallelized&& o) noexcept {
+  if (this == &o) return *this;
+  remove();
+  ir_ = std::move(o.ir_);
+  hooks_ = std::move(o.hooks_);
+  modules_ = std::move(o.modules_);
+  o.hooks_.clear();
+  return *this;
+}
+
+void Parallelized::remove() {
+  if (hooks_.empty()) return;
+  for (auto& h : hooks_) h.remove();
+  hooks_.clear();
+  --g_live_results;
+}
+
 Placements Parallelized::input_placements(const std::string& path, int index) const {
   std::string placed;  // the modules whose inputs the plan places, for the errors
   for (const HookRecord& r : ir_.records)
@@ -278,6 +316,7 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
   }
   std::vector<std::string> modules;
   for (const auto& [path, m] : model.named_modules()) modules.push_back(path);
+
   return Parallelized(std::move(ir), std::move(handles), std::move(modules));
 }
 

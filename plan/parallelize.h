@@ -39,10 +39,9 @@ namespace mt {
 class [[nodiscard]] Parallelized {
  public:
   // `module_paths`: every module path of the model (input_placements checks names against them).
-  Parallelized(HookIR ir, std::vector<HookHandle> hooks, std::vector<std::string> module_paths = {})
-      : ir_(std::move(ir)), hooks_(std::move(hooks)), modules_(std::move(module_paths)) {}
+  Parallelized(HookIR ir, std::vector<HookHandle> hooks, std::vector<std::string> module_paths = {});
   Parallelized(Parallelized&&) = default;
-  Parallelized& operator=(Parallelized&&) = default;
+  Parallelized& operator=(Parallelized&& o) noexcept;  // removes this one's hooks first
   Parallelized(const Parallelized&) = delete;
   Parallelized& operator=(const Parallelized&) = delete;
   ~Parallelized() { remove(); }
@@ -54,10 +53,7 @@ class [[nodiscard]] Parallelized {
   // when the plan places no input of the root but does of another module (e.g. "model").
   Placements input_placements(const std::string& path, int index = 0) const;
   size_t num_hooks() const { return hooks_.size(); }
-  void remove() {
-    for (auto& h : hooks_) h.remove();
-    hooks_.clear();
-  }
+  void remove();
 
  private:
   HookIR ir_;

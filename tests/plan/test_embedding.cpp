@@ -7,6 +7,7 @@
 // model raises and writes nothing; with full_tensors it writes the single-device files.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -249,4 +250,14 @@ TEST_CASE("a plan that splits attention heads unevenly fails at parallelize time
     // Nothing was sharded: the model is still whole (on meta).
     REQUIRE(!model->get_parameter("model.layers.0.self_attn.q_proj.weight").is_distributed());
   }
+}
+
+TEST_CASE("a dropped parallelize() result: the DTensor op error says to keep it alive", "[mpi]") {
+  auto model = llama(/*meta=*/true);
+  { Parallelized dropped = parallelize(*model, load_plan(plans_dir() + "/llama_tp.plan"), named_mesh("tp")); }
+  Tensor ids = arange(8).view({2, 4});
+  REQUIRE_THROWS_WITH(model->loss(ids, ids), Contains("keep the returned Parallelized or ParallelJob alive"));
+  auto kept = llama(/*meta=*/true);
+  Parallelized par = parallelize(*kept, load_plan(plans_dir() + "/llama_tp.plan"), named_mesh("tp"));
+  REQUIRE(std::isfinite(full_item(kept->loss(ids, ids))));
 }

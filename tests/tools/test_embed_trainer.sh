@@ -4,7 +4,7 @@
 # checkpoints agree (max |diff| <= 1e-4 per weight: sums round differently across ranks, and AdamW
 # divides each gradient by its own running scale, so a rounding difference in a near-zero gradient
 # moves its weight by up to a fraction of lr = 3e-3 per step). Also checks that
-# the doc's code block is the file, byte for byte.
+# the doc's code block is the file, byte for byte, and that llama_tp at np 3 fails at parallelize.
 # usage: test_embed_trainer.sh TRAINER MPIRUN PLANS_DIR DOC SOURCE
 set -euo pipefail
 TRAINER=$1
@@ -72,4 +72,15 @@ assert open(f"{work}/{plan}-np1/config.json").read() == open(f"{work}/{plan}-np2
 PY
   pass=$((pass + 1))
 done
+# llama-tiny has 4 attention heads: llama_tp at np 3 cannot split them, and parallelize() (not a
+# view deep inside the first forward) says so, naming the parameter, the mesh dim and the plan line.
+if "$MPIRUN" -np 3 --oversubscribe --mca btl self,vader "$TRAINER" "$PLANS/llama_tp.plan" "$WORK/np3" 1 \
+    > "$WORK/np3.txt" 2>&1; then
+  echo "FAIL: llama_tp at np 3 was accepted"; cat "$WORK/np3.txt"; exit 1
+fi
+grep -q "parallelize: parameter model.layers.0.self_attn.q_proj.weight .* 'tp' must divide 4 .*llama_tp.plan:" "$WORK/np3.txt" || {
+  echo "FAIL: np 3 did not fail at parallelize time with the heads message:"; cat "$WORK/np3.txt"; exit 1; }
+[ ! -e "$WORK/np3" ] || { echo "FAIL: np 3 wrote a checkpoint"; exit 1; }
+echo "ok: llama_tp at np 3 is refused by parallelize (4 heads over tp=3)"
+pass=$((pass + 1))
 echo "embed_trainer: $pass passed, 0 failed"

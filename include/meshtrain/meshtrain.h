@@ -1,6 +1,6 @@
 // <meshtrain/meshtrain.h>: everything a C++ trainer embedding meshtrain uses, in one include
-// (docs/embedding.md). Installed as include/meshtrain/meshtrain.h; the pkg-config file puts both
-// include/ and include/meshtrain/ on the include path. Finer-grained headers stay available.
+// (docs/embedding.md). Installed as include/meshtrain/meshtrain.h next to the finer-grained
+// headers (<meshtrain/tensor/ops.h>, ...); `meson install` rewrites the includes below to that form.
 #pragma once
 
 #include "mesh/device_mesh.h"

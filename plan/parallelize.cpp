@@ -32,7 +32,6 @@ std::string dropped_result_note() {
          "the returned Parallelized or ParallelJob alive while it trains)";
 }
 
-
 std::string where(const HookRecord& r, const PlanMesh& pm) {
   std::string from;
   for (const auto& f : r.from) { from += from.empty() ? "" : ", "; from += f.str(); }
@@ -316,7 +315,6 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
   }
   std::vector<std::string> modules;
   for (const auto& [path, m] : model.named_modules()) modules.push_back(path);
-
   return Parallelized(std::move(ir), std::move(handles), std::move(modules));
 }
 

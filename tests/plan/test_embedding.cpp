@@ -1,10 +1,11 @@
 // What a trainer embedding meshtrain relies on (issue 18, docs/embedding.md). Every API that reads
 // or writes a tensor's memory, on DTensors: each either works (a DTensor result with the same
 // spec, or gathered values) or refuses with an error naming the API, the tensor, its placements
-// and the fix. ParallelJob. Misuse caught early: unknown input paths, plans that split heads. Run as a world of one and under mpirun -np 2: a
-// tensor sharded over a mesh of one is refused too (the same program must not depend on np).
-// Includes the reproduction: write_hf_checkpoint(dir, cfg, hf_state(model, cfg)) on a parallelized
-// model raises and writes nothing; with full_tensors it writes the single-device files.
+// and the fix. ParallelJob. Misuse caught early: unknown input paths, plans that split heads, a
+// dropped parallelize() result. Run as a world of one and under mpirun -np 2: a tensor sharded
+// over a mesh of one is refused too (the same program must not depend on np). Includes the
+// reproduction: write_hf_checkpoint(dir, cfg, hf_state(model, cfg)) on a parallelized model raises
+// and writes nothing; with full_tensors it writes the single-device files.
 #include <unistd.h>
 
 #include <cmath>

@@ -5,6 +5,7 @@
 #include "mesh/dispatch.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
@@ -21,6 +22,7 @@ namespace mt {
 
 namespace {
 
+std::atomic<DistErrorNote> g_error_note{nullptr};
 bool g_implicit = [] {
   const char* e = std::getenv("MT_DTENSOR_IMPLICIT");
   return e && std::strcmp(e, "1") == 0;
@@ -255,7 +257,10 @@ std::vector<Tensor> handle(const DistOp& op, const std::vector<Tensor>& in, Dist
     ++c.stats.hits;
   }
   const Entry& e = key.overflow ? uncached : it->second;
-  if (!e.error.empty()) MT_FAIL("{}", e.error);
+  if (!e.error.empty()) {
+    DistErrorNote note = g_error_note.load();
+    MT_FAIL("{}{}", e.error, note ? note() : std::string());
+  }
   std::vector<Tensor> locals(in.size());
   for (size_t i = 0; i < in.size(); ++i) {
     if (!in[i].defined()) continue;
@@ -277,6 +282,8 @@ std::vector<Tensor> handle(const DistOp& op, const std::vector<Tensor>& in, Dist
 }  // namespace
 
 void install_dist_dispatch() { set_dist_handler(&handle); }
+
+void set_dist_error_note(DistErrorNote note) { g_error_note = note; }
 
 void set_implicit_redistribute(bool on) {
   if (on != g_implicit) clear_dispatch_cache();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "tensor/dist_dispatch.h"
 
@@ -17,6 +18,11 @@ void install_dist_dispatch();
 // to Replicate on the offending mesh dims, and the op retried.
 void set_implicit_redistribute(bool on);
 bool implicit_redistribute();
+
+// A note appended to every DTensor op error, computed when the error is raised (plan/ installs
+// one that spots a dropped parallelize() result). nullptr: none.
+using DistErrorNote = std::string (*)();
+void set_dist_error_note(DistErrorNote note);
 
 struct DispatchStats {
   int64_t hits = 0, misses = 0;

@@ -199,4 +199,13 @@ Tensor full_tensor(const Tensor& dt) {
   return to_local(redistribute(dt, Placements(s.placements().size(), Placement::replicate())));
 }
 
+std::vector<std::pair<std::string, Tensor>> full_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) out.emplace_back(name, t.is_distributed() ? full_tensor(t.detach()) : t);
+  return out;
+}
+
+double full_item(const Tensor& t) { return t.is_distributed() ? full_tensor(t.detach()).item() : t.item(); }
+
 }  // namespace mt

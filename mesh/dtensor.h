@@ -6,6 +6,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "mesh/device_mesh.h"
 #include "mesh/placement.h"
@@ -65,6 +67,16 @@ Tensor to_local(const Tensor& dt);
 
 // Redistributes to Replicate on every mesh dim and returns the plain global tensor. Collective.
 Tensor full_tensor(const Tensor& dt);
+
+// Every DTensor replaced by its full tensor (detached), plain tensors kept: what a save needs, e.g.
+// write_hf_checkpoint(dir, cfg, full_tensors(hf_state(model, cfg))) writes the same files as the
+// single-device model. Collective: every rank calls it with the same names in the same order
+// (and may then write on rank 0 only).
+std::vector<std::pair<std::string, Tensor>> full_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors);
+
+// The value of a one-element tensor, DTensor (gathered or reduced first: collective) or not, e.g. a
+// loss under any plan.
+double full_item(const Tensor& t);
 
 // Changes the placements (redistribute_local, collective over the mesh dims that change).
 // Differentiable: the gradient arrives as a DTensor (any placements) and is redistributed to the

@@ -205,6 +205,7 @@ void write_hf_checkpoint(const std::string& dir_in, const ModelConfig& config,
     MT_CHECK(names.insert(name).second, "write_hf_checkpoint '{}': tensor '{}' is given twice", dir_in, name);
     MT_CHECK(t.defined() && !t.is_meta(), "write_hf_checkpoint '{}': tensor '{}' has no data (undefined or meta)",
              dir_in, name);
+    raw_memory_view(t, fmt::format("write_hf_checkpoint '{}'", dir_in), name);  // before any file is touched
   }
   config.validate();
   const fs::path dir = normalize_dir(dir_in);
@@ -245,6 +246,12 @@ void load_into_module(Module& m, const HfCheckpoint& ck) {
     return it == given.end() ? nullptr : it->second;
   };
 
+  // A parallelized model's parameters hold shards: full checkpoint tensors do not go into them.
+  for (const auto& [path, p] : m.named_parameters())
+    MT_CHECK(!p.is_distributed(),
+             "load_into_module: parameter '{}' is a DTensor {} (the model is parallelized): load the checkpoint "
+             "before parallelize(), which slices loaded weights to this rank's shards",
+             path, p.desc());
   Module::NamedTensors state;
   std::vector<std::string> missing, unexpected, mismatched;
   auto take = [&](const std::string& path, const Tensor& dst, const Tensor* src) {

@@ -38,11 +38,14 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir);
 // "<dir>.tmp.<pid>", then renamed); in an existing directory each file is replaced atomically and
 // files of the previous layout (single file vs shards) are removed after the new index/file is in
 // place.
+// DTensors are refused (their memory is one rank's shard), replicated ones excepted.
 void write_hf_checkpoint(const std::string& dir, const ModelConfig& config,
                          const std::vector<std::pair<std::string, Tensor>>& tensors, DType dtype = DType::kF32,
                          int64_t max_shard_bytes = 0);
 
-// Copies the checkpoint into m's parameters (converting dtype; meta parameters get storage).
+// Copies the checkpoint into m's parameters (converting dtype; meta parameters get storage). m
+// must not be parallelized yet (DTensor parameters are refused): parallelize() slices the loaded
+// weights to each rank's shards.
 // Every parameter must be present with its shape; checkpoint tensors must name a parameter or a
 // buffer (buffers are optional). With tie_word_embeddings an absent "lm_head.weight" is fine (a
 // separate lm_head parameter then gets the embedding) and a present one is ignored in favour of
@@ -52,6 +55,8 @@ void load_into_module(Module& m, const HfCheckpoint& ck);
 
 // m's parameters under their Hugging Face names, for write_hf_checkpoint; "lm_head.weight" is
 // dropped when the config ties word embeddings. The tensors are detached (they share storage).
+// A parallelized model gives DTensors, which the writers refuse: gather them first with
+// mt::full_tensors: write_hf_checkpoint(dir, cfg, full_tensors(hf_state(m, cfg))).
 std::vector<std::pair<std::string, Tensor>> hf_state(const Module& m, const ModelConfig& config);
 
 }  // namespace mt

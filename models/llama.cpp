@@ -140,6 +140,13 @@ LlamaAttention::LlamaAttention(const ModelConfig& c, DType dtype)
   k_proj_ = register_module("k_proj", std::make_shared<Linear>(H, c.num_key_value_heads * D, b, std, dtype));
   v_proj_ = register_module("v_proj", std::make_shared<Linear>(H, c.num_key_value_heads * D, b, std, dtype));
   o_proj_ = register_module("o_proj", std::make_shared<Linear>(c.num_attention_heads * D, H, b, std, dtype));
+  // A head's D rows (columns of o_proj) are viewed as one [.., D] block: a plan splits whole heads.
+  const std::string head = "attention head";
+  for (const char* p : {"q_proj", "k_proj", "v_proj"}) {
+    declare_shard_unit(std::string(p) + ".weight", 0, D, head);
+    if (c.attention_bias) declare_shard_unit(std::string(p) + ".bias", 0, D, head);
+  }
+  declare_shard_unit("o_proj.weight", 1, D, head);
 }
 
 std::vector<Tensor> LlamaAttention::forward(const std::vector<Tensor>& inputs) {

@@ -315,7 +315,9 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     MT_CHECK(t.defined(), "write_safetensors '{}': tensor '{}' is undefined", path, name);
     MT_CHECK(!t.is_meta(), "write_safetensors '{}': tensor '{}' is on the meta device (no data); materialize it first",
              path, name);
-    Tensor c = (t.device().is_cpu() ? t : t.to(Device::cpu())).contiguous();
+    // A DTensor's memory is its shard only: refused unless replicated (models/ cannot gather).
+    Tensor whole = raw_memory_view(t, fmt::format("write_safetensors '{}'", path), name);
+    Tensor c = (whole.device().is_cpu() ? whole : whole.to(Device::cpu())).contiguous();
     const uint64_t n = static_cast<uint64_t>(c.numel() * dtype_size(c.dtype()));
     if (n > 0) crc = crc32_update(crc, c.data_ptr(), n);
     ordered_json e;

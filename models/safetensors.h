@@ -32,8 +32,9 @@ struct SafetensorsFile {
 SafetensorsFile read_safetensors(const std::string& path);
 
 // Writes `tensors` in the given order (names must be unique and not "__metadata__"); any strides,
-// any supported dtype, any device but meta. `metadata` is stored as "__metadata__" together with
-// "mt.crc32" (hex CRC-32 of the data buffer). Atomic: written to "<path>.tmp.<pid>" and renamed,
+// any supported dtype, any device but meta; a DTensor only when replicated (else refused, naming
+// the tensor: gather it with mt::full_tensor first). `metadata` is stored as "__metadata__"
+// together with "mt.crc32" (hex CRC-32 of the data buffer). Atomic: written to "<path>.tmp.<pid>" and renamed,
 // so `path` holds either its old content or the whole new file; on error nothing is left behind.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});

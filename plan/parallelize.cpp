@@ -5,8 +5,10 @@
 #include "plan/parallelize.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 
+#include "mesh/dispatch.h"
 #include "mesh/dtensor.h"
 #include "mesh/redistribute.h"
 #include "mesh/shard_layout.h"
@@ -26,6 +28,16 @@ struct OwnedScope {
 };
 thread_local std::vector<OwnedScope> g_factories;
 
+// parallelize() results whose hooks are installed, and whether there ever was one: DTensor op
+// errors while none is alive get a note (a dropped result removes the hooks; see parallelize.h).
+std::atomic<int> g_live_results{0};
+std::atomic<bool> g_ever_parallelized{false};
+
+std::string dropped_result_note() {
+  if (!g_ever_parallelized.load() || g_live_results.load() > 0) return {};
+  return " (note: no parallelize() result is alive, so no plan hooks run: if this model was parallelized, keep "
+         "the returned Parallelized or ParallelJob alive while it trains)";
+}
 
 std::string where(const HookRecord& r, const PlanMesh& pm) {
   std::string from;
@@ -112,6 +124,41 @@ void shard_parameter(const std::string& path, const Tensor& p, const InitRecord*
   impl->device = local.device();
   impl->dtype = local.dtype();
   impl->dist = std::move(spec);
+}
+
+// The model's shard units (Module::declare_shard_unit, e.g. whole attention heads) against the
+// placements each parameter is computed with (RUN if the plan gathers it, else INIT): checked for
+// every parameter before any is sharded, so that a plan that cannot work at this world size fails
+// here, naming the plan line, rather than inside a view rule at the first forward. Even splits of
+// whole units only (stricter than chunk semantics, which could leave a rank without a head).
+void check_shard_units(const Module& model, const HookIR& ir, const DeviceMesh& mesh) {
+  const std::vector<Module::ShardUnit> units = model.shard_units();
+  if (units.empty()) return;
+  std::map<std::string, const HookRecord*> compute;  // parameter path -> its compute-time record
+  for (const HookRecord& r : ir.records) {
+    if (r.action != HookAction::kInit && r.action != HookAction::kGather) continue;
+    std::string path = r.module.empty() ? r.tensor : r.module + "." + r.tensor;
+    if (r.action == HookAction::kGather || !compute.count(path)) compute[path] = &r;
+  }
+  for (const Module::ShardUnit& u : units) {
+    auto it = compute.find(u.param);
+    if (it == compute.end() || !it->second->dst) continue;
+    const HookRecord& r = *it->second;
+    const Shape shape = model.get_parameter(u.param).shape();  // global: not sharded yet
+    if (u.dim >= shape.size()) continue;
+    int64_t extent = shape[u.dim];
+    for (int i = 0; i < mesh.ndim(); ++i) {
+      const Placement& p = (*r.dst)[static_cast<size_t>(i)];
+      if (!p.is_shard() || p.dim() != u.dim) continue;
+      const int64_t k = mesh.size(i), units_here = extent / u.size;
+      MT_CHECK(extent % u.size == 0 && units_here % k == 0,
+               "parallelize: parameter {} {} is split {} over mesh dim '{}' of size {}, but its dim {} is {} "
+               "units of {} (a unit is one {}): every rank must hold whole units, so '{}' must divide {} ({})",
+               u.param, shape, p.str(), mesh.names()[static_cast<size_t>(i)], k, u.dim, units_here, u.size, u.what,
+               mesh.names()[static_cast<size_t>(i)], units_here, where(r, ir.mesh));
+      extent /= k;
+    }
+  }
 }
 
 Tensor activation(const Tensor& t, const HookRecord& r, const DeviceMesh& mesh, const PlanMesh& pm) {
@@ -237,13 +284,52 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
 
 }  // namespace
 
+Parallelized::Parallelized(HookIR ir, std::vector<HookHandle> hooks, std::vector<std::string> module_paths)
+    : ir_(std::move(ir)), hooks_(std::move(hooks)), modules_(std::move(module_paths)) {
+  if (hooks_.empty()) return;
+  set_dist_error_note(&dropped_result_note);
+  g_ever_parallelized = true;
+  ++g_live_results;
+}
+
+Parallelized& Parallelized::operator=(Parallelized&& o) noexcept {
+  if (this == &o) return *this;
+  remove();
+  ir_ = std::move(o.ir_);
+  hooks_ = std::move(o.hooks_);
+  modules_ = std::move(o.modules_);
+  o.hooks_.clear();
+  return *this;
+}
+
+void Parallelized::remove() {
+  if (hooks_.empty()) return;
+  for (auto& h : hooks_) h.remove();
+  hooks_.clear();
+  --g_live_results;
+}
+
 Placements Parallelized::input_placements(const std::string& path, int index) const {
+  std::string placed;  // the modules whose inputs the plan places, for the errors
   for (const HookRecord& r : ir_.records)
-    if (r.module == path && r.hook == HookPoint::kForwardPre && r.io_input && r.io_index == index) {
-      if (r.dst) return *r.dst;
-      if (r.annotate) return *r.annotate;
-      if (r.src) return *r.src;
+    if (r.hook == HookPoint::kForwardPre && r.io_input) {
+      if (r.module == path && r.io_index == index) {
+        if (r.dst) return *r.dst;
+        if (r.annotate) return *r.annotate;
+        if (r.src) return *r.src;
+      }
+      std::string m = fmt::format("'{}'", r.module);
+      if (placed.find(m) == std::string::npos) placed += (placed.empty() ? "" : ", ") + m;
     }
+  if (!modules_.empty()) {
+    MT_CHECK(std::find(modules_.begin(), modules_.end(), path) != modules_.end(),
+             "input_placements('{}'): the model has no module '{}'; the plan places inputs of {}", path, path,
+             placed.empty() ? "no module (all Replicate)" : placed);
+    MT_CHECK(!path.empty() || placed.empty(),
+             "input_placements(''): the plan places no input of the root module, but it does of {}: ask for "
+             "the module the data feeds (its placements are what the trainer's ids and targets need)",
+             placed);
+  }
   return Placements(ir_.mesh.shape.size(), Placement::replicate());
 }
 
@@ -278,6 +364,7 @@ Shape infer_global_shape(const Shape& local_shape, const Placements& placements,
 
 Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh, Device device) {
   HookIR ir = lower(plan, model, mesh);
+  check_shard_units(model, ir, mesh);
   std::map<std::string, Records> by_module;
   for (const HookRecord& r : ir.records) {
     if (r.action == HookAction::kInit) {
@@ -306,7 +393,9 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
       if (auto alive = weak.lock()) alive->set_error_note("");
     });
   }
-  return Parallelized(std::move(ir), std::move(handles));
+  std::vector<std::string> modules;
+  for (const auto& [path, m] : model.named_modules()) modules.push_back(path);
+  return Parallelized(std::move(ir), std::move(handles), std::move(modules));
 }
 
 }  // namespace mt

@@ -18,7 +18,8 @@
 //   backward_pre <out>:k / backward <in>:k: the gradient is redistributed GSRC -> GDST (local
 //                shapes must not change: a module hook cannot change a gradient's shape).
 //   forward_pre  factory        a scope read by current_factory() while the module's forward runs.
-// Ops on DTensors still compute on the local shards until the op dispatch lands.
+// Ops on DTensors go through the op dispatch (docs/sharding.md). plan/job.h does plan file -> mesh
+// -> parallelize -> GradReducer in one call (docs/embedding.md).
 #pragma once
 
 #include <string>
@@ -33,32 +34,35 @@
 namespace mt {
 
 // Owns the installed hooks: destroying it (or remove()) removes them. Parameters stay DTensors.
-class Parallelized {
+// Keep it alive as long as the model trains: a dropped result leaves DTensor parameters without
+// the hooks that redistribute activations (TP then fails on a Partial input, DP would not shard).
+class [[nodiscard]] Parallelized {
  public:
-  Parallelized(HookIR ir, std::vector<HookHandle> hooks) : ir_(std::move(ir)), hooks_(std::move(hooks)) {}
+  // `module_paths`: every module path of the model (input_placements checks names against them).
+  Parallelized(HookIR ir, std::vector<HookHandle> hooks, std::vector<std::string> module_paths = {});
   Parallelized(Parallelized&&) = default;
-  Parallelized& operator=(Parallelized&&) = default;
+  Parallelized& operator=(Parallelized&& o) noexcept;  // removes this one's hooks first
   Parallelized(const Parallelized&) = delete;
   Parallelized& operator=(const Parallelized&) = delete;
   ~Parallelized() { remove(); }
 
   const HookIR& ir() const { return ir_; }
   // The placements the plan gives input `index` of module `path` (its forward_pre record), all
-  // Replicate when the plan says nothing. Trainers place data (ids, and targets alike) with it.
+  // Replicate when the plan says nothing for that module. Trainers place data (ids, and targets
+  // alike) with it. Throws for a path that names no module of the model, and for the root ""
+  // when the plan places no input of the root but does of another module (e.g. "model").
   Placements input_placements(const std::string& path, int index = 0) const;
   size_t num_hooks() const { return hooks_.size(); }
-  void remove() {
-    for (auto& h : hooks_) h.remove();
-    hooks_.clear();
-  }
+  void remove();
 
  private:
   HookIR ir_;
   std::vector<HookHandle> hooks_;
+  std::vector<std::string> modules_;
 };
 
 // `model` must not have been parallelized before. `device` receives the local shards.
-Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh, Device device = Device::cpu());
+[[nodiscard]] Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh, Device device = Device::cpu());
 
 // ---- factory scopes ---------------------------------------------------------------------------
 

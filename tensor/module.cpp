@@ -311,6 +311,22 @@ void Module::visit_slots(Self& self, const std::string& prefix, Slots which, Fn&
   }
 }
 
+void Module::declare_shard_unit(const std::string& param, int dim, int64_t size, std::string what) {
+  MT_CHECK(size > 0 && dim >= 0, "declare_shard_unit({}, dim {}, size {}) on {}: dim must be >= 0 and size > 0",
+           param, dim, size, where());
+  shard_units_.push_back({param, dim, size, std::move(what)});
+}
+
+std::vector<Module::ShardUnit> Module::shard_units() const {
+  std::vector<ShardUnit> out = shard_units_;
+  for (const auto& [name, child] : children_)
+    for (ShardUnit u : child->shard_units()) {
+      u.param = name + "." + u.param;
+      out.push_back(std::move(u));
+    }
+  return out;
+}
+
 Module::NamedTensors Module::named_parameters() const {
   NamedTensors out;
   std::unordered_set<const TensorImpl*> seen;

@@ -120,6 +120,20 @@ class Module : public std::enable_shared_from_this<Module> {
   // The TensorImpl is kept, so handles to the parameter held anywhere see the real tensor.
   void materialize(Device device = Device::cpu());
 
+  // ---- shard units: what a plan may not split (declared by models, checked by parallelize()) ----
+  // Along `dim`, parameter `param` (a path below this module, e.g. "q_proj.weight") is made of
+  // units of `size` elements that one op needs whole on one rank, e.g. the rows of one attention
+  // head: a placement that splits that dim must give every rank whole units. `what` names a unit
+  // for errors ("attention head"). Nothing here knows of meshes.
+  struct ShardUnit {
+    std::string param;  // path from the module shard_units() was called on
+    int dim = 0;
+    int64_t size = 1;
+    std::string what;
+  };
+  void declare_shard_unit(const std::string& param, int dim, int64_t size, std::string what);
+  std::vector<ShardUnit> shard_units() const;  // this module's and its children's, recursively
+
   // ---- traversal: dotted paths, registration order, pre-order (own tensors, then children) ----
   // Parameters and modules reachable twice (tied weights) are listed once, under the first path.
   NamedTensors named_parameters() const;
@@ -200,6 +214,7 @@ class Module : public std::enable_shared_from_this<Module> {
   std::deque<Slot> params_;  // deque: references returned by register_* stay valid
   std::deque<Slot> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<ShardUnit> shard_units_;
   std::string path_;
   bool training_ = true;
   Recompute recompute_ = Recompute::kNo;

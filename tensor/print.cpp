@@ -1,4 +1,5 @@
-// Printing tensors, PyTorch-like: nested brackets, long dims summarized with "...".
+// Printing tensors, PyTorch-like: nested brackets, long dims summarized with "...". A sharded or
+// Partial DTensor prints its local part under a label that says so.
 #include <sstream>
 
 #include "tensor/tensor.h"
@@ -35,8 +36,15 @@ std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
   std::ostringstream os;
   os << "tensor(";
+  const DistSpec* d = dist_spec();
   if (is_meta()) {
     os << "..., meta";
+  } else if (d && !d->is_replicated()) {
+    // Never the shard's values as the tensor's: label them as this rank's part.
+    Tensor local = local_view(*this);
+    os << fmt::format("{} {}: ", d->has_partial() ? "local term" : "local shard", local.shape());
+    print_rec(os, local.to_vector<double>(), local.shape(), 0, 0, local.shape().contiguous_strides(),
+              is_floating(dtype()), 7);
   } else {
     std::vector<double> v = to_vector<double>();
     print_rec(os, v, shape(), 0, 0, shape().contiguous_strides(), is_floating(dtype()), 7);

@@ -51,31 +51,46 @@ TensorOptions Tensor::options() const {
   return o;
 }
 
+namespace {
+void* storage_ptr(const TensorImpl& impl) {
+  if (!impl.storage) return nullptr;
+  return static_cast<char*>(impl.storage->data()) + impl.offset * dtype_size(impl.dtype);
+}
+}  // namespace
+
 void* Tensor::data_ptr() const {
-  if (!impl_->storage) return nullptr;
-  return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(impl_->dtype);
+  if (impl_->dist && impl_->storage) [[unlikely]]
+    return raw_memory_view(*this, "data_ptr").data_ptr();
+  return storage_ptr(*impl_);
 }
 
 KView Tensor::view_info() const {
   KView v;
-  v.data = data_ptr();
+  v.data = storage_ptr(*impl_);
   v.dtype = dtype();
   v.sizes = impl_->sizes;  // a DTensor's kernels see its local shard
   v.strides = strides();
   return v;
 }
 
-namespace {
-// Values are read from the local shard: only a replicated DTensor holds all of them here.
-Tensor readable(const Tensor& t, const char* api) {
-  if (t.is_meta() && MetaKernelsGuard::active()) return zeros(t.local_shape(), t.dtype());  // shape inference
+Tensor raw_memory_view(const Tensor& t, std::string_view api, std::string_view name) {
   const DistSpec* d = t.dist_spec();
   if (!d) return t;
   MT_CHECK(d->is_replicated(),
-           "{}: {} is a DTensor with placements {}; only a replicated DTensor holds all its values "
-           "on every rank: call full_tensor() (or to_local() for this rank's shard) first",
-           api, t.desc(), d->placements_str());
+           "{}: {}{} is a DTensor with placements {}: its memory holds only this rank's {} (local shape {}), not "
+           "the tensor. Gather it first with mt::full_tensor(t) (collective: every rank calls it; "
+           "mt::full_tensors for named tensors), or take this rank's shard with mt::to_local(t)",
+           api, name.empty() ? "" : fmt::format("tensor '{}' ", name),
+           fmt::format("{}{} {}", dtype_name(t.dtype()), t.shape(), t.device()), d->placements_str(),
+           d->has_partial() ? "partial term" : "shard", t.local_shape());
   return local_view(t);
+}
+
+namespace {
+// Values are read from memory: only a replicated DTensor holds all of them here.
+Tensor readable(const Tensor& t, const char* api) {
+  if (t.is_meta() && MetaKernelsGuard::active()) return zeros(t.local_shape(), t.dtype());  // shape inference
+  return raw_memory_view(t, api);
 }
 }  // namespace
 
@@ -263,6 +278,9 @@ Tensor Tensor::to(DType t) const {
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
+  if (is_distributed()) [[unlikely]]  // each rank moves its shard; the spec stays
+    return dist_dispatch1({"to_device", DistRule::kLinear}, {*this},
+                          MT_DIST_LOCAL(ctx.meta_run ? l[0] : l[0].to(d)));
   if (d.is_meta()) return empty(shape(), options().with_device(d));
   MT_CHECK(!is_meta(), "to({}): tensor {} is a meta tensor: materialize it, it cannot be moved", d, desc());
   if (d.is_cuda()) cuda::check_device(d, fmt::format("to({}) of {}", d, desc()));

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/view.h"
@@ -111,11 +112,13 @@ class Tensor {
   bool is_distributed() const { return impl_ && impl_->dist; }
   const DistSpec* dist_spec() const { return impl_ ? impl_->dist.get() : nullptr; }
 
-  // Raw data of the first element (CPU or CUDA pointer); nullptr for meta or empty tensors.
+  // Raw data of the first element (CPU or CUDA pointer); nullptr for meta or empty tensors. A
+  // DTensor's memory is only this rank's shard: throws unless it is replicated (raw_memory_view).
   void* data_ptr() const;
   template <class T> T* data() const { return static_cast<T*>(data_ptr()); }
-  KView view_info() const;  // what kernels see
-  // The single element as double (or i64 when integral); the tensor must have one element.
+  KView view_info() const;  // what kernels see: a DTensor's local shard (local sizes and pointer)
+  // The single element as double (or i64 when integral); the tensor must have one element. These
+  // and to_vector / str read memory: a DTensor must be replicated (raw_memory_view).
   double item() const;
   int64_t item_int() const;
   // Copy out to a vector of T (converting); any device, any strides.
@@ -153,7 +156,7 @@ class Tensor {
   Tensor flatten(int64_t start = 0, int64_t end = -1) const;
   Tensor as_strided(const Shape& sizes, const Shape& strides, int64_t offset) const;
 
-  // ---- copies ----
+  // ---- copies (a DTensor's copy is a DTensor with the same spec: each rank copies its shard) ----
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(DType t) const;
@@ -167,7 +170,9 @@ class Tensor {
   Tensor& mul_(double value);
   Tensor& mul_(const Tensor& other);
 
-  std::string str() const;  // printing, PyTorch-like
+  // Printing, PyTorch-like. A DTensor that is not replicated prints this rank's local part, labelled
+  // as such (its values are not the tensor's).
+  std::string str() const;
   // Debug summary: "f32[2, 3] cpu".
   std::string desc() const;
 
@@ -201,6 +206,13 @@ Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, i
 // Internal: the local shard of a DTensor as a plain tensor sharing storage (no autograd); a plain
 // tensor is returned as is.
 Tensor local_view(const Tensor& t);
+// The one check every API that reads or writes a tensor's raw memory makes (data_ptr, item,
+// to_vector, printing, the safetensors writers, ...): a DTensor's storage holds only this rank's
+// shard, so its memory read as the whole tensor is wrong. Returns a tensor whose memory holds all
+// of t's values: t itself when plain, the local view of a DTensor replicated on every mesh dim.
+// Throws for any other DTensor, naming `api`, the tensor (`name` when given), its placements and
+// the fix: mt::full_tensor (mesh/dtensor.h) gathers it, mt::to_local gives this rank's shard.
+Tensor raw_memory_view(const Tensor& t, std::string_view api, std::string_view name = {});
 // Throws unless t may be written in place (not a tensor needing grad while grad mode is on).
 void check_inplace(const Tensor& t, const char* op);
 void bump_version(const Tensor& t);

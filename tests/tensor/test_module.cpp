@@ -135,6 +135,22 @@ TEST_CASE("module: dotted paths of a nested model in registration order", "[cpu]
   REQUIRE(m->layers->size() == 2);
 }
 
+TEST_CASE("module: shard units are listed with paths from the module asked", "[cpu]") {
+  manual_seed(1);
+  auto m = std::make_shared<Model>();
+  auto& attn = *m->layers->get_module("1.attn");
+  attn.declare_shard_unit("wq.weight", 0, 2, "head");
+  m->declare_shard_unit("embed", 1, 4, "row");
+  auto units = m->shard_units();
+  REQUIRE(units.size() == 2);
+  REQUIRE(units[0].param == "embed");
+  REQUIRE(units[1].param == "layers.1.attn.wq.weight");
+  REQUIRE((units[1].dim == 0 && units[1].size == 2 && units[1].what == "head"));
+  REQUIRE(attn.shard_units().at(0).param == "wq.weight");
+  REQUIRE_THROWS_WITH(attn.declare_shard_unit("wo.weight", 0, 0, "x"),
+                      Contains("size > 0") && Contains("layers.1.attn"));
+}
+
 TEST_CASE("module: lookup and registration errors name the path and list nearby names", "[cpu]") {
   manual_seed(1);
   auto m = std::make_shared<Model>();

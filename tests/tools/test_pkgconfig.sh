@@ -1,21 +1,35 @@
 #!/usr/bin/env bash
-# Installs this build into a temporary prefix, then compiles and runs a small program against it
-# through pkg-config, as a C++ trainer embedding meshtrain would.
-# usage: test_pkgconfig.sh BUILD_DIR CONSUMER_SOURCE
+# Installs this build into a temporary prefix, MOVES the installed tree elsewhere (a relocated
+# install), then compiles the embedding example against it with nothing but
+# `pkg-config --cflags --libs meshtrain` (and the consumer's own -std) and runs it: meshtrain.pc
+# must find its prefix from its own location, and the rpath must find libmeshtrain. The consumer
+# has a models/config.h of its own first on its include path, which must not shadow meshtrain's.
+# usage: test_pkgconfig.sh BUILD_DIR CONSUMER_SOURCE PLAN_FILE
 set -euo pipefail
 BUILD=$1
 SRC=$2
+PLAN=$3
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 meson install -C "$BUILD" --destdir "$WORK/dest" --no-rebuild >/dev/null
-PC=$(find "$WORK/dest" -name meshtrain.pc | head -n 1)
+mv "$WORK/dest" "$WORK/moved"
+PC=$(find "$WORK/moved" -name meshtrain.pc | head -n 1)
 [ -n "$PC" ] || { echo "FAIL: no meshtrain.pc installed"; exit 1; }
-PREFIX=$(pkg-config --variable=prefix "$PC")
+grep -q '^prefix=${pcfiledir}' "$PC" || { echo "FAIL: meshtrain.pc hard-codes its prefix:"; head -n 3 "$PC"; exit 1; }
+if grep -E '^Cflags:.*(-std=|-fopenmp)' "$PC"; then echo "FAIL: meshtrain.pc imposes -std or -fopenmp"; exit 1; fi
+grep -q '^Cflags: -I${includedir}$' "$PC" || { echo "FAIL: meshtrain.pc Cflags should be -I\${includedir} only:"; grep Cflags "$PC"; exit 1; }
+# Installed headers name each other <meshtrain/...>: none is left with an in-tree "tensor/ops.h".
+if grep -rEn '#\s*include\s+"(runtime|kernels|tensor|mesh|optim|plan|models)/' "$WORK/moved"; then
+  echo "FAIL: installed headers still include meshtrain headers by their in-tree paths"; exit 1
+fi
+# A consumer's own models/config.h (first on its include path) must not shadow meshtrain's.
+mkdir -p "$WORK/shadow/models"
+echo '#error "the consumer'"'"'s models/config.h shadowed meshtrain'"'"'s"' > "$WORK/shadow/models/config.h"
 export PKG_CONFIG_PATH=$(dirname "$PC")
-FLAGS=$(pkg-config --define-variable=prefix="$WORK/dest$PREFIX" --cflags --libs meshtrain)
-c++ -std=c++20 "$SRC" -o "$WORK/consumer" $FLAGS
-LIBDIR=$(dirname "$(find "$WORK/dest" -name 'libmeshtrain.so*' | head -n 1)")
-OUT=$(LD_LIBRARY_PATH="$LIBDIR" "$WORK/consumer")
+FLAGS=$(pkg-config --cflags --libs meshtrain)
+c++ -std=c++20 -I"$WORK/shadow" "$SRC" -o "$WORK/consumer" $FLAGS
+OUT=$(env -u LD_LIBRARY_PATH OMP_NUM_THREADS=1 "$WORK/consumer" "$PLAN" "$WORK/ckpt" 2)
 echo "$OUT"
-[ "$OUT" = "grad [4, 3] params 39" ] || { echo "FAIL: unexpected output"; exit 1; }
+echo "$OUT" | grep -q '^step 2 loss ' || { echo "FAIL: unexpected output"; exit 1; }
+[ -f "$WORK/ckpt/model.safetensors" ] || { echo "FAIL: no checkpoint written"; exit 1; }
 echo "pkgconfig: 1 passed, 0 failed"

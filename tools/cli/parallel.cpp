@@ -37,12 +37,7 @@ Tensor place_input(const Tensor& global, const Parallelized& par, const PlanCont
   return distribute_tensor(global, *ctx.mesh, par.input_placements("model"));
 }
 
-NamedTensors full_tensors(const NamedTensors& tensors) {
-  NamedTensors out;
-  out.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) out.emplace_back(name, t.is_distributed() ? full_tensor(t.detach()) : t);
-  return out;
-}
+NamedTensors full_tensors(const NamedTensors& tensors) { return mt::full_tensors(tensors); }
 
 NamedTensors shard_like(const NamedTensors& full, const NamedTensors& live) {
   std::map<std::string, Tensor> by_name(full.begin(), full.end());
@@ -62,6 +57,6 @@ NamedTensors shard_like(const NamedTensors& full, const NamedTensors& live) {
   return out;
 }
 
-double scalar_value(const Tensor& t) { return t.is_distributed() ? full_tensor(t.detach()).item() : t.item(); }
+double scalar_value(const Tensor& t) { return full_item(t); }
 
 }  // namespace mt::cli

@@ -1,0 +1,30 @@
+// <meshtrain/meshtrain.h>: everything a C++ trainer embedding meshtrain uses, in one include
+// (docs/embedding.md). Installed as include/meshtrain/meshtrain.h next to the finer-grained
+// headers (<meshtrain/tensor/ops.h>, ...); `meson install` rewrites the includes below to that form.
+#pragma once
+
+#include "mesh/device_mesh.h"
+#include "mesh/dtensor.h"
+#include "mesh/placement.h"
+#include "mesh/world.h"
+#include "models/config.h"
+#include "models/corpus.h"
+#include "models/data.h"
+#include "models/hf_checkpoint.h"
+#include "models/hf_config.h"
+#include "models/llama.h"
+#include "models/safetensors.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/schedule.h"
+#include "optim/sgd.h"
+#include "plan/grad_reducer.h"
+#include "plan/job.h"
+#include "plan/parallelize.h"
+#include "plan/plan.h"
+#include "runtime/error.h"
+#include "tensor/autograd.h"
+#include "tensor/module.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+#include "tensor/tensor.h"

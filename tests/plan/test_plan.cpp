@@ -350,13 +350,12 @@ TEST_CASE("plan: the forward check finds uneven head splits, naming the module a
   auto build = [] { return std::static_pointer_cast<Module>(meta_model("llama-tiny")); };
   const std::string tp = plans_dir() + "/llama_tp.plan";
   Plan p = load_plan(tp);
-  // llama-tiny has 2 KV heads: 4 tensor-parallel ranks split them unevenly; the view in attention
-  // cannot take it. Found without a job, for any world size.
+  // llama-tiny has 2 KV heads: 4 tensor-parallel ranks split them unevenly; parallelize's
+  // shard-unit check (a rank holds whole heads) refuses it. Found without a job, for any world size.
   REQUIRE_THAT(error_of([&] { check_plan_forward(p, p.resolve_mesh(4), build, meta_ids()); }),
                Contains(tp + ": a forward under the plan on mesh [tp=4] at coordinate [0] fails") &&
-                   Contains("is not a Shard of the view [1, 8, 64] -> [1, 8, 2, 32]") &&
-                   Contains("in module 'model.layers.0.self_attn'") && Contains(tp + ":8:1 `place") &&
-                   Contains("(q|k|v)_proj weight|bias tp=S(0)`"));
+                   Contains("parameter model.layers.0.self_attn.k_proj.weight [64, 128] is split S(0)") &&
+                   Contains("'tp' must divide 2") && Contains("(plan " + tp + ":8:1)"));
   // The failed forward left no factory scope behind (its rope scope went with the handle).
   REQUIRE(current_factory("rope") == nullptr);
   // An input split on a dim it has not, placed by the plan's root entry, fails in the hook.

@@ -41,10 +41,11 @@ bad_case "repetition over 1000" --watch "$P" "rep.plan:2:14" "invalid repetition
 
 # ---- plans the model cannot run ----
 bad_case "uneven KV heads (llama_tp, tp 4, 2 KV heads)" --watch "$plans" \
-  "llama_tp.plan: a forward under the plan on mesh [tp=4]" "in module 'model.layers.0.self_attn'" "llama_tp.plan:8:1" -- \
+  "llama_tp.plan: a forward under the plan on mesh [tp=4]" "model.layers.0.self_attn.k_proj.weight" "'tp' must divide 2" \
+  "llama_tp.plan:8:1" -- \
   "${run[@]}" "$plans/llama_tp.plan" --world 4
 bad_case "uneven heads (llama_tp_sp, tp 3)" --watch "$plans" \
-  "llama_tp_sp.plan: a forward under the plan on mesh [tp=3]" "in module 'model.layers.0.self_attn'" -- \
+  "llama_tp_sp.plan: a forward under the plan on mesh [tp=3]" "model.layers.0.self_attn.q_proj.weight" "'tp' must divide 4" -- \
   "${run[@]}" "$plans/llama_tp_sp.plan" --world 3
 plan in2 "mesh tp=*\nplace model <in>:0 tp=S(2)\n"
 bad_case "input split on a dim it has not" --watch "$P" "in2.plan:2:20" "splits tensor dim 2" "[1, 8] (2-D)" -- \
@@ -79,8 +80,8 @@ bad_case "mesh dims whose product overflows" --watch "$P" "overflow.plan:1:1" "n
   "${run[@]}" "$P/overflow.plan" --world 2
 plan twice "mesh tp=*\nmesh dp=*\n"
 bad_case "mesh declared twice" --watch "$P" "twice.plan:2:1" "declared twice" -- "${run[@]}" "$P/twice.plan" --world 2
-bad_case "--world 0" --watch "$plans" "--world must be in 1..65536" -- "${run[@]}" "$plans/llama_dp.plan" --world 0
-bad_case "--world 2^40" --watch "$plans" "--world must be in 1..65536" -- "${run[@]}" "$plans/llama_dp.plan" --world 1099511627776
+bad_case "--world 0" --watch "$plans" "--world 0 is out of range (expected 1 <= --world <= 65536)" -- "${run[@]}" "$plans/llama_dp.plan" --world 0
+bad_case "--world 2^40" --watch "$plans" "--world 1099511627776 is out of range (expected 1 <= --world <= 65536)" -- "${run[@]}" "$plans/llama_dp.plan" --world 1099511627776
 
 # ---- files that are not plans ----
 plan empty ""

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
                      {"x", from_vector<double>({3.25})}});
 
   for (const char* name : {"llama-tiny", "mixtral-tiny", "llama-3-8b"})
-    save_hf_config(builtin_config(name), (root / "hf_config" / (std::string(name) + ".json")).string());
+    save_hf_config(builtin_config(name), (root / "hf_config" / ("valid_" + std::string(name) + ".json")).string());
 
   // The same layout as fuzz_hf_index.cpp's fixed directory: three one-tensor shards.
   const fs::path ck = root / "hf_index/.ckpt";

@@ -52,7 +52,9 @@ TensorOptions Tensor::options() const {
 
 void* Tensor::data_ptr() const {
   if (!impl_->storage) return nullptr;
-  return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(impl_->dtype);
+  char* base = static_cast<char*>(impl_->storage->data());
+  if (base == nullptr) return nullptr;  // empty storage: an offset on null is UB
+  return base + impl_->offset * dtype_size(impl_->dtype);
 }
 
 KView Tensor::view_info() const {
@@ -316,7 +318,11 @@ Tensor& Tensor::fill_(double value) {
   FillParams p;
   p.out = view_info();
   p.value = value;
-  p.int_value = static_cast<int64_t>(value);
+  // Integral fills use int_value; converting an out-of-range double (-inf for a float mask) is UB.
+  if (!is_floating(dtype())) {
+    MT_CHECK(value >= -0x1p63 && value < 0x1p63, "fill_({}): not representable in {} ({})", value, dtype(), desc());
+    p.int_value = static_cast<int64_t>(value);
+  }
   MT_KERNEL(device().type, fill, p);
   bump_version(*this);
   return *this;

@@ -114,7 +114,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
     if (v != 0 && nbytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(v)) overflow = true;
     nbytes *= static_cast<uint64_t>(v);
   }
-  if (out.shape.numel() == 0) {  // a zero dim makes any other dim harmless
+  // A zero dim makes any other dim harmless. (Not shape.numel() == 0: numel overflows first.)
+  if (std::find(out.shape.begin(), out.shape.end(), 0) != out.shape.end()) {
     overflow = false;
     nbytes = 0;
   }

@@ -54,16 +54,16 @@ for exe in "$BUILD"/tests/fuzz/fuzz_*; do
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$FUZZ/findings/$name-" >"$log" 2>&1
   frc=$?
   # The last status line ("#N DONE cov: C ft: F ... exec/s: E") and the final stats.
-  last=$(grep -E '^#[0-9]+' "$log" | tail -1)
-  execs=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$log" | awk '{print $2}')
+  last=$(grep -aE '^#[0-9]+' "$log" | tail -1)
+  execs=$(grep -aoE 'stat::number_of_executed_units: +[0-9]+' "$log" | tail -1 | awk '{print $2}')
   cov=$(sed -nE 's/.* cov: ([0-9]+).*/\1/p' <<< "$last")
   ft=$(sed -nE 's/.* ft: ([0-9]+).*/\1/p' <<< "$last")
-  eps=$(grep -oE 'stat::average_exec_per_sec: [0-9]+' "$log" | awk '{print $2}')
+  eps=$(grep -aoE 'stat::average_exec_per_sec: +[0-9]+' "$log" | tail -1 | awk '{print $2}')
   result=ok
   if [ "$frc" -ne 0 ]; then
     result="FINDING (rc $frc, log $log)"
     rc=1
-    grep -E 'FUZZ FINDING|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error|Test unit written' "$log" | head -5
+    grep -aE 'FUZZ FINDING|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error|Test unit written' "$log" | head -5
   fi
   printf '%-12s %10s %8s %8s %6s  %s\n' "$name" "${execs:-?}" "${eps:-?}" "${cov:-?}" "${ft:-?}" "$result" \
     | tee -a "$FUZZ/summary.txt"

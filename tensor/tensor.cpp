@@ -339,7 +339,11 @@ Tensor& Tensor::fill_(double value) {
   FillParams p;
   p.out = view_info();
   p.value = value;
-  p.int_value = static_cast<int64_t>(value);
+  // Integral fills use int_value; converting an out-of-range double (-inf for a float mask) is UB.
+  if (!is_floating(dtype())) {
+    MT_CHECK(value >= -0x1p63 && value < 0x1p63, "fill_({}): not representable in {} ({})", value, dtype(), desc());
+    p.int_value = static_cast<int64_t>(value);
+  }
   MT_KERNEL(device().type, fill, p);
   bump_version(*this);
   return *this;

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages meshtrain needs (only those missing) and builds it into ./build.
-# Used by tools/run.sh and tools/test.sh; safe to run again.
+# Used by tools/run.sh, tools/test.sh and tools/sanitize.sh; safe to run again. Environment:
+# MT_BUILD_DIR (default build), MT_MESON_ARGS (extra `meson setup` options), MT_EXTRA_PKGS (more
+# Debian packages, e.g. clang), MT_JOBS (ninja -j; ninja's default otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(g++ meson ninja-build pkg-config libeigen3-dev libfmt-dev nlohmann-json3-dev catch2 libre2-dev python3 libopenmpi-dev openmpi-bin)
+read -r -a extra <<< "${MT_EXTRA_PKGS:-}"
+PKGS+=("${extra[@]}")
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -26,4 +30,4 @@ BUILD=${MT_BUILD_DIR:-build}
 if [ ! -f "$BUILD/build.ninja" ]; then
   meson setup "$BUILD" --buildtype=release ${MT_MESON_ARGS:-}
 fi
-ninja -C "$BUILD"
+ninja -C "$BUILD" ${MT_JOBS:+-j "$MT_JOBS"}

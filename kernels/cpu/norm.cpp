@@ -55,7 +55,10 @@ template <class T>
 void rms_norm_typed(const RmsNormParams& p) {
   using C = compute_t<T>;
   using S = stat_t<T>;
-  const auto [rows, h] = rows_of(p.x);
+  // A named struct, not a structured binding: the lambdas below capture rows and h (clang < 16
+  // cannot capture structured bindings).
+  const RowGeom geom = rows_of(p.x);
+  const int64_t rows = geom.rows, h = geom.h;
   const T* x = p.x.ptr<const T>();
   const T* w = p.weight ? p.weight.ptr<const T>() : nullptr;
   T* y = p.out.ptr<T>();
@@ -85,7 +88,8 @@ template <class T>
 void rms_norm_bwd_typed(const RmsNormBwdParams& p) {
   using C = compute_t<T>;
   using S = stat_t<T>;
-  const auto [rows, h] = rows_of(p.x);
+  const RowGeom geom = rows_of(p.x);
+  const int64_t rows = geom.rows, h = geom.h;
   const T* x = p.x.ptr<const T>();
   const T* gy = p.gy.ptr<const T>();
   const T* w = p.weight ? p.weight.ptr<const T>() : nullptr;
@@ -125,7 +129,8 @@ template <class T>
 void layer_norm_typed(const LayerNormParams& p) {
   using C = compute_t<T>;
   using S = stat_t<T>;
-  const auto [rows, h] = rows_of(p.x);
+  const RowGeom geom = rows_of(p.x);
+  const int64_t rows = geom.rows, h = geom.h;
   const T* x = p.x.ptr<const T>();
   const T* w = p.weight ? p.weight.ptr<const T>() : nullptr;
   const T* b = p.bias ? p.bias.ptr<const T>() : nullptr;
@@ -162,7 +167,8 @@ template <class T>
 void layer_norm_bwd_typed(const LayerNormBwdParams& p) {
   using C = compute_t<T>;
   using S = stat_t<T>;
-  const auto [rows, h] = rows_of(p.x);
+  const RowGeom geom = rows_of(p.x);
+  const int64_t rows = geom.rows, h = geom.h;
   const T* x = p.x.ptr<const T>();
   const T* gy = p.gy.ptr<const T>();
   const T* w = p.weight ? p.weight.ptr<const T>() : nullptr;
@@ -218,7 +224,8 @@ void layer_norm_bwd_typed(const LayerNormBwdParams& p) {
 template <class T>
 void softmax_typed(const SoftmaxParams& p) {
   using C = compute_t<T>;
-  const auto [rows, h] = rows_of(p.in);
+  const RowGeom geom = rows_of(p.in);
+  const int64_t rows = geom.rows, h = geom.h;
   const T* x = p.in.ptr<const T>();
   T* y = p.out.ptr<T>();
   parallel_for(rows, h * 16, [&](int64_t i) {

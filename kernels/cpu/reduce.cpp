@@ -70,14 +70,15 @@ void reduce_typed(const ReduceParams& p) {
   const DType odt = p.out.dtype;
 
   parallel_for(nout, std::max<int64_t>(w.count, 1), [&](int64_t o) {
-    const T* base = in.ptr<T>();
-    int64_t out_off = 0, rem = o;
+    int64_t in_off = 0, out_off = 0, rem = o;
     for (int d = nkeep - 1; d >= 0; --d) {
       int64_t i = rem % in.sizes[d];
       rem /= in.sizes[d];
-      base += i * in.strides[d];
+      in_off += i * in.strides[d];
       out_off += i * p.out.strides[d];
     }
+    // An empty reduction may have no input storage (null): no pointer arithmetic on it.
+    const T* base = w.count ? in.ptr<T>() + in_off : in.ptr<T>();
     auto store = [&](auto v) {
       MT_DISPATCH_ALL(odt, "reduce", { p.out.ptr<scalar_t>()[out_off] = convert<scalar_t>(v); });
     };

@@ -34,7 +34,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int prev_ = -1;
+  [[maybe_unused]] int prev_ = -1;  // unused when built without CUDA (runtime/cuda/disabled.cpp)
 };
 
 // f32 GEMMs may use TF32 tensor cores (10-bit mantissa inputs, f32 accumulation). Off by

@@ -111,7 +111,9 @@ TEST_CASE("rotary_embedding with per-batch positions [B, 1, T, D/2]", "[cpu]") {
 }
 
 TEST_CASE("rotary_embedding gradients", "[cpu]") {
-  auto [c, s] = rope_tables(5, 6, 10000.0, DType::kF64);
+  // Not a structured binding: the lambdas below capture c and s, which clang < 16 refuses.
+  const auto tables = rope_tables(5, 6, 10000.0, DType::kF64);
+  Tensor c = tables.first, s = tables.second;
   Tensor c3 = c.unsqueeze(1), s3 = s.unsqueeze(1);
   for (RopeStyle style : {RopeStyle::kHalf, RopeStyle::kInterleaved}) {
     Tensor x = noncontig(rand({2, 5, 3, 6}, DType::kF64, 6)).requires_grad_();

@@ -4,7 +4,8 @@
 # `pkg-config --cflags --libs meshtrain` (and the consumer's own -std) and runs it: meshtrain.pc
 # must find its prefix from its own location, and the rpath must find libmeshtrain. The consumer
 # has a models/config.h of its own first on its include path, which must not shadow meshtrain's.
-# usage: test_pkgconfig.sh BUILD_DIR CONSUMER_SOURCE PLAN_FILE
+# usage: test_pkgconfig.sh BUILD_DIR CONSUMER_SOURCE PLAN_FILE (MT_CONSUMER_CXX / MT_CONSUMER_FLAGS: the
+# compiler and extra flags, as the build used; c++ by default)
 set -euo pipefail
 BUILD=$1
 SRC=$2
@@ -27,7 +28,7 @@ mkdir -p "$WORK/shadow/models"
 echo '#error "the consumer'"'"'s models/config.h shadowed meshtrain'"'"'s"' > "$WORK/shadow/models/config.h"
 export PKG_CONFIG_PATH=$(dirname "$PC")
 FLAGS=$(pkg-config --cflags --libs meshtrain)
-c++ -std=c++20 -I"$WORK/shadow" "$SRC" -o "$WORK/consumer" $FLAGS
+${MT_CONSUMER_CXX:-c++} -std=c++20 ${MT_CONSUMER_FLAGS:-} -I"$WORK/shadow" "$SRC" -o "$WORK/consumer" $FLAGS
 OUT=$(env -u LD_LIBRARY_PATH OMP_NUM_THREADS=1 "$WORK/consumer" "$PLAN" "$WORK/ckpt" 2)
 echo "$OUT"
 echo "$OUT" | grep -q '^step 2 loss ' || { echo "FAIL: unexpected output"; exit 1; }

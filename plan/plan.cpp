@@ -110,12 +110,13 @@ DimPlacement parse_dim_placement(const std::string& text, const PlanLoc& loc) {
       dim = k.substr(comma + 1);
       k = k.substr(0, comma);
     }
+    // At most 9 digits: K and D then fit an int (std::stoll would throw on longer ones).
     auto digits = [](const std::string& s) {
-      return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+      return !s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos;
     };
     MT_CHECK(digits(k) && (dim.empty() || digits(dim)),
-             "{}: '{}': owner(K) or owner(K,D) needs a mesh coordinate K >= 0 (and a tensor dim D), e.g. "
-             "ep=owner(1) or ep=owner(1,1)",
+             "{}: '{}': owner(K) or owner(K,D) needs a mesh coordinate K >= 0 (and a tensor dim D), each "
+             "at most 9 digits, e.g. ep=owner(1) or ep=owner(1,1)",
              loc.str(), text);
     d.owner = std::stoll(k);
     if (!dim.empty()) d.owner_dim = static_cast<int>(std::stoll(dim));

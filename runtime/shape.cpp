@@ -60,7 +60,9 @@ Shape Shape::contiguous_strides() const {
   int64_t acc = 1;
   for (int i = n_ - 1; i >= 0; --i) {
     s.d_[i] = acc;
-    acc *= std::max<int64_t>(d_[i], 1);
+    // The product past the outermost dim is never a stride: not computing it keeps [2^62, 4] valid.
+    if (i > 0 && !checked_mul(acc, std::max<int64_t>(d_[i], 1), &acc)) [[unlikely]]
+      MT_FAIL("shape {} has more elements than an int64 can count (its strides overflow)", *this);
   }
   return s;
 }

@@ -54,7 +54,9 @@ TensorOptions Tensor::options() const {
 namespace {
 void* storage_ptr(const TensorImpl& impl) {
   if (!impl.storage) return nullptr;
-  return static_cast<char*>(impl.storage->data()) + impl.offset * dtype_size(impl.dtype);
+  char* base = static_cast<char*>(impl.storage->data());
+  if (base == nullptr) return nullptr;  // empty storage: an offset on null is UB
+  return base + impl.offset * dtype_size(impl.dtype);
 }
 }  // namespace
 

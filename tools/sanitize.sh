@@ -4,7 +4,8 @@
 # installs what is missing and builds), runs the meson test suite there, then each fuzz target for
 # a bounded time, printing its executions and coverage. Any test failure, sanitizer report or fuzz
 # finding fails the run; findings are saved under build-san/fuzz/findings/.
-# Environment: MT_FUZZ_SECONDS (per target, default 30), MT_SAN_TEST_ARGS (`meson test` arguments;
+# Environment: MT_FUZZ_SECONDS (per target, default 30), MT_FUZZ_SEED (default 1: CI explores the
+# same inputs on every run, so a new finding comes from a code change, not from chance), MT_SAN_TEST_ARGS (`meson test` arguments;
 # default "--no-suite slow": parity_np4, about 10 minutes under ASan, is left to tools/test.sh; set
 # it empty to run everything), MT_FUZZ_ONLY=1 (skip the test suite), MT_JOBS (ninja -j).
 set -uo pipefail
@@ -50,7 +51,7 @@ for exe in "$BUILD"/tests/fuzz/fuzz_*; do
   [ -x "$exe" ] && [ -d "tests/fuzz/corpus/$name" ] || continue
   mkdir -p "$FUZZ/corpus/$name"
   log="$FUZZ/$name.log"
-  "$exe" "$FUZZ/corpus/$name" "tests/fuzz/corpus/$name" -max_total_time="$FUZZ_SECONDS" -timeout=10 \
+  "$exe" "$FUZZ/corpus/$name" "tests/fuzz/corpus/$name" -max_total_time="$FUZZ_SECONDS" -seed="${MT_FUZZ_SEED:-1}" -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$FUZZ/findings/$name-" >"$log" 2>&1
   frc=$?
   # The last status line ("#N DONE cov: C ft: F ... exec/s: E") and the final stats.

@@ -61,6 +61,9 @@ bad_case "parameter split on a dim it has not" --watch "$P" "wdim.plan:2:26" "te
   "${run[@]}" "$P/wdim.plan" --world 2
 plan partial "mesh tp=*\nplace model\\\\.norm weight tp=P(sum)\n"
 bad_case "partial parameter" --watch "$P" "partial.plan:2:26" "cannot be Partial" -- "${run[@]}" "$P/partial.plan" --world 2
+plan owner "mesh ep=2 tp=*\nplace e\\\\.0 weight ep=owner(2222222222222222222222) tp=owner(1,1)\n"
+bad_case "owner coordinate beyond int64 (found by fuzz_plan)" --watch "$P" "owner.plan:2:" "each at most 9 digits" -- \
+  "${run[@]}" "$P/owner.plan" --world 2
 bad_case "mixtral plan on a llama model" --watch "$plans" "mixtral_ep_tp.plan:" "matches no module path" -- \
   "${run[@]}" "$plans/mixtral_ep_tp.plan" --world 2
 

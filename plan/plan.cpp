@@ -8,6 +8,7 @@
 
 #include "plan/path_regex.h"
 #include "runtime/error.h"
+#include "runtime/shape.h"
 
 namespace mt {
 
@@ -390,7 +391,7 @@ PlanMesh Plan::resolve_mesh(int64_t world) const {
     m.names.push_back(mesh_[i].name);
     if (mesh_[i].size < 0)
       star = static_cast<int>(i);
-    else if (__builtin_mul_overflow(fixed, mesh_[i].size, &fixed))
+    else if (!checked_mul(fixed, mesh_[i].size, &fixed))
       too_big = true;  // the product does not even fit in 64 bits
     decl += fmt::format("{}{}={}", i ? " " : "", mesh_[i].name, mesh_[i].size < 0 ? "*" : std::to_string(mesh_[i].size));
   }

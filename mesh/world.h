@@ -25,6 +25,13 @@ class World {
 // Initialized on first use (thread-safe); also sets the "[rank r/w]" log prefix.
 World& world();
 
+// This process's rank among the job's processes on its node, and how many there are, from the
+// launcher's environment (Open MPI: OMPI_COMM_WORLD_LOCAL_RANK/_SIZE; MPICH/Hydra: MPI_LOCALRANKID/
+// MPI_LOCALNRANKS; Slurm: SLURM_LOCALID/SLURM_NTASKS_PER_NODE); 0 and 1 when none is set. They
+// pick each rank's GPU and tell whether ranks share one (mesh/communicator.h, host staging).
+int local_rank();
+int local_size();
+
 // Logs `why` with the rank and ends every rank of the job (MPI_Abort). For failures a rank cannot
 // recover from alone, such as a peer that never joins a collective: never a silent hang.
 [[noreturn]] void abort_job(const std::string& why);

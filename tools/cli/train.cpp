@@ -29,6 +29,7 @@
 #include "tools/cli/args.h"
 #include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/device.h"
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
 #include "tools/cli/train_state.h"
@@ -54,7 +55,7 @@ const std::vector<FlagSpec> kTrainFlags = {
     {"dropout", "attention and residual dropout probability", "0", false},
     {"seed", "random seed (init, dropout)", "1337", false},
     {"precision", "f32, or bf16 (bf16 compute, f32 master weights)", "f32", false},
-    {"device", "cpu (cuda arrives with the CUDA backend)", "cpu", false},
+    {"device", "cpu, cuda (under mpirun: GPU local rank % GPUs) or cuda:N", "cpu", false},
     {"checkpoint-dir", "directory for checkpoints (empty: none)", "", false},
     {"checkpoint-every", "save every N steps (0: only at the end)", "0", false},
     {"resume", "continue from the latest checkpoint in --checkpoint-dir", "", true},
@@ -65,18 +66,6 @@ const std::vector<FlagSpec> kTrainFlags = {
     {"no-fuse", "with --plan: one collective per gradient and mesh dim instead of fused buckets", "", true},
     {"bucket-mb", "with --plan: gradient bucket size in MiB", "25", false},
 };
-
-// GFLOP/s of a 512^3 f32 GEMM on this machine: the peak the MFU estimate is relative to.
-double measured_peak_flops() {
-  Tensor a = ones({512, 512}), b = ones({512, 512});
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    Tensor c = matmul(a, b);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return 2.0 * 512 * 512 * 512 / best;
-}
 
 // Training FLOPs per token: 6 per weight used in a matmul plus the attention scores (PaLM, app. B).
 double flops_per_token(const ModelConfig& c, int64_t seq) {
@@ -113,8 +102,6 @@ void check_resume_matches(const TrainState& s, const Args& args) {
 int run_train(int argc, char** argv) {
   Args args("train", kTrainFlags, argc, argv, 2);
   validate_train_flags(args);  // every flag in its range before anything is read
-  MT_CHECK(args.str("device") == "cpu", "meshtrain train: --device {} is not available in this build (cpu only)",
-           args.str("device"));
   const int64_t batch = args.integer("batch"), seq = args.integer("seq"), accum = args.integer("accum");
   const int64_t steps = args.integer("steps"), log_every = std::max<int64_t>(1, args.integer("log-every"));
   const int64_t stop_at = args.integer("stop-at") > 0 ? std::min(args.integer("stop-at"), steps) : steps;
@@ -136,6 +123,7 @@ int run_train(int argc, char** argv) {
              args.str("precision"), plan->path);
   }
   const bool root = !plan || plan->is_root();
+  const Device device = resolve_device("train", args.str("device"));
 
   // Model and weights.
   LoadedCheckpoint loaded;
@@ -182,6 +170,10 @@ int run_train(int argc, char** argv) {
   std::unique_ptr<GradReducer> reducer;
   if (plan) {
     par = std::make_unique<Parallelized>(parallelize(*model, plan->plan, *plan->mesh));
+  }
+  // Built, loaded and sharded on the host exactly as a CPU run; then moved (same bytes).
+  if (!device.is_cpu()) model->to(device);
+  if (plan) {
     GradReducerOptions ro;
     ro.fuse = !args.flag("no-fuse");
     MT_CHECK(args.real("bucket-mb") > 0, "meshtrain train: --bucket-mb must be positive");
@@ -230,11 +222,11 @@ int run_train(int argc, char** argv) {
     metrics = std::make_unique<std::ofstream>(args.str("metrics"), start > 0 ? std::ios::app : std::ios::trunc);
     MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file {}", args.str("metrics"));
   }
-  const double peak = measured_peak_flops(), fpt = flops_per_token(cfg, seq);
+  const double peak = peak_flops(device, compute), fpt = flops_per_token(cfg, seq);
   fmt::print("model {} ({:.2f}M parameters), {} tokens (unigram entropy {:.4f} nats), batch {}x{}x{}, {} steps, "
-             "precision {}\n",
+             "precision {}, device {}\n",
              cfg.model_type, static_cast<double>(cfg.num_parameters()) / 1e6, tokens.size(), unigram_entropy(tokens),
-             batch, seq, accum, steps, args.str("precision"));
+             batch, seq, accum, steps, args.str("precision"), device.str());
   if (plan)
     fmt::print("plan {} on {} ranks: mesh {}, input placements {}, gradient reduction {}\n", plan->path, plan->world,
                plan->plan_mesh.str(), placements_on(par->input_placements("model"), plan->plan_mesh),
@@ -266,6 +258,10 @@ int run_train(int argc, char** argv) {
     double loss_sum = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       auto [inputs, targets] = loader.next();
+      if (!device.is_cpu()) {
+        inputs = inputs.to(device);
+        targets = targets.to(device);
+      }
       if (plan) {
         inputs = place_input(inputs, *par, *plan);
         targets = place_input(targets, *par, *plan);
@@ -289,10 +285,11 @@ int run_train(int argc, char** argv) {
     opt.zero_grad();
     model->zero_grad();
     master.master_to_model();
+    synchronize(device);  // the step's queued kernels belong to its time
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double tok_s = static_cast<double>(batch * seq * accum) / secs;
     double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
-    double mem = static_cast<double>(cpu_memory_stats().peak) / (1 << 20);
+    double mem = static_cast<double>(memory_stats(device).peak) / (1 << 20);
     const int64_t collectives = reducer ? reducer->stats().collectives : 0;
     if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
       fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",

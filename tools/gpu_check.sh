@@ -7,7 +7,8 @@
 # `cuda` and `nccl` test suites (CUDA kernels against the CPU, NCCL or host-staged collectives, the
 # CLI on CUDA against the CPU, several ranks on one GPU), bench_cuda, and a bf16 training benchmark
 # on llama-1b shapes, and writes OUTDIR/summary.txt (pass/fail counts, every benchmark ratio,
-# tokens/s and MFU) beside the full logs. Environment: MT_GPU_BUILD (build folder, default
+# tokens/s and MFU) beside the full logs (build.log, tests.log, testlog.txt, bench_cuda.log,
+# train_bench.log). Environment: MT_GPU_BUILD (build folder, default
 # build-gpu), MT_JOBS (ninja -j), MT_SKIP_BENCH=1 (tests only), MT_TRAIN_BENCH_ARGS (replaces the
 # training benchmark's shape flags).
 set -uo pipefail
@@ -30,14 +31,14 @@ BUILD=${MT_GPU_BUILD:-build-gpu}
 if [ ! -f "$BUILD/build.ninja" ]; then
   # werror off: the host's compiler may be newer than the one the project is checked with.
   meson setup "$BUILD" --buildtype=release -Dwerror=false -Dcuda=enabled -Dcuda-arch="${MT_CUDA_ARCH:-90}" \
-    >"$OUT/configure.log" 2>&1 || { say "configure FAILED ($(elapsed)): see configure.log"; tail -n 30 "$OUT/configure.log"; exit 1; }
+    >"$OUT/build.log" 2>&1 || { say "configure FAILED ($(elapsed)): see build.log"; tail -n 30 "$OUT/build.log"; exit 1; }
 fi
 grep -E "NCCL|MPI|CUDA" "$BUILD/config.h" | sed 's/^/config: /' | tee -a "$SUMMARY"
 # The targets the check runs (MT_GPU_FULL_BUILD=1: everything, the CPU tests too).
 targets=(tools/meshtrain tools/bench/bench_cuda tests/cuda/test_cuda_core tests/cuda/test_cuda_nn tests/cuda/test_cuda_nogpu)
 [ -f "$BUILD/build.ninja" ] && grep -q "^build tests/test_nccl:" "$BUILD/build.ninja" && targets+=(tests/test_nccl)
 [ "${MT_GPU_FULL_BUILD:-0}" = 1 ] && targets=()
-if ! ninja -C "$BUILD" ${MT_JOBS:+-j "$MT_JOBS"} "${targets[@]}" >"$OUT/build.log" 2>&1; then
+if ! ninja -C "$BUILD" ${MT_JOBS:+-j "$MT_JOBS"} "${targets[@]}" >>"$OUT/build.log" 2>&1; then
   say "build FAILED ($(elapsed)): see build.log"
   grep -E "error|Error" "$OUT/build.log" | head -n 20
   exit 1
@@ -64,10 +65,10 @@ if [ "${MT_SKIP_BENCH:-0}" != 1 ]; then
   sed 's/^/bench_cuda: /' "$OUT/bench_cuda.log" >>"$SUMMARY"
   ARGS=${MT_TRAIN_BENCH_ARGS:---config llama-1b --batch 4 --seq 2048}
   timeout 400 "$BUILD/tools/meshtrain" train $ARGS --device cuda --precision bf16 --steps 6 --warmup 1 \
-    --metrics "$OUT/train_bench.jsonl" >"$OUT/train_bench.log" 2>&1
+    --metrics "$BUILD/train_bench.jsonl" >"$OUT/train_bench.log" 2>&1
   say "train benchmark exit $? ($(elapsed)): meshtrain train $ARGS --device cuda --precision bf16"
   grep -E "^model|^step" "$OUT/train_bench.log" | sed 's/^/train: /' >>"$SUMMARY"
-  python3 - "$OUT/train_bench.jsonl" <<'PY' | tee -a "$SUMMARY"
+  python3 - "$BUILD/train_bench.jsonl" <<'PY' | tee -a "$SUMMARY"
 import json, statistics, sys
 try:
     rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # steps 1-2 warm up

@@ -32,6 +32,9 @@ if [ ! -e /usr/local/cuda/include/nccl.h ]; then
     export LD_LIBRARY_PATH="$_mt_nccl/lib:$LD_LIBRARY_PATH"
   fi
 fi
+# PMIx looks for its plugins where Debian installs them; a host with another PMIx there would load
+# mismatched ones (harmless, but noisy): point it at the unpacked ones.
+export PMIX_MCA_mca_base_component_path="$_mt_lib/pmix2/lib/pmix" PMIX_MCA_pcompress_base_silence_warning=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none  # no cross-memory attach inside sandboxes
 unset _mt_src _mt_pre _mt_lib _mt_nccl _f _b

@@ -90,7 +90,7 @@ if [ -n "$MPIRUN" ]; then
     np=2
     [ "$plan" = mixtral_ep_tp ] && np=4
     mpi $np "$BIN" $TRAIN --config $model --plan "$PLANS/$plan.plan" --device cuda --metrics "$WORK/$plan.jsonl" \
-      >/dev/null 2>"$WORK/err" || fail "$plan np $np cuda: $(grep 'error' "$WORK/err" | tail -n 1)"
+      >/dev/null 2>"$WORK/err" || fail "$plan np $np cuda: $(grep -m 1 '\] error: ' "$WORK/err" || tail -n 3 "$WORK/err")"
     r=$(python3 "$CMP" losses "$WORK/$model.t_cpu.jsonl" "$WORK/$plan.jsonl" 1e-5 rel 2>&1) \
       && pass "$plan np $np on one GPU (host-staged) vs one CPU device: $r" || fail "$plan np $np cuda: $r"
   done

@@ -238,7 +238,8 @@ Tensor redistribute_local(const Tensor& local, const Shape& global_shape, const 
   // A meta tensor has no values to move: the result is the destination shard's shape (plan checks
   // run whole forwards this way, on a simulated mesh without communicators).
   if (local.is_meta()) return empty(dst_local, local.options());
-  MT_CHECK(local.device().is_cpu(), "{}: local tensor {} is not a host tensor", c.what, local.desc());
+  MT_CHECK(local.device().is_cpu() || local.device().is_cuda(), "{}: local tensor {} is neither a host nor a CUDA tensor",
+           c.what, local.desc());
 
   int i0 = 0;
   while (i0 < nd && src[static_cast<size_t>(i0)] == dst[static_cast<size_t>(i0)]) ++i0;

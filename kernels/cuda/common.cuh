@@ -170,6 +170,9 @@ __device__ __forceinline__ D cvt(S x) {
   } else if constexpr (kIsHalf<D>) {
     if constexpr (std::is_same_v<acc_t<S>, float>) return half_from_float<D>(to_acc(x));
     else return half_from_float<D>(dev_float_round_to_odd(static_cast<double>(to_acc(x))));
+  } else if constexpr (std::is_integral_v<D> && !std::is_integral_v<acc_t<S>>) {
+    // Floating to integer: truncate to int64, then wrap (the CPU's convert, kernels/cpu/loops.h).
+    return static_cast<D>(static_cast<int64_t>(to_acc(x)));
   } else {
     return static_cast<D>(static_cast<acc_t<D>>(to_acc(x)));
   }

@@ -3,8 +3,8 @@
 # init files byte-identical; eval loss within 1e-5 relative; gradient files within 1e-5 of each
 # tensor's largest magnitude; 20 f32 training steps of llama-tiny and mixtral-tiny with per-step
 # losses within 1e-5 relative; bf16 on CUDA tracking f32 on the CPU within 2e-2 relative; and,
-# under mpirun on one GPU (host-staged collectives), llama_dp and llama_tp (np 2) and llama_dp_tp
-# (np 4) training like the single-device run. Without a GPU: `--device cuda` fails with one line naming
+# under mpirun on one GPU (host-staged collectives), llama_dp and llama_tp (np 2), llama_dp_tp and
+# mixtral_ep_tp (np 4) training like the single-device run. Without a GPU: `--device cuda` fails with one line naming
 # the flag (checked everywhere), then the script exits 77 (meson: SKIP).
 # usage: test_cli_cuda.sh MESHTRAIN_BINARY COMPARE_PY PLANS_DIR [MPIRUN]
 set -u
@@ -84,11 +84,8 @@ grep -q "device cuda:0" "$WORK/llama-tiny.t_cuda.out" && pass "train prints its 
 # ---- several ranks on one GPU: host-staged collectives -----------------------------------------------
 if [ -n "$MPIRUN" ]; then
   mpi() { local np=$1; shift; timeout 300 "$MPIRUN" -np "$np" --oversubscribe --mca btl self,vader "$@"; }
-  for spec in llama_dp:llama-tiny llama_tp:llama-tiny llama_dp_tp:llama-tiny; do
-    plan=${spec%%:*}
-    model=${spec##*:}
-    np=2
-    [ "$plan" = llama_dp_tp ] && np=4
+  for spec in llama_dp:llama-tiny:2 llama_tp:llama-tiny:2 llama_dp_tp:llama-tiny:4 mixtral_ep_tp:mixtral-tiny:4; do
+    IFS=: read -r plan model np <<<"$spec"
     mpi $np "$BIN" $TRAIN --config $model --plan "$PLANS/$plan.plan" --device cuda --metrics "$WORK/$plan.jsonl" \
       >/dev/null 2>"$WORK/err" || fail "$plan np $np cuda: $(grep -m 1 '\] error: ' "$WORK/err" || tail -n 3 "$WORK/err")"
     r=$(python3 "$CMP" losses "$WORK/$model.t_cpu.jsonl" "$WORK/$plan.jsonl" 1e-5 rel 2>&1) \

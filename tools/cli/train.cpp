@@ -119,8 +119,6 @@ int run_train(int argc, char** argv) {
   if (!args.str("plan").empty()) {
     plan = std::make_unique<PlanContext>(load_plan_context(args.str("plan")));
     quiet_non_root(*plan);
-    MT_CHECK(compute == DType::kF32, "meshtrain train: --precision {} with --plan {} is not supported (f32 only)",
-             args.str("precision"), plan->path);
   }
   const bool root = !plan || plan->is_root();
   const Device device = resolve_device("train", args.str("device"));

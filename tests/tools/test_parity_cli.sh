@@ -26,9 +26,9 @@ mpi() { local np=$1; shift; timeout 120 "$MPIRUN" -np "$np" --oversubscribe --mc
 # Small and quick: 2 steps of 2 x 16 tokens (the flags any run of parity may take).
 SMALL="--batch 2 --seq 16 --steps 2 --warmup 1 --seed 7"
 
-# Every difference in a --json report within its tolerance (losses, grad norms and step-1
-# gradients within TOL; weights and gradients after the last step within WTOL), verdict "pass";
-# prints the worst of each kind.
+# Every difference in a --json report within its tolerance (every loss, step 1's grad norm and
+# gradients within TOL; later grad norms, weights and gradients after the last step within DTOL),
+# verdict "pass"; prints the worst of each kind.
 report_within() {
   python3 - "$1" "$2" "$3" <<'PY'
 import json, sys
@@ -36,14 +36,15 @@ r = json.load(open(sys.argv[1])); tol, wtol = float(sys.argv[2]), float(sys.argv
 tight, loose = [], []
 for s in r["steps"]:
     for k in ("loss_rel", "grad_norm_rel"):
-        if s[k] is not None: tight.append((float(s[k]), f"step {s['step']} {k}"))
+        if s[k] is not None:
+            (tight if k == "loss_rel" or s["step"] == 1 else loose).append((float(s[k]), f"step {s['step']} {k}"))
 for p in r["parameters"]:
     if "grad_step1" in p: tight.append((float(p["grad_step1"]["rel"]), f"step-1 grad {p['name']}"))
     for k in ("weight", "grad"):
         if k in p: loose.append((float(p[k]["rel"]), f"{k} {p['name']}"))
 assert tight or loose, "nothing compared"
 msg, ok = [], r["verdict"] == "pass"
-for name, xs, t in (("tol", tight, tol), ("weight-tol", loose, wtol)):
+for name, xs, t in (("tol", tight, tol), ("drift-tol", loose, wtol)):
     if xs:
         w = max(xs); ok = ok and w[0] <= t
         msg.append(f"{len(xs)} within {name} {t:g}, worst {w[0]:.2e} ({w[1]})")
@@ -90,7 +91,7 @@ for spec in $SPECS; do
   tag="$plan np $np ($model)"
   if expect_rc "$tag: parity" 0 mpi "$np" "$BIN" parity --plan "$PLANS/$plan.plan" --config "$model" $SMALL \
       --dropout 0.1 --json "$WORK/$plan.json"; then
-    r=$(report_within "$WORK/$plan.json" 1e-5 1e-2 2>&1) && pass "$tag: $r" || fail "$tag: $r"
+    r=$(report_within "$WORK/$plan.json" 1e-5 5e-2 2>&1) && pass "$tag: $r" || fail "$tag: $r"
     grep -q '^PASS' "$WORK/out" && pass "$tag: verdict printed once, by rank 0 ($(grep -c '^PASS' "$WORK/out"))" \
       || fail "$tag: no PASS line: $(tail -n 2 "$WORK/out")"
   fi
@@ -122,7 +123,7 @@ fi
 "$BIN" train $SMALL --metrics "" --checkpoint-dir "$WORK/ref" >/dev/null || fail "single-device train exit"
 if expect_rc "llama_tp --reference (train checkpoint)" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL \
     --reference "$WORK/ref" --json "$WORK/ref.json"; then
-  r=$(report_within "$WORK/ref.json" 1e-5 1e-2 2>&1) && pass "--reference DIR: $r" || fail "--reference DIR: $r"
+  r=$(report_within "$WORK/ref.json" 1e-5 5e-2 2>&1) && pass "--reference DIR: $r" || fail "--reference DIR: $r"
 fi
 # One weight tampered with (written back as a valid safetensors file): a parity failure naming it.
 cp -r "$WORK/ref" "$WORK/tampered"
@@ -145,7 +146,7 @@ printf '1,2,3,4,5,6,7,8,9\n9,8,7,6,5,4,3,2,1\n' >"$WORK/tokens.txt"
 "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/g.safetensors" >/dev/null || fail "grad exit"
 if expect_rc "llama_tp --reference (grad file)" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" --hf "$WORK/ck" \
     --tokens "$WORK/tokens.txt" --steps 1 --reference "$WORK/g.safetensors" --json "$WORK/g.json"; then
-  r=$(report_within "$WORK/g.json" 1e-5 1e-2 2>&1) && pass "--reference FILE: $r" || fail "--reference FILE: $r"
+  r=$(report_within "$WORK/g.json" 1e-5 5e-2 2>&1) && pass "--reference FILE: $r" || fail "--reference FILE: $r"
 fi
 
 # ---- usage errors: exit 2, one line naming the flag, plan or reference -------------------------------

@@ -53,8 +53,8 @@ NamedTensors gradients_of(const NamedTensors& params);
 struct ParityReport {
   std::string plan;
   int world = 1;
-  double tol = 0;         // losses, grad norms, step-1 gradients
-  double weight_tol = 0;  // weights (and gradients) after the last step
+  double tol = 0;        // every loss; step 1's grad norm and gradients (from the same weights)
+  double drift_tol = 0;  // what follows an optimizer step: later grad norms, the last weights and gradients
   std::string reference;  // "in-process" or the --reference path
   std::vector<StepRow> steps;
   std::vector<TensorDiff> first_grads;      // of step 1, before clipping (both sides from the same weights)

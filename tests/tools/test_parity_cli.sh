@@ -119,6 +119,14 @@ sys.exit(0 if ok else 1)
 PY
 fi
 
+# With --tol 0 it names the first module whose output differs: the first row-parallel partial sum.
+if expect_rc "llama_tp --per-module --tol 0: parity failure" 1 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" \
+    $SMALL --steps 1 --per-module --tol 0; then
+  grep -q '^first module to differ: model.layers.0.self_attn.o_proj ' "$WORK/out" \
+    && pass "--per-module --tol 0: $(grep '^first module to differ' "$WORK/out")" \
+    || fail "--per-module --tol 0: $(grep '^first module\|^no module' "$WORK/out")"
+fi
+
 # ---- a reference from files: train --checkpoint-dir and grad --out -------------------------------------
 "$BIN" train $SMALL --metrics "" --checkpoint-dir "$WORK/ref" >/dev/null || fail "single-device train exit"
 if expect_rc "llama_tp --reference (train checkpoint)" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL \

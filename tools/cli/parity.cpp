@@ -285,6 +285,9 @@ int parity_main(int argc, char** argv) {
       ref_offset = default_generator().offset();
       row.ref_loss = rr.loss;
     }
+    if (in_process)
+      for (auto& o : one_sided_gradients(trainer.master().master_params(), ref_trainer->master().master_params(), plan))
+        report.one_sided.push_back(fmt::format("step {}: {}", step + 1, o));
     // Gradients before clipping (what grad writes, and what the optimizer is given after the
     // clip): of step 1, where both sides start from the same weights, and of the last step.
     if (in_process && (step == 0 || last)) {

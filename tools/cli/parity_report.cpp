@@ -61,6 +61,28 @@ double StepRow::grad_norm_rel() const {
   return ref_grad_norm ? relative_diff(std::fabs(grad_norm - *ref_grad_norm), std::fabs(*ref_grad_norm)) : 0;
 }
 
+std::vector<std::string> one_sided_gradients(const NamedTensors& parallel, const NamedTensors& reference,
+                                             const PlanContext& ctx) {
+  std::map<std::string, Tensor> refs(reference.begin(), reference.end());
+  std::vector<double> has(parallel.size(), 0.0);
+  for (size_t i = 0; i < parallel.size(); ++i) has[i] = parallel[i].second.grad().defined() ? 1 : 0;
+  if (ctx.world > 1 && !has.empty()) {
+    Tensor t = from_vector<double>(has, Shape{static_cast<int64_t>(has.size())});
+    ctx.mesh->comm().all_reduce(t, CommReduceOp::kMax);
+    has = t.to_vector<double>();
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < parallel.size(); ++i) {
+    const std::string& name = parallel[i].first;
+    auto it = refs.find(name);
+    if (it == refs.end()) continue;
+    const bool par = has[i] > 0, ref = it->second.grad().defined();
+    if (par != ref)
+      out.push_back(fmt::format("{} has a gradient {} only", name, par ? "under the plan" : "in the reference"));
+  }
+  return out;
+}
+
 NamedTensors gradients_of(const NamedTensors& params) {
   NamedTensors out;
   for (const auto& [name, p] : params)
@@ -156,6 +178,7 @@ std::vector<std::string> ParityReport::failures() const {
     if (!(s.grad_norm_rel() <= limit))
       f.push_back(fmt::format("step {} grad norm: rel {} > {}", s.step, fmt_rel(s.grad_norm_rel()), limit));
   }
+  for (const auto& o : one_sided) f.push_back(o + " (the optimizer steps it on that side only)");
   auto check = [&](const std::vector<TensorDiff>& diffs, const char* what, double limit) {
     for (const TensorDiff& d : diffs)
       if (!(d.rel() <= limit))
@@ -210,6 +233,10 @@ void print_report(const ParityReport& r) {
       fmt::print("first module to differ: {} ({})\n", r.per_module["first_difference"]["module"].get<std::string>(),
                  r.per_module["first_difference"]["what"].get<std::string>());
   }
+  if (!r.one_sided.empty()) {
+    fmt::print("\nparameters with a gradient on one side only ({}):\n", r.one_sided.size());
+    for (const auto& o : r.one_sided) fmt::print("  {}\n", o);
+  }
   const auto f = r.failures();
   double worst = 0;
   std::string worst_what = "nothing compared";
@@ -233,7 +260,7 @@ void print_report(const ParityReport& r) {
                "norms, weights and gradients after the last step within {} (worst: {} at rel {})\n", r.tol, worst_tight_what,
                fmt_rel(worst_tight), r.drift_tol, worst_what, fmt_rel(worst));
   } else {
-    fmt::print("\nFAIL: {} difference(s) beyond {}:\n", f.size(), r.tol);
+    fmt::print("\nFAIL: {} check(s) failed (--tol {}, --drift-tol {}):\n", f.size(), r.tol, r.drift_tol);
     for (size_t i = 0; i < f.size() && i < 20; ++i) fmt::print("  {}\n", f[i]);
     if (f.size() > 20) fmt::print("  ... and {} more (--json has them all)\n", f.size() - 20);
   }
@@ -269,6 +296,7 @@ nlohmann::json report_json(const ParityReport& r) {
   j["parameters"] = nlohmann::json::array();
   for (const auto& name : order) j["parameters"].push_back(params[name]);
   j["per_module"] = r.per_module;
+  j["one_sided_gradients"] = r.one_sided;
   const auto f = r.failures();
   j["failures"] = f;
   j["verdict"] = f.empty() ? "pass" : "fail";

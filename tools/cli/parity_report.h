@@ -47,6 +47,13 @@ struct TensorDiff {
 std::vector<TensorDiff> compare_tensors(const NamedTensors& parallel, const NamedTensors& reference,
                                         const PlanContext& ctx, const std::string& source);
 
+// The parameters that have a gradient on one side only (after the parallel run's gradient
+// reduction), as "NAME has a gradient under the plan only" / "... in the reference only": the
+// optimizer steps such a parameter (momentum, weight decay) on that side only, so the weights part
+// whatever the tolerance. Collective: a parallel gradient counts when any rank holds one.
+std::vector<std::string> one_sided_gradients(const NamedTensors& parallel, const NamedTensors& reference,
+                                             const PlanContext& ctx);
+
 // The gradients of `params` (zeros where a parameter got none), same names.
 NamedTensors gradients_of(const NamedTensors& params);
 
@@ -60,6 +67,7 @@ struct ParityReport {
   std::vector<TensorDiff> first_grads;      // of step 1, before clipping (both sides from the same weights)
   std::vector<TensorDiff> weights, grads;  // after the last step (grads: only when it is not step 1)
   nlohmann::json per_module;               // --per-module, else null
+  std::vector<std::string> one_sided;      // "step S: NAME has a gradient ... only" (always a failure)
   // The checks beyond the tolerance, one line each ("step 2 loss: rel 3e-4 > 1e-5").
   std::vector<std::string> failures() const;
   bool pass() const { return failures().empty(); }

@@ -10,6 +10,7 @@
 // Exit codes: 0 every difference within --tol, 1 a parity failure, 2 no verdict (a usage error:
 // flags, plan, reference; or any other error before the verdict).
 #include <filesystem>
+#include <map>
 #include <fstream>
 
 #include "mesh/communicator.h"
@@ -85,6 +86,25 @@ void check_same_model(const ModelConfig& ref, const ModelConfig& run, const std:
   same("intermediate_size", ref.intermediate_size, run.intermediate_size);
 }
 
+// Every parameter of the model has a tensor of its shape in the reference (checked at start-up, on a
+// model built on meta, so that the error is agreed on by all ranks).
+void check_reference_tensors(const NamedTensors& tensors, const ModelConfig& cfg, const std::string& path) {
+  std::shared_ptr<CausalLM> model;
+  {
+    InitDeviceGuard meta(Device::meta());
+    model = build_causal_lm(cfg);
+  }
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, t] : tensors) shapes[name] = t.shape();
+  for (const auto& [name, p] : model->named_parameters()) {
+    auto it = shapes.find(name);
+    MT_CHECK(it != shapes.end(), "meshtrain parity: --reference {} has no tensor '{}' (is it of another model?)", path,
+             name);
+    MT_CHECK(it->second == p.shape(), "meshtrain parity: --reference {}: tensor '{}' has shape {}, the model's has shape {}",
+             path, name, it->second, p.shape());
+  }
+}
+
 Reference load_reference(const Args& args, const ModelConfig& cfg, const std::string& cfg_source, int64_t steps) {
   Reference r;
   r.path = args.str("reference");
@@ -118,6 +138,7 @@ Reference load_reference(const Args& args, const ModelConfig& cfg, const std::st
              r.path);
     r.weights = std::move(ck.model);
     r.path = ck.path;
+    check_reference_tensors(r.weights, cfg, r.path);
   } else {
     // A `grad --out` file: the gradients of one forward/backward of --hf on --tokens, without
     // dropout (grad runs the model in eval mode).
@@ -134,6 +155,7 @@ Reference load_reference(const Args& args, const ModelConfig& cfg, const std::st
     MT_CHECK(args.integer("accum") == 1, "meshtrain parity: --accum {} with a gradient reference ({}): grad runs one "
              "forward/backward", args.integer("accum"), r.path);
     r.grads = read_safetensors(r.path).tensors;
+    check_reference_tensors(r.grads, cfg, r.path);
   }
   return r;
 }
@@ -164,16 +186,14 @@ Setup prepare(int argc, char** argv) {
   MT_CHECK(s.tol >= 0, "meshtrain parity: --tol {} must be >= 0", args.str("tol"));
   s.drift_tol = args.real("drift-tol");
   MT_CHECK(s.drift_tol >= 0, "meshtrain parity: --drift-tol {} must be >= 0", args.str("drift-tol"));
-  MT_CHECK(args.str("device") == "cpu", "meshtrain parity: --device {} is not available in this build (cpu only)",
-           args.str("device"));
+  check_device(args.str("device"), "parity");
   s.compute = parse_precision(args.str("precision"), "parity");
   const std::string plan_path = args.required("plan");
   MT_CHECK(!(args.has("config") && args.has("hf")), "meshtrain parity: give --config or --hf, not both");
   MT_CHECK(!(args.has("tokens") && args.has("data")), "meshtrain parity: give --tokens or --data, not both");
   check_output_file(args.str("json"), "--json");
   s.plan = std::make_unique<PlanContext>(load_plan_context(plan_path));
-  MT_CHECK(s.compute == DType::kF32, "meshtrain parity: --precision {} with --plan {} is not supported (f32 only)",
-           args.str("precision"), s.plan->path);
+  check_plan_precision(s.compute, args.str("precision"), s.plan->path, "parity");
   const std::string hf = args.str("hf");
   if (!hf.empty()) {
     s.start = read_hf_checkpoint(hf);

@@ -102,8 +102,7 @@ void check_resume_matches(const TrainState& s, const Args& args) {
 int run_train(int argc, char** argv) {
   Args args("train", train_flags(), argc, argv, 2);
   validate_train_flags(args);  // every flag in its range before anything is read
-  MT_CHECK(args.str("device") == "cpu", "meshtrain train: --device {} is not available in this build (cpu only)",
-           args.str("device"));
+  check_device(args.str("device"), "train");
   const int64_t batch = args.integer("batch"), seq = args.integer("seq"), accum = args.integer("accum");
   const int64_t steps = args.integer("steps"), log_every = std::max<int64_t>(1, args.integer("log-every"));
   const int64_t stop_at = args.integer("stop-at") > 0 ? std::min(args.integer("stop-at"), steps) : steps;
@@ -121,8 +120,7 @@ int run_train(int argc, char** argv) {
   if (!args.str("plan").empty()) {
     plan = std::make_unique<PlanContext>(load_plan_context(args.str("plan")));
     quiet_non_root(*plan);
-    MT_CHECK(compute == DType::kF32, "meshtrain train: --precision {} with --plan {} is not supported (f32 only)",
-             args.str("precision"), plan->path);
+    check_plan_precision(compute, args.str("precision"), plan->path, "train");
   }
   const bool root = !plan || plan->is_root();
 

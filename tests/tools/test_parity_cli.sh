@@ -8,7 +8,8 @@
 #         reference checkpoint with one weight tampered with (the report names it);
 #   usage (exit 2): bad flags, a plan the world does not fit, a reference of another model or
 #         shape, mismatched step counts, bf16 and cuda refused as by train.
-# MODE fast (suite cli/mpi, about half a minute) or slow (np 4 and every other stock plan).
+# MODE fast (suite cli/mpi, about 20 s) or slow (np 4 and every other stock plan, --per-module, a
+# gradient reference: suite slow, about 20 s).
 # usage: test_parity_cli.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
 BIN=$1
@@ -99,18 +100,11 @@ for spec in $SPECS; do
       || fail "$tag: no PASS line: $(tail -n 2 "$WORK/out")"
   fi
 done
-[ "$MODE" = slow ] && { echo "parity_cli ($MODE): $fails failed"; [ $fails -eq 0 ]; exit; }
-
-# ---- fail: --tol 0 where partial sums round differently ----------------------------------------------
-if expect_rc "llama_tp --tol 0: parity failure" 1 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL --tol 0; then
-  grep -q '^FAIL: ' "$WORK/out" && pass "llama_tp --tol 0: $(grep '^FAIL: ' "$WORK/out")" \
-    || fail "llama_tp --tol 0: no FAIL line"
-fi
-
-# ---- --per-module: no module differs; its table lists the decoder layers -----------------------------
-if expect_rc "llama_tp --per-module" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL --per-module \
-    --json "$WORK/pm.json"; then
-  python3 - "$WORK/pm.json" <<'PY' && pass "--per-module: $(cat "$WORK/pm.txt")" || fail "--per-module report: $(cat "$WORK/pm.txt")"
+if [ "$MODE" = slow ]; then
+  # ---- --per-module: no module differs; its table lists the decoder layers -----------------------------
+  if expect_rc "llama_tp --per-module" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL --per-module \
+      --json "$WORK/pm.json"; then
+    python3 - "$WORK/pm.json" <<'PY' && pass "--per-module: $(cat "$WORK/pm.txt")" || fail "--per-module report: $(cat "$WORK/pm.txt")"
 import json, sys
 pm = json.load(open(sys.argv[1]))["per_module"]
 compared = [m for m in pm["modules"] if m["output_rel"] is not None]
@@ -120,14 +114,31 @@ open(sys.argv[1].replace("pm.json", "pm.txt"), "w").write(
     f"{len(compared)} of {len(pm['modules'])} module outputs compared, first difference {pm['first_difference']}")
 sys.exit(0 if ok else 1)
 PY
+  fi
+  # With --tol 0 it names the first module whose output differs: the first row-parallel partial sum.
+  if expect_rc "llama_tp --per-module --tol 0: parity failure" 1 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" \
+      $SMALL --steps 1 --per-module --tol 0; then
+    grep -q '^first module to differ: model.layers.0.self_attn.o_proj ' "$WORK/out" \
+      && pass "--per-module --tol 0: $(grep '^first module to differ' "$WORK/out")" \
+      || fail "--per-module --tol 0: $(grep '^first module\|^no module' "$WORK/out")"
+  fi
+  # ---- a gradient reference (grad --out): step-1 gradients within 1e-5 ------------------------------
+  "$BIN" init --config llama-tiny --seed 3 --out "$WORK/ck" >/dev/null || fail "init exit"
+  printf '1,2,3,4,5,6,7,8,9\n9,8,7,6,5,4,3,2,1\n' >"$WORK/tokens.txt"
+  "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/g.safetensors" >/dev/null || fail "grad exit"
+  if expect_rc "llama_tp --reference (grad file)" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" --hf "$WORK/ck" \
+      --tokens "$WORK/tokens.txt" --steps 1 --reference "$WORK/g.safetensors" --json "$WORK/g.json"; then
+    r=$(report_within "$WORK/g.json" 1e-5 5e-2 2>&1) && pass "--reference FILE: $r" || fail "--reference FILE: $r"
+  fi
+  echo "parity_cli ($MODE): $fails failed"
+  [ $fails -eq 0 ]
+  exit
 fi
 
-# With --tol 0 it names the first module whose output differs: the first row-parallel partial sum.
-if expect_rc "llama_tp --per-module --tol 0: parity failure" 1 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" \
-    $SMALL --steps 1 --per-module --tol 0; then
-  grep -q '^first module to differ: model.layers.0.self_attn.o_proj ' "$WORK/out" \
-    && pass "--per-module --tol 0: $(grep '^first module to differ' "$WORK/out")" \
-    || fail "--per-module --tol 0: $(grep '^first module\|^no module' "$WORK/out")"
+# ---- fail: --tol 0 where partial sums round differently ----------------------------------------------
+if expect_rc "llama_tp --tol 0: parity failure" 1 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL --tol 0; then
+  grep -q '^FAIL: ' "$WORK/out" && pass "llama_tp --tol 0: $(grep '^FAIL: ' "$WORK/out")" \
+    || fail "llama_tp --tol 0: no FAIL line"
 fi
 
 # ---- a reference from files: train --checkpoint-dir and grad --out -------------------------------------
@@ -155,10 +166,6 @@ fi
 "$BIN" init --config llama-tiny --seed 3 --out "$WORK/ck" >/dev/null || fail "init exit"
 printf '1,2,3,4,5,6,7,8,9\n9,8,7,6,5,4,3,2,1\n' >"$WORK/tokens.txt"
 "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/g.safetensors" >/dev/null || fail "grad exit"
-if expect_rc "llama_tp --reference (grad file)" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" --hf "$WORK/ck" \
-    --tokens "$WORK/tokens.txt" --steps 1 --reference "$WORK/g.safetensors" --json "$WORK/g.json"; then
-  r=$(report_within "$WORK/g.json" 1e-5 5e-2 2>&1) && pass "--reference FILE: $r" || fail "--reference FILE: $r"
-fi
 
 # ---- usage errors: exit 2, one line naming the flag, plan or reference -------------------------------
 P="$PLANS/llama_tp.plan"

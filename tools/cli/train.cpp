@@ -4,7 +4,8 @@
 // With --plan P under mpirun the model is parallelized by the plan (docs/cli.md, "--plan"): every
 // rank reads the same global batch and keeps its shard of it, gradients are reduced by the fused
 // GradReducer, AdamW and clipping work on the shards, and rank 0 prints, logs and writes full
-// checkpoints (which resume under any plan, or none).
+// checkpoints (which resume under any plan, or none). The step itself (its flags, the model
+// construction, gradients / clip / apply) is tools/cli/trainer.h, shared with `meshtrain parity`.
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -19,9 +20,7 @@
 #include "models/hf_config.h"
 #include "models/llama.h"
 #include "optim/adamw.h"
-#include "optim/clip.h"
 #include "optim/master_weights.h"
-#include "optim/schedule.h"
 #include "plan/grad_reducer.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"

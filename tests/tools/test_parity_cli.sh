@@ -190,6 +190,9 @@ expect_usage "gradient reference of another shape" "g.safetensors" "shape" -- \
   mpi 2 "$BIN" parity --plan "$P" --hf "$WORK/ck3" --tokens "$WORK/tokens.txt" --steps 1 --reference "$WORK/g.safetensors"
 expect_usage "gradient reference with 2 steps" "mismatched step counts" -- \
   mpi 2 "$BIN" parity --plan "$P" --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --steps 2 --reference "$WORK/g.safetensors"
+echo '{"hidden_size": ' >"$WORK/bad_config.json"
+expect_usage "config that is not JSON" "bad_config.json" "not valid JSON" -- \
+  mpi 2 "$BIN" parity --plan "$P" $SMALL --config "$WORK/bad_config.json"
 expect_usage "bf16 with a plan" "bf16" "llama_tp.plan" -- mpi 2 "$BIN" parity --plan "$P" $SMALL --precision bf16
 expect_usage "cuda" "--device cuda" -- "$BIN" parity --plan "$P" $SMALL --device cuda
 expect_usage "--tol -1" "--tol" -- "$BIN" parity --plan "$P" --tol -1

@@ -231,7 +231,7 @@ Setup start_up(int argc, char** argv) {
   std::string error;
   try {
     s = prepare(argc, argv);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // mt::Error, and whatever a library reading a file throws
     error = e.what();
   }
   if (world_max(error.empty() ? 0 : 1) > 0)
@@ -353,7 +353,9 @@ int parity_main(int argc, char** argv) {
 int run_parity(int argc, char** argv) {
   try {
     return parity_main(argc, argv);
-  } catch (const Error& e) {
+  } catch (const ExitError&) {
+    throw;
+  } catch (const std::exception& e) {
     // An error after start-up (seen by some ranks only, perhaps): no verdict, exit code 2 for the
     // whole job at once.
     throw ExitError(e.what(), 2, false);

@@ -40,7 +40,7 @@ void abort_job(const std::string& why) {
   detail::backend_abort();
 }
 
-int end_job_on_error(const std::string& why) {
+int end_job_on_error(const std::string& why, int code) {
   if (g_started_world_size.load() == 0) {
     // Failed before joining the world: name the rank the launcher gave us. Returning is then
     // enough, since mpirun ends the job when a process exits non-zero without initializing MPI.
@@ -48,8 +48,8 @@ int end_job_on_error(const std::string& why) {
     set_log_rank(w.rank, w.size);
   }
   MT_LOG_ERROR("{}", why);
-  if (g_started_world_size.load() > 1) detail::backend_abort();
-  return 1;
+  if (g_started_world_size.load() > 1) detail::backend_abort(code);
+  return code;
 }
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `meshtrain {eval,grad,init,train} --plan P` under mpirun -np 2 (and llama_dp_tp under -np 4)
 # against the single-device commands: eval loss within 1e-5, gradients within 1e-5 of the largest
-# magnitude, init files byte-identical, train losses within 1e-5 per step; resume with a plan; and
+# magnitude, init files byte-identical, train losses within 1e-5 per step (measured by
+# `meshtrain parity`, whose parallel losses must be those `train --plan` prints, and whose
+# reference losses those of single-device `train`); resume with a plan; and
 # the errors (bad plan path, malformed plan, a world the mesh does not fit): one line naming the
 # file, non-zero exit, no hang.
 # usage: test_cli_plan.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR
@@ -90,6 +92,28 @@ sys.exit(0 if worst <= 1e-5 else 1)
 PY
 }
 
+# `meshtrain parity` report: every step's loss within 1e-5 of its reference; with a metrics file
+# (train --plan) the parallel losses equal the ones train printed (1e-6: the same step code), with a
+# second one (single-device train) the reference losses equal those.
+parity_losses() {
+  python3 - "$@" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+rows = r["steps"]
+worst = max(abs(s["loss"] - s["ref_loss"]) for s in rows)
+msg = f"parity: max |loss diff| {worst:.2e} over {len(rows)} steps, verdict {r['verdict']}"
+ok = worst <= 1e-5 and r["verdict"] == "pass"
+for path, key in zip(sys.argv[2:], ("loss", "ref_loss")):
+    m = [json.loads(l) for l in open(path)]
+    assert len(m) == len(rows), (path, len(m), len(rows))
+    d = max(abs(x["loss"] - s[key]) for x, s in zip(m, rows))
+    msg += f"; {key} vs {path.split('/')[-1]} {d:.1e}"
+    ok = ok and d <= 1e-6
+print(msg)
+sys.exit(0 if ok else 1)
+PY
+}
+
 # ---- every stock LLaMA plan ---------------------------------------------------------------------------
 for spec in llama_dp:2 llama_tp:2 llama_tp_sp:2 llama_zero3:2 llama_dp_tp:4; do
   plan=${spec%%:*}
@@ -111,7 +135,8 @@ for spec in llama_dp:2 llama_tp:2 llama_tp_sp:2 llama_zero3:2 llama_dp_tp:4; do
     || fail "$tag: init differs: $(tail -n 2 "$WORK/err")"
 
   mpi "$np" "$BIN" $TRAIN --plan "$P" --metrics "$WORK/t_$plan.jsonl" >"$WORK/t_$plan.out" 2>"$WORK/err"
-  r=$(losses_close "$WORK/t1.jsonl" "$WORK/t_$plan.jsonl" 2>&1) && pass "$tag: train 5 steps: $r" \
+  mpi "$np" "$BIN" ${TRAIN/train/parity} --plan "$P" --json "$WORK/p_$plan.json" >/dev/null 2>"$WORK/err"
+  r=$(parity_losses "$WORK/p_$plan.json" "$WORK/t_$plan.jsonl" "$WORK/t1.jsonl" 2>&1) && pass "$tag: train 5 steps: $r" \
     || fail "$tag: train: $r $(tail -n 2 "$WORK/err")"
   c=$(grep -o '[0-9]* grad collectives' "$WORK/t_$plan.out" | tail -n 1)
   [ "$(grep -c '^step' "$WORK/t_$plan.out")" = 5 ] && [ -n "$c" ] && pass "$tag: rank 0 prints 5 steps ($c per step)" \
@@ -133,8 +158,9 @@ mpi 2 "$BIN" $R --metrics "$WORK/rp.jsonl" --checkpoint-dir "$WORK/rpart" --resu
 cmp -s "$WORK/rfull/step-00000005/model.safetensors" "$WORK/rpart/step-00000005/model.safetensors" \
   && cmp -s "$WORK/rfull/step-00000005/optimizer.safetensors" "$WORK/rpart/step-00000005/optimizer.safetensors" \
   && pass "llama_zero3: 3 steps + resume + 2 steps == 5 steps (weights and optimizer bit for bit)" || fail "plan resume differs"
-"$BIN" $TRAIN --dropout 0.1 --metrics "$WORK/rd1.jsonl" >/dev/null || fail "single-device dropout train"
-r=$(losses_close "$WORK/rd1.jsonl" "$WORK/rf.jsonl" 2>&1) && pass "llama_zero3 with dropout 0.1: $r" || fail "dropout parity: $r"
+mpi 2 "$BIN" ${R/train/parity} --json "$WORK/pd.json" >/dev/null 2>"$WORK/err"
+r=$(parity_losses "$WORK/pd.json" "$WORK/rf.jsonl" 2>&1) && pass "llama_zero3 with dropout 0.1: $r" \
+  || fail "dropout parity: $r $(tail -n 2 "$WORK/err")"
 
 # ---- accumulation under a plan; a single-device checkpoint resumed under another plan --------------------
 A="train --batch 2 --accum 2 --seq 16 --steps 4 --warmup 1"

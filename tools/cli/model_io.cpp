@@ -27,6 +27,7 @@
 #include "tools/cli/device.h"
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
+#include "tools/cli/trainer.h"
 
 namespace mt::cli {
 namespace {
@@ -44,21 +45,6 @@ struct Parallel {
   std::unique_ptr<Parallelized> par;
 };
 
-struct Batch {
-  Tensor inputs, targets;
-};
-
-Batch read_batch(const std::string& path, const ModelConfig& cfg, const std::string& dir) {
-  TokenRows rows = read_token_lines(path);
-  check_token_range(rows, cfg.vocab_size, path);
-  MT_CHECK(rows.cols >= 2, "{}: each line needs at least 2 token ids (T+1 with T >= 1), found {}", path, rows.cols);
-  MT_CHECK(rows.cols - 1 <= cfg.max_position_embeddings,
-           "{}: sequences of T = {} tokens are longer than max_position_embeddings = {} of checkpoint '{}'", path,
-           rows.cols - 1, cfg.max_position_embeddings, dir);
-  Tensor all = from_vector<int64_t>(rows.ids, Shape{rows.rows, rows.cols});
-  return {all.narrow(1, 0, rows.cols - 1).contiguous(), all.narrow(1, 1, rows.cols - 1).contiguous()};
-}
-
 // Loads the checkpoint in f32 and returns the model with its mean cross-entropy on the file. With
 // --plan (`parallel` set), the loaded model is parallelized (each rank keeps its shards) and the
 // loss is a replicated DTensor.
@@ -67,7 +53,7 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& comma
   const std::string dir = args.required("hf"), tokens = args.required("tokens");
   const Device device = resolve_device(command, args.str("device"));
   HfCheckpoint ck = read_hf_checkpoint(dir);
-  Batch batch = read_batch(tokens, ck.config, dir);
+  TokenBatch batch = read_token_batch(tokens, ck.config, dir);
   std::shared_ptr<CausalLM> model;
   {
     InitDeviceGuard meta(Device::meta());  // weights come from the file: skip random init

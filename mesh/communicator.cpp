@@ -1,8 +1,9 @@
 // Communicator front end: validates tensors (naming the collective, shapes and group), routes
-// host tensors to MPI and CUDA tensors to NCCL (staged through host memory when ranks share a GPU), turns 16-bit float reductions of host tensors
-// into gathers reduced in f32 in rank order, and waits on the transport with a deadline. The
-// transports are comm_backend.h (MPI or a world of one) and comm_nccl.h (NCCL, its communicator
-// created per group on the first CUDA collective, with the unique id broadcast over MPI).
+// host tensors to MPI and CUDA tensors to NCCL (staged through host memory when ranks share a
+// GPU), turns 16-bit float reductions of host tensors into gathers reduced in f32 in rank order,
+// and waits on the transport with a deadline. The transports are comm_backend.h (MPI or a world
+// of one) and comm_nccl.h (NCCL, its communicator created per group on the first CUDA
+// collective, with the unique id broadcast over MPI).
 #include "mesh/communicator.h"
 
 #include <algorithm>
@@ -636,7 +637,8 @@ Work Communicator::all_gather_uneven_async(const Tensor& in) {
   const Impl& c = impl(name);
   const Route rt = route(name, {{"input", &in}});
   check_dim0(name, in);
-  if (rt.cuda && host_staged()) return staged_work(name, impl_, all_gather_uneven_async(to_host(in)), {}, rt.device, true);
+  if (rt.cuda && host_staged())
+    return staged_work(name, impl_, all_gather_uneven_async(to_host(in)), {}, rt.device, true);
   // Exchange dtype, rank and sizes (over MPI, on the host, for CUDA tensors too) so that a
   // mismatch is an error on every rank, not garbage.
   constexpr int kMeta = kMaxDims + 2;
@@ -850,7 +852,8 @@ Work Communicator::send_async(const Tensor& t, int peer, int tag) {
   MT_CHECK(peer >= 0 && peer < c.size, "{}: peer {} is not a rank of the {}-rank group {}", name,
            peer, c.size, c.description);
   MT_CHECK(tag >= 0, "{}: tag must be non-negative, got {}", name, tag);
-  if (rt.cuda && host_staged()) return staged_work(name, impl_, send_async(to_host(t), peer, tag), {}, rt.device, false);
+  if (rt.cuda && host_staged())
+    return staged_work(name, impl_, send_async(to_host(t), peer, tag), {}, rt.device, false);
   if (rt.cuda && peer == c.rank) {
     // NCCL cannot send to itself outside a group: queue a device copy for the matching recv.
     Tensor copy;

@@ -11,5 +11,6 @@ int run_init(int argc, char** argv);
 int run_smoke(int argc, char** argv);
 int run_plan(int argc, char** argv);
 int run_parity(int argc, char** argv);
+int run_compare(int argc, char** argv);
 
 }  // namespace mt::cli

@@ -22,6 +22,7 @@
 #include "tools/cli/args.h"
 #include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/device.h"
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
 #include "tools/cli/parity_modules.h"
@@ -45,8 +46,8 @@ std::vector<FlagSpec> parity_flags() {
       {"tokens", "text file, one sequence of T+1 comma-separated ids per line: the batch of every step", "", false},
       {"data", "llm.c token shard (.bin); default: the embedded corpus (with --batch, --seq)", "", false},
       {"steps", "training steps to compare", "3", false},
-      {"precision", "f32 (bf16 is refused under --plan, as by train)", "f32", false},
-      {"device", "cpu (cuda arrives with the CUDA backend)", "cpu", false},
+      {"precision", "f32, or bf16 (bf16 compute, f32 master weights, on both sides; loosen --tol)", "f32", false},
+      {"device", "cpu, cuda (GPU local rank % GPUs) or cuda:N: both sides run there", "cpu", false},
       {"tol", "largest relative difference that passes for the loss of every step and the grad norm and gradients "
               "of step 1", "1e-5", false},
       {"drift-tol", "largest relative difference that passes for what follows an optimizer step: grad norms of "
@@ -167,6 +168,7 @@ struct Setup {
   int64_t steps = 0;
   double tol = 0, drift_tol = 0;
   DType compute = DType::kF32;
+  Device device = Device::cpu();
   std::unique_ptr<PlanContext> plan;
   HfCheckpoint start;  // --hf
   ModelConfig cfg;
@@ -186,14 +188,13 @@ Setup prepare(int argc, char** argv) {
   MT_CHECK(s.tol >= 0, "meshtrain parity: --tol {} must be >= 0", args.str("tol"));
   s.drift_tol = args.real("drift-tol");
   MT_CHECK(s.drift_tol >= 0, "meshtrain parity: --drift-tol {} must be >= 0", args.str("drift-tol"));
-  check_device(args.str("device"), "parity");
+  s.device = resolve_device("parity", args.str("device"));
   s.compute = parse_precision(args.str("precision"), "parity");
   const std::string plan_path = args.required("plan");
   MT_CHECK(!(args.has("config") && args.has("hf")), "meshtrain parity: give --config or --hf, not both");
   MT_CHECK(!(args.has("tokens") && args.has("data")), "meshtrain parity: give --tokens or --data, not both");
   check_output_file(args.str("json"), "--json");
   s.plan = std::make_unique<PlanContext>(load_plan_context(plan_path));
-  check_plan_precision(s.compute, args.str("precision"), s.plan->path, "parity");
   const std::string hf = args.str("hf");
   if (!hf.empty()) {
     s.start = read_hf_checkpoint(hf);
@@ -263,6 +264,16 @@ int parity_main(int argc, char** argv) {
     par_next = [&] { return par_loader->next(); };
     ref_next = [&] { return ref_loader->next(); };
   }
+  if (!s.device.is_cpu()) {  // batches move to the device, as in train
+    auto on_device = [&s](std::function<TokenBatch()> next) {
+      return std::function<TokenBatch()>([&s, next] {
+        TokenBatch b = next();
+        return TokenBatch{b.inputs.to(s.device), b.targets.to(s.device)};
+      });
+    };
+    par_next = on_device(par_next);
+    ref_next = on_device(ref_next);
+  }
 
   // The two models, each seeded as `train` seeds its model; each side's generator offset kept.
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
@@ -278,6 +289,10 @@ int parity_main(int argc, char** argv) {
   manual_seed(seed);
   std::shared_ptr<CausalLM> model = build_run_model(cfg, hf.empty() ? nullptr : &start, true);
   Parallelized par = parallelize(*model, plan.plan, *plan.mesh);
+  if (!s.device.is_cpu()) {  // built and sharded on the host as in train, then moved (the same bytes)
+    model->to(s.device);
+    if (ref_model) ref_model->to(s.device);
+  }
   Trainer trainer(*model, args, "parity", steps, s.compute, &plan, &par);
   std::unique_ptr<Trainer> ref_trainer;
   if (in_process) ref_trainer = std::make_unique<Trainer>(*ref_model, args, "parity", steps, s.compute, nullptr, nullptr);

@@ -70,16 +70,6 @@ DType parse_precision(const std::string& precision, const std::string& command) 
   return precision == "f32" ? DType::kF32 : DType::kBF16;
 }
 
-void check_device(const std::string& device, const std::string& command) {
-  MT_CHECK(device == "cpu", "meshtrain {}: --device {} is not supported yet (cpu only)", command, device);
-}
-
-void check_plan_precision(DType compute, const std::string& precision, const std::string& plan_path,
-                          const std::string& command) {
-  MT_CHECK(compute == DType::kF32, "meshtrain {}: --precision {} with --plan {} is not supported (f32 only)", command,
-           precision, plan_path);
-}
-
 std::shared_ptr<CausalLM> build_run_model(const ModelConfig& cfg, HfCheckpoint* weights, bool on_meta) {
   std::shared_ptr<CausalLM> model;
   if (weights || on_meta) {

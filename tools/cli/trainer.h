@@ -38,14 +38,6 @@ void validate_step_flags(const Args& args, const std::string& command);
 // --precision: f32 or bf16 (errors name `command`).
 DType parse_precision(const std::string& precision, const std::string& command);
 
-// `parity` runs on the CPU only for now (`train`, `eval`, `grad` and `init` take --device cuda:
-// tools/cli/device.h): another --device is an error naming `command`.
-void check_device(const std::string& device, const std::string& command);
-// `parity` compares f32 plans only for now (`train` runs bf16 under a plan): another --precision
-// with --plan is an error naming the plan.
-void check_plan_precision(DType compute, const std::string& precision, const std::string& plan_path,
-                          const std::string& command);
-
 // The model of a run: the checkpoint's weights when `weights` is given (built on meta, then
 // loaded), else built on meta for a plan (`on_meta`: parallelize() fills each rank's shards with
 // the single-device init), else initialized here. The caller seeds the default generator first.

@@ -221,6 +221,18 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names) const {
   return DeviceMesh(root_, {fused}, {name});
 }
 
+std::string DeviceMesh::label_of(std::vector<int> root_dims) const {
+  std::sort(root_dims.begin(), root_dims.end());
+  std::string s;
+  for (int rd : root_dims) s += (s.empty() ? "" : ",") + root_->names[static_cast<size_t>(rd)];
+  return s;
+}
+
+std::string DeviceMesh::dim_label(int dim) const {
+  MT_CHECK(dim >= 0 && dim < ndim(), "{}: dim {} out of range for {} dims", str(), dim, ndim());
+  return label_of(dims_[static_cast<size_t>(dim)]);
+}
+
 Communicator DeviceMesh::comm_for(const std::vector<int>& root_dims) const {
   uint32_t mask = 0;
   std::vector<std::string> dim_names;
@@ -237,7 +249,8 @@ Communicator DeviceMesh::comm_for(const std::vector<int>& root_dims) const {
   Communicator c = Communicator::create(
       ranks, static_cast<int>(mask),
       fmt::format("mesh dims {} of {} (world ranks {})", quoted(dim_names), root_->str(),
-                  join_ranks(ranks)));
+                  join_ranks(ranks)),
+      label_of(root_dims));
   root_->comms.emplace(mask, c);
   return c;
 }

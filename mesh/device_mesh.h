@@ -59,6 +59,10 @@ class DeviceMesh {
   Communicator comm(int dim) const;
   Communicator comm(const std::string& name) const;
 
+  // The root mesh dims that make up `dim`, in mesh order, comma separated ("dp"; "dp,cp" for a
+  // flattened dim): the name collective counts give a group (mesh/collective_count.h).
+  std::string dim_label(int dim) const;
+
   // "DeviceMesh([2, 2], [\"dp\", \"tp\"])"
   std::string str() const;
 
@@ -67,6 +71,7 @@ class DeviceMesh {
   DeviceMesh(std::shared_ptr<Root> root, std::vector<std::vector<int>> dims,
              std::vector<std::string> names);
   Communicator comm_for(const std::vector<int>& root_dims) const;
+  std::string label_of(std::vector<int> root_dims) const;
   std::vector<int> root_dims_of(const std::vector<std::string>& names, const char* op) const;
 
   std::shared_ptr<Root> root_;

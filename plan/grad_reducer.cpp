@@ -242,12 +242,22 @@ struct GradReducer::State {
       names.push_back(mesh.names()[static_cast<size_t>(d)]);
       quoted += fmt::format("{}\"{}\"", quoted.empty() ? "" : ", ", names.back());
     }
+    std::string label;
+    for (const auto& n : names) label += (label.empty() ? "" : ",") + n;
+    if (mesh.is_simulated()) {  // estimates on meta tensors: counted, nothing moves
+      const DeviceMesh flat = mesh.flatten(names);
+      Communicator c = Communicator::simulated(
+          static_cast<int>(flat.size()), static_cast<int>(flat.rank()),
+          fmt::format("GradReducer group: mesh dims [{}] of simulated {}", quoted, mesh.str()), label);
+      comms.emplace(mask, c);
+      return c;
+    }
     const std::vector<int> ranks = mesh.flatten(names).world_ranks();
     std::string rs;
     for (int r : ranks) rs += fmt::format("{}{}", rs.empty() ? "" : ", ", r);
     Communicator c = Communicator::create(
         ranks, kCommTag + static_cast<int>(mask),
-        fmt::format("GradReducer group: mesh dims [{}] of {} (world ranks [{}])", quoted, mesh.str(), rs));
+        fmt::format("GradReducer group: mesh dims [{}] of {} (world ranks [{}])", quoted, mesh.str(), rs), label);
     comms.emplace(mask, c);
     return c;
   }
@@ -262,7 +272,7 @@ struct GradReducer::State {
       const uint32_t m = partial_mask(params[i], params[i].p.grad());
       for (int d = 0; d < nd; ++d) f[i * static_cast<size_t>(nd) + static_cast<size_t>(d)] = (m >> d) & 1;
     }
-    if (n > 0) {
+    if (n > 0 && !mesh.is_simulated()) {  // a simulated mesh: every rank is taken to have this rank's flags
       mesh.comm().all_reduce(flags, CommReduceOp::kMax);
       ++cur.setup_collectives;
     }

@@ -46,6 +46,10 @@ class DeviceMesh {
   int64_t rank() const;
   // World ranks of this (sub-)mesh's members, row-major: rank() indexes this list.
   std::vector<int> world_ranks() const;
+  // A short key naming world_ranks(): equal for equal rank lists (a process-wide id per distinct
+  // list), computed once per (sub-)mesh. DTensor spec keys and same-mesh checks use it: with a
+  // 10,000-rank mesh, building and comparing the rank lists per op was the cost of an estimate.
+  const std::string& world_ranks_key() const;
 
   // 1-D sub-mesh of this rank's group along `name`.
   DeviceMesh operator[](const std::string& name) const;

@@ -426,7 +426,7 @@ GradReducer::GradReducer(NamedTensors params, const DeviceMesh& mesh, GradReduce
              "be a DTensor on {})",
              name, p.desc(), mesh.str());
     const DTensorSpec& sp = dtensor_spec(p, "GradReducer");
-    MT_CHECK(sp.mesh().str() == mesh.str() && sp.mesh().world_ranks() == mesh.world_ranks(),
+    MT_CHECK(sp.mesh().str() == mesh.str() && sp.mesh().world_ranks_key() == mesh.world_ranks_key(),
              "GradReducer: parameter {} lives on {}, not on the reducer's mesh {}", name, sp.mesh().str(), mesh.str());
     State::Param P;
     P.name = name;

@@ -7,6 +7,7 @@
 #include "kernels/registry.h"
 #include "mesh/device_mesh.h"
 #include "mesh/dtensor.h"
+#include "mesh/shard_layout.h"
 #include "plan/grad_reducer.h"
 #include "plan/parallelize.h"
 #include "runtime/error.h"
@@ -60,6 +61,16 @@ std::vector<std::vector<int64_t>> estimate_coordinates(const PlanMesh& mesh, int
   return out;
 }
 
+bool same_local_shapes(const RankEstimate& est, const PlanMesh& mesh, const std::vector<int64_t>& other) {
+  Shape a, b;
+  for (int64_t v : est.coord) a.push_back(v);
+  for (int64_t v : other) b.push_back(v);
+  for (const auto& [shape, ps] : est.layouts)
+    if (local_layout(shape, ps, mesh.shape, a).local_shape != local_layout(shape, ps, mesh.shape, b).local_shape)
+      return false;
+  return true;
+}
+
 RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const PlanMesh& pm,
                            const std::vector<int64_t>& coord, const EstimateOptions& o) {
   MT_CHECK(o.batch >= 1 && o.seq >= 1 && o.accum >= 1, "estimate: batch {}, seq {} and accum {} must be >= 1", o.batch,
@@ -99,10 +110,13 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
     for (int m = 0; m < 2; ++m) state.push_back(empty(local, TensorOptions(DType::kF32).with_device(Device::meta())));
     est.optimizer_bytes += 2 * bytes_of(local, DType::kF32);
   }
+  for (auto& [name, p] : model->named_parameters())
+    est.layouts.emplace_back(p.shape(), dtensor_spec(p, "estimate").placements());
   GradReducerOptions ro;
   ro.bucket_bytes = o.bucket_bytes;
   GradReducer reducer(*model, sim, ro);
   const Placements in_ps = par.input_placements(o.input_module);
+  est.layouts.emplace_back(Shape{o.batch, o.seq}, in_ps);
   const TensorOptions ids_opts = TensorOptions(DType::kI64).with_device(Device::meta());
 
   // One optimizer step: `micro` micro-batches, the last one synchronized, then what the trainer

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cost.h"
+#include "mesh/placement.h"
 #include "mesh/collective_count.h"
 #include "plan/plan.h"
 #include "runtime/dtype.h"
@@ -58,7 +59,15 @@ struct RankEstimate {
   int64_t activation_bytes = 0;  // peak - persistent: saved activations, gradients, buckets, temporaries
   CollectiveCounts comm;         // per optimizer step
   KernelCost cost;               // per optimizer step
+  // What decides the figures: every parameter's global shape and INIT placements, and the input's
+  // (see same_local_shapes).
+  std::vector<std::pair<Shape, Placements>> layouts;
 };
+
+// Whether coordinate `other` holds exactly the local shapes `est`'s coordinate holds (every
+// parameter and the input): then its dry run would count the same bytes and collectives, and the
+// CLI reuses `est` for it instead of running it (a 10,000-rank mesh with even shards: one run).
+bool same_local_shapes(const RankEstimate& est, const PlanMesh& mesh, const std::vector<int64_t>& other);
 
 // One coordinate of `mesh` (size of coord = mesh.ndim()).
 RankEstimate estimate_rank(const EstimateModel& model, const Plan& plan, const PlanMesh& mesh,

@@ -2,7 +2,8 @@
 // for every stock plan that runs on this world size (a world of one, mpirun -np 2, -np 4), each
 // rank estimates its own coordinate on meta tensors, then runs the same step for real (a warm-up
 // step, then a measured one: forward, loss, backward, gradient reduction, AdamW) and checks
-//   - the peak of the host allocator during the measured step within 10% of the predicted peak;
+//   - the peak of the host allocator during the measured step within 10% of the predicted peak
+//     (LLaMA plans; Mixtral's expert activations depend on the routing, i.e. on the data);
 //   - the bytes alive when the step starts (parameters + AdamW moments) equal to the prediction;
 //   - the collectives counted during the measured step (calls and bytes per kind and mesh dims)
 //     equal to the predicted ones (Mixtral: bytes only, its number of expert calls depends on the
@@ -189,7 +190,10 @@ TEST_CASE("estimate: predicted peak memory and collective bytes match a real ste
     INFO("plan " << name << " np " << np << " rank " << world().rank() << ": predicted " << counts_str(est.comm)
                  << " | counted " << counts_str(m.comm));
     CHECK(est.persistent_bytes == m.persistent);
-    CHECK(std::abs(err) <= 0.10);
+    // Mixtral's expert activations depend on how many tokens each expert gets, i.e. on the data
+    // (meta tensors route every token alike): its peak is printed, not checked.
+    const bool moe = name.find("mixtral") != std::string::npos;
+    if (!moe) CHECK(std::abs(err) <= 0.10);
     REQUIRE(est.comm.size() == m.comm.size());
     for (const auto& [k, t] : m.comm) {
       INFO(k.kind << " over " << k.dims);

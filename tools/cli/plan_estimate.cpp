@@ -223,37 +223,37 @@ std::map<std::string, std::vector<int64_t>> parse_sweep(const std::string& spec)
   return out;
 }
 
-// The plan's mesh for `world` ranks with tp ranks on its tp dim (0: the plan's own), or a reason
-// why not.
-std::optional<PlanMesh> sweep_mesh(const Plan& plan, int64_t world, int64_t tp, std::string& why) {
-  PlanMesh m;
+// The plan with tp ranks on its tp dim (0: the plan as it is) and its mesh for `world` ranks, or
+// nothing with the reason. A plan with a tp dim and one other dim gets the other dim as '*' (the
+// plan text is re-read with its mesh line replaced); a plan without tp only takes tp 1.
+std::optional<std::pair<Plan, PlanMesh>> sweep_plan(const Plan& plan, int64_t world, int64_t tp, std::string& why) {
+  Plan p = plan;
+  const auto& dims = plan.mesh_dims();
+  bool has_tp = false;
+  for (const auto& d : dims) has_tp = has_tp || d.name == "tp";
+  if (tp > 1 && !has_tp) {
+    why = "the plan has no tp dim";
+    return std::nullopt;
+  }
+  if (tp > 0 && has_tp && dims.size() == 2) {
+    std::string line = "mesh";
+    for (const auto& d : dims) line += d.name == "tp" ? fmt::format(" tp={}", tp) : fmt::format(" {}=*", d.name);
+    std::string text = plan.str(), out;
+    std::stringstream in(text);
+    std::string l;
+    while (std::getline(in, l)) out += (l.rfind("mesh ", 0) == 0 ? line : l) + "\n";
+    p = parse_plan(out, plan.source());
+  } else if (tp > 1 && has_tp && dims.size() == 1 && tp != world) {
+    why = "the plan's only dim is tp (tp = world)";
+    return std::nullopt;
+  }
   try {
-    m = plan.resolve_mesh(world);
+    PlanMesh m = p.resolve_mesh(world);
+    return std::make_pair(std::move(p), std::move(m));
   } catch (const Error& e) {
     why = e.what();
     return std::nullopt;
   }
-  if (tp == 0) return m;
-  const int t = m.dim_index("tp");
-  if (t < 0) {
-    if (tp == 1) return m;
-    why = "the plan has no tp dim";
-    return std::nullopt;
-  }
-  if (m.ndim() == 1) {
-    if (tp != world) {
-      why = "the plan's only dim is tp (tp = world)";
-      return std::nullopt;
-    }
-    return m;
-  }
-  if (m.ndim() != 2 || world % tp != 0) {
-    why = fmt::format("tp {} does not divide world {}", tp, world);
-    return std::nullopt;
-  }
-  m.shape[t] = tp;
-  m.shape[1 - t] = world / tp;
-  return m;
 }
 
 int run_sweep(const Args& args, const std::string& config_name, const ModelConfig& cfg, const EstimateModel& em,
@@ -274,18 +274,25 @@ int run_sweep(const Args& args, const std::string& config_name, const ModelConfi
     bool fits = false;
   };
   std::vector<Row> rows;
+  int not_applicable = 0;  // (plan, world, tp) that make no mesh: no tp dim, tp not dividing, ...
   const auto t0 = Clock::now();
   for (const std::string& pp : plans) {
     Plan plan = load_plan(pp);
     for (int64_t w : axes.at("world"))
       for (int64_t tp : axes.at("tp")) {
         Row row{pp, "", "", w};
-        std::optional<PlanMesh> m = sweep_mesh(plan, w, tp, row.why);
-        if (m) {
+        auto pm = sweep_plan(plan, w, tp, row.why);
+        if (!pm) {
+          ++not_applicable;
+          continue;
+        }
+        {
+          const PlanMesh* m = &pm->second;
           row.mesh = m->str();
           try {
             // The first coordinate holds the largest shards (chunk semantics): its peak bounds the others'.
-            RankEstimate e = estimate_rank(em, plan, *m, std::vector<int64_t>(static_cast<size_t>(m->ndim()), 0), o);
+            RankEstimate e =
+                estimate_rank(em, pm->first, *m, std::vector<int64_t>(static_cast<size_t>(m->ndim()), 0), o);
             StepTime t = roofline(e, *m, hw, o.precision);
             row.peak = static_cast<double>(e.peak_bytes);
             row.step = t.total_s;
@@ -336,7 +343,8 @@ int run_sweep(const Args& args, const std::string& config_name, const ModelConfi
     if (!r.fits)
       fmt::print("# left out: {} world {} {}: {}\n", r.plan.substr(r.plan.rfind('/') + 1), r.world,
                  r.mesh.empty() ? "" : r.mesh, r.why.substr(0, r.why.find('\n')));
-  fmt::print("# {} configurations in {:.3f} s\n", rows.size(), elapsed);
+  fmt::print("# {} configurations estimated in {:.3f} s ({} combinations of plan, world and tp make no mesh)\n",
+             rows.size(), elapsed, not_applicable);
   return 0;
 }
 

@@ -243,3 +243,31 @@ TEST_CASE("estimate: 16-bit precision adds f32 master weights; memory scales dow
   o.optimizer = "muon";
   CHECK_THROWS_WITH(estimate_rank(em, dp, dp.resolve_mesh(4), {0}, o), Catch::Contains("muon"));
 }
+
+TEST_CASE("roofline: links by node span, the alpha-beta formulas, profile errors name the field", "[mpi]") {
+  if (world().size() != 1) return;
+  PlanMesh m;
+  m.names = {"dp", "tp"};
+  m.shape = Shape{4, 8};
+  CHECK_FALSE(crosses_nodes(m, "tp", 8));  // 8 consecutive ranks: one node
+  CHECK(crosses_nodes(m, "dp", 8));        // stride 8: four nodes
+  CHECK(crosses_nodes(m, "dp,tp", 8));
+  CHECK_FALSE(crosses_nodes(m, "dp,tp", 32));
+  LinkProfile l{1e-5, 1e9};
+  // all_reduce of 1 GB over 4 ranks, one call: 2*3 alphas + 2*(3/4) GB / (1 GB/s).
+  CHECK(collective_seconds("all_reduce", 1, 1000000000, 4, l) == Approx(6e-5 + 1.5));
+  CHECK(collective_seconds("all_gather", 2, 1000000000, 4, l) == Approx(2 * 3e-5 + 0.75));
+  CHECK(collective_seconds("all_reduce", 5, 1000, 1, l) == 0);
+  HardwareProfile hw = load_hardware_profile("h100-nvlink");
+  CHECK(hw.devices_per_node == 8);
+  CHECK(hw.gemm_flops_bf16 > hw.gemm_flops_f32);
+  for (const char* name : {"h100-ib", "h200", "a100"}) CHECK(load_hardware_profile(name).memory_bytes >= 80e9);
+  CHECK_THROWS_WITH(parse_hardware_profile(R"({"gemm_tflops_f32": 1})", "x.json"),
+                    Catch::Contains("x.json") && Catch::Contains("gemm_tflops_bf16"));
+  CHECK_THROWS_WITH(parse_hardware_profile(hardware_profile_json(hw).replace(0, 1, "["), "y.json"),
+                    Catch::Contains("y.json"));
+  // A profile survives its own JSON.
+  HardwareProfile back = parse_hardware_profile(hardware_profile_json(hw), "z.json");
+  CHECK(back.inter.bandwidth == Approx(hw.inter.bandwidth));
+  CHECK(back.intra.alpha_s == Approx(hw.intra.alpha_s));
+}

@@ -85,5 +85,9 @@ void record_kernel_cost(const AttentionBwdParams& p) {
                           bytes_of(p.q, p.k, p.v, p.out, p.lse, p.gout, p.gq, p.gk, p.gv), 0);
 }
 void record_kernel_cost(const RandomParams& p) { other(bytes_of(p.out)); }
+// Reads p, g, m, v; writes p, m, v.
+void record_kernel_cost(const AdamWParams& p) {
+  other(bytes_of(p.param, p.grad, p.exp_avg, p.exp_avg_sq) + bytes_of(p.param, p.exp_avg, p.exp_avg_sq));
+}
 
 }  // namespace mt

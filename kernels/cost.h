@@ -69,5 +69,6 @@ void record_kernel_cost(const CrossEntropyBwdParams& p);
 void record_kernel_cost(const AttentionParams& p);
 void record_kernel_cost(const AttentionBwdParams& p);
 void record_kernel_cost(const RandomParams& p);
+void record_kernel_cost(const AdamWParams& p);
 
 }  // namespace mt

@@ -188,4 +188,12 @@ struct RandomParams {
   Shape global_strides;
 };
 
+// One AdamW step in place over dense tensors of one floating dtype (f32 or f64) and shape:
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p = p decay - step_size m / (sqrt(v) / bc2_sqrt + eps)
+// with decay = 1 - lr wd, step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t) (optim/adamw.h).
+struct AdamWParams {
+  KView param, grad, exp_avg, exp_avg_sq;
+  double decay = 1, beta1 = 0.9, beta2 = 0.999, step_size = 0, bc2_sqrt = 1, eps = 1e-8;
+};
+
 }  // namespace mt

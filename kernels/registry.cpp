@@ -19,6 +19,7 @@ KernelTable make_cpu_table() {
   register_cpu_loss(t);
   register_cpu_attention(t);
   register_cpu_random(t);
+  register_cpu_optim(t);
   return t;
 }
 
@@ -36,6 +37,7 @@ KernelTable make_cuda_table() {
   register_cuda_loss(t);
   register_cuda_attention(t);
   register_cuda_random(t);
+  register_cuda_optim(t);
 #endif
   return t;
 }

@@ -40,8 +40,9 @@ struct BackendWorld {
 // Initializes MPI if needed (MPI_Init_thread, errors returned rather than fatal) and registers
 // MPI_Finalize with atexit when meshtrain was the one to initialize it. Called once by world().
 BackendWorld backend_init();
-// Ends every rank of the job: MPI_Abort, or std::abort in a build without MPI.
-[[noreturn]] void backend_abort();
+// Ends every rank of the job: MPI_Abort with exit code `code`, or std::abort in a build without
+// MPI.
+[[noreturn]] void backend_abort(int code = 1);
 // The rank and world size the launcher gave this process (mpirun's environment), read without
 // starting MPI; {0, 1} when there is no launcher or MPI is not built in.
 BackendWorld backend_launcher_world();

@@ -200,10 +200,10 @@ BackendWorld backend_launcher_world() {
   return w;
 }
 
-void backend_abort() {
+void backend_abort(int code) {
   int inited = 0;
   MPI_Initialized(&inited);
-  if (inited && !mpi_finalized()) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (inited && !mpi_finalized()) MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();
 }
 
@@ -374,7 +374,7 @@ BackendWorld backend_init() { return BackendWorld{0, 1, "none (built without MPI
 
 BackendWorld backend_launcher_world() { return BackendWorld{0, 1, "none (built without MPI)"}; }
 
-void backend_abort() { std::abort(); }
+void backend_abort(int) { std::abort(); }
 
 std::shared_ptr<CommHandle> backend_create_group(const std::vector<int>& world_ranks, int /*tag*/) {
   MT_ASSERT(world_ranks.size() == 1 && world_ranks[0] == 0, "a world of one has only rank 0");

@@ -1,5 +1,5 @@
 // Communicator front end: validates tensors (naming the collective, shapes and group), routes
-// host tensors to MPI and CUDA tensors to NCCL, turns 16-bit float reductions of host tensors
+// host tensors to MPI and CUDA tensors to NCCL (staged through host memory when ranks share a GPU), turns 16-bit float reductions of host tensors
 // into gathers reduced in f32 in rank order, and waits on the transport with a deadline. The
 // transports are comm_backend.h (MPI or a world of one) and comm_nccl.h (NCCL, its communicator
 // created per group on the first CUDA collective, with the unique id broadcast over MPI).
@@ -219,14 +219,68 @@ Route route(const char* op, std::initializer_list<Named> tensors) {
   }
   Route r;
   if (first && first->t->device().is_cuda()) {
-    MT_CHECK(detail::nccl_built(),
-             "{}: {} is a CUDA tensor ({}) but meshtrain was built without NCCL (-Dnccl=disabled, "
-             "or libnccl/nccl.h not found at configure time); move it to the host with .to(cpu)",
-             op, first->what, first->t->desc());
     r.cuda = true;
     r.device = first->t->device().index;
   }
   return r;
+}
+
+// CUDA collectives staged through host memory (docs/cuda.md, "Ranks sharing a GPU"). NCCL needs
+// one GPU per rank, so when a node runs more ranks than it has GPUs (or the build has no NCCL, or
+// MT_HOST_STAGED_COLLECTIVES=1) a CUDA tensor is copied to the host, the MPI collective runs
+// there and the result is copied back. Decided once per process from the launcher's local size,
+// with no collective, so that point-to-point calls decide it too and every rank of a node agrees.
+bool host_staged() {
+  static const bool staged = [] {
+    const char* env = std::getenv("MT_HOST_STAGED_COLLECTIVES");
+    std::string why;
+    if (env && std::string(env) == "1")
+      why = "MT_HOST_STAGED_COLLECTIVES=1";
+    else if (!detail::nccl_built())
+      why = "this build has no NCCL";
+    else if (local_size() > cuda::device_count())
+      why = fmt::format("{} ranks on this node share {} GPU(s); NCCL needs one GPU per rank", local_size(),
+                        cuda::device_count());
+    if (!why.empty() && world().rank() == 0)
+      MT_LOG_WARN("notice: CUDA collectives are staged through host memory over MPI ({}): same results, slower", why);
+    return !why.empty();
+  }();
+  return staged;
+}
+
+// A request that completes with another Work: the host collective of a staged one.
+class WorkRequest final : public detail::RequestHandle {
+ public:
+  explicit WorkRequest(Work w) : w_(std::move(w)) {}
+  bool test() override { return w_.is_completed(); }
+
+ private:
+  Work w_;
+};
+
+Tensor to_host(const Tensor& t) {
+  NoGradGuard no_grad;
+  return t.detach().to(Device::cpu());
+}
+
+Tensor host_like(const Tensor& t) { return empty(t.shape(), t.dtype()); }
+
+// The Work of a staged CUDA collective: completes with `host` (the collective on host copies),
+// then copies each host buffer into its CUDA tensor, and a host result (all_gather_uneven,
+// all_to_allv) to the device.
+Work staged_work(const char* op, const std::shared_ptr<Communicator::Impl>& impl, Work host,
+                 std::vector<std::pair<Tensor, Tensor>> back, int device, bool result) {
+  auto s = new_state(op, impl);
+  s->op = fmt::format("{} (host-staged)", op);
+  Work::State* self = s.get();  // finish runs inside complete(), while the state is alive
+  s->requests.push_back(std::make_unique<WorkRequest>(host));
+  s->finish = [self, host, back = std::move(back), device, result]() mutable {
+    NoGradGuard no_grad;
+    cuda::DeviceGuard g(device);
+    for (auto& [h, d] : back) d.copy_(h);
+    if (result) self->result = host.result().to(Device::cuda(device));
+  };
+  return Work(std::move(s));
 }
 
 void check_dim0(const char* op, const Tensor& t) {
@@ -570,6 +624,10 @@ Work Communicator::all_reduce_async(Tensor& t, CommReduceOp op) {
   const Route rt = route(name, {{"tensor", &t}});
   check_reduce_dtype(name, t.dtype(), op);
   const int64_t n = t.numel();
+  if (rt.cuda && host_staged()) {
+    Tensor h = to_host(t);
+    return staged_work(name, impl_, all_reduce_async(h, op), {{h, t}}, rt.device, false);
+  }
   count("all_reduce", c, nbytes(t));
   if (rt.cuda) {
     // NCCL reduces every dtype natively (bf16/f16 included); ring and tree algorithms reduce each
@@ -607,6 +665,10 @@ Work Communicator::all_gather_async(const Tensor& in, Tensor& out) {
            "{}: output shape {} must be {} (input {} gathered over {} ranks of {})", name,
            out.shape(), want, in.shape(), c.size, c.description);
   check_no_overlap(name, in, out);
+  if (rt.cuda && host_staged()) {
+    Tensor hin = to_host(in), hout = host_like(out);
+    return staged_work(name, impl_, all_gather_async(hin, hout), {{hout, out}}, rt.device, false);
+  }
   count("all_gather", c, nbytes(out));
   if (rt.cuda) {
     auto nc = nccl_comm(impl_, name, rt.device);
@@ -628,6 +690,7 @@ Work Communicator::all_gather_uneven_async(const Tensor& in) {
   MT_CHECK(!c.simulated, "{}: {} is a simulated communicator: the peers' sizes are unknown", name, c.description);
   const Route rt = route(name, {{"input", &in}});
   check_dim0(name, in);
+  if (rt.cuda && host_staged()) return staged_work(name, impl_, all_gather_uneven_async(to_host(in)), {}, rt.device, true);
   // Exchange dtype, rank and sizes (over MPI, on the host, for CUDA tensors too) so that a
   // mismatch is an error on every rank, not garbage.
   constexpr int kMeta = kMaxDims + 2;
@@ -694,8 +757,12 @@ Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, CommReduc
   MT_CHECK(out.shape() == want, "{}: output shape {} must be {} (input {} over {} ranks of {})",
            name, out.shape(), want, in.shape(), c.size, c.description);
   check_no_overlap(name, in, out);
-  count("reduce_scatter", c, nbytes(in));
   const int64_t n = out.numel();
+  if (rt.cuda && host_staged()) {
+    Tensor hin = to_host(in), hout = host_like(out);
+    return staged_work(name, impl_, reduce_scatter_async(hin, hout, op), {{hout, out}}, rt.device, false);
+  }
+  count("reduce_scatter", c, nbytes(in));  // after the staged return: its host collective counts itself
   if (rt.cuda) {
     auto nc = nccl_comm(impl_, name, rt.device);
     auto s = nccl_state(name, impl_, nc);
@@ -734,8 +801,12 @@ Work Communicator::all_to_all_async(const Tensor& in, Tensor& out) {
   MT_CHECK(out.shape() == in.shape(), "{}: output shape {} must equal input shape {}", name,
            out.shape(), in.shape());
   check_no_overlap(name, in, out);
-  count("all_to_all", c, nbytes(in));
   const int64_t chunk = in.numel() / c.size;
+  if (rt.cuda && host_staged()) {
+    Tensor hin = to_host(in), hout = host_like(out);
+    return staged_work(name, impl_, all_to_all_async(hin, hout), {{hout, out}}, rt.device, false);
+  }
+  count("all_to_all", c, nbytes(in));
   if (rt.cuda) {
     // Grouped send/recv: chunk j to and from rank j.
     auto nc = nccl_comm(impl_, name, rt.device);
@@ -757,6 +828,9 @@ Work Communicator::all_to_allv_async(const Tensor& in, const std::vector<int64_t
   const Impl& c = impl(name);
   MT_CHECK(!c.simulated, "{}: {} is a simulated communicator: the peers' counts are unknown", name, c.description);
   const Route rt = route(name, {{"input", &in}});
+  if (rt.cuda && host_staged())
+    return staged_work(name, impl_, all_to_allv_async(to_host(in), send_counts, std::move(recv_counts)), {}, rt.device,
+                       true);
   check_dim0(name, in);
   MT_CHECK(static_cast<int>(send_counts.size()) == c.size,
            "{}: {} send counts for a group of {} ranks ({})", name, send_counts.size(), c.size,
@@ -814,6 +888,10 @@ Work Communicator::broadcast_async(Tensor& t, int root) {
   const Route rt = route(name, {{"tensor", &t}});
   MT_CHECK(root >= 0 && root < c.size, "{}: root {} is not a rank of the {}-rank group {}", name,
            root, c.size, c.description);
+  if (rt.cuda && host_staged()) {
+    Tensor h = to_host(t);
+    return staged_work(name, impl_, broadcast_async(h, root), {{h, t}}, rt.device, false);
+  }
   count("broadcast", c, nbytes(t));
   if (rt.cuda) {
     auto nc = nccl_comm(impl_, name, rt.device);
@@ -836,6 +914,7 @@ Work Communicator::send_async(const Tensor& t, int peer, int tag) {
   MT_CHECK(peer >= 0 && peer < c.size, "{}: peer {} is not a rank of the {}-rank group {}", name,
            peer, c.size, c.description);
   MT_CHECK(tag >= 0, "{}: tag must be non-negative, got {}", name, tag);
+  if (rt.cuda && host_staged()) return staged_work(name, impl_, send_async(to_host(t), peer, tag), {}, rt.device, false);
   count("send", c, nbytes(t));
   if (rt.cuda && peer == c.rank) {
     // NCCL cannot send to itself outside a group: queue a device copy for the matching recv.
@@ -871,6 +950,10 @@ Work Communicator::recv_async(Tensor& t, int peer, int tag) {
   MT_CHECK(peer >= 0 && peer < c.size, "{}: peer {} is not a rank of the {}-rank group {}", name,
            peer, c.size, c.description);
   MT_CHECK(tag >= 0, "{}: tag must be non-negative, got {}", name, tag);
+  if (rt.cuda && host_staged()) {
+    Tensor h = host_like(t);
+    return staged_work(name, impl_, recv_async(h, peer, tag), {{h, t}}, rt.device, false);
+  }
   count("recv", c, nbytes(t));
   if (rt.cuda && peer == c.rank) {
     auto s = new_state(name, impl_);

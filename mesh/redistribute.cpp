@@ -107,7 +107,7 @@ Tensor to_replicate(const Ctx& c, const Tensor& x, const Placement& p, int j, co
   if (p.is_shard() && n % k == 0) {
     Shape os = y.shape();
     os[0] = n;
-    g = empty(os, y.dtype());
+    g = empty(os, y.options().with_grad(false));
     comm.all_gather(y, g);
   } else {
     g = comm.all_gather_uneven(y);
@@ -116,7 +116,7 @@ Tensor to_replicate(const Ctx& c, const Tensor& x, const Placement& p, int j, co
             g.size(0), n, d, j);
   if (p.kind() == PlacementKind::kInterleavedShard) {
     // Gathered: rank by rank, each rank's ranges in order; put every range at its place.
-    Tensor out = empty(g.shape(), g.dtype());
+    Tensor out = empty(g.shape(), g.options().with_grad(false));
     int64_t off = 0;
     for (int64_t r = 0; r < k; ++r)
       for (const IndexRange& ir : split_ranges(p, n, k, r)) {
@@ -133,7 +133,7 @@ Tensor from_replicate(const Ctx& c, const Tensor& x, const Placement& p, int j) 
   const int64_t k = c.mesh_shape[j], r = c.coord[j];
   if (p.is_replicate()) return x;
   if (p.is_partial()) {
-    if (p.reduce_op() == PartialOp::kSum && r != 0) return zeros(x.shape(), x.dtype());
+    if (p.reduce_op() == PartialOp::kSum && r != 0) return zeros(x.shape(), x.options().with_grad(false));
     return fresh(x);
   }
   const int d = p.dim();
@@ -141,7 +141,7 @@ Tensor from_replicate(const Ctx& c, const Tensor& x, const Placement& p, int j) 
   if (ranges.size() == 1) return fresh(x.narrow(d, ranges[0].start, ranges[0].length));
   Shape os = x.shape();
   os[d] = total_length(ranges);
-  Tensor out = empty(os, x.dtype());
+  Tensor out = empty(os, x.options().with_grad(false));
   int64_t off = 0;
   for (const IndexRange& ir : ranges) {
     if (ir.length > 0) out.narrow(d, off, ir.length).copy_(x.narrow(d, ir.start, ir.length));
@@ -168,7 +168,7 @@ Tensor shard_to_shard(const Ctx& c, const Tensor& x, int a, int b, int j, const 
     recv[static_cast<size_t>(r)] = chunk_range(na, k, r).length * other * my_b;
     total += send[static_cast<size_t>(r)];
   }
-  Tensor buf = empty(Shape{total}, x.dtype());
+  Tensor buf = empty(Shape{total}, x.options().with_grad(false));
   int64_t off = 0;
   for (int64_t r = 0; r < k; ++r) {
     const IndexRange cb = chunk_range(nb, k, r);
@@ -199,7 +199,7 @@ Tensor partial_to_shard(const Ctx& c, const Tensor& x, const Placement& p, const
   Tensor y = to_front(x, d);
   Shape os = y.shape();
   os[0] = n / k;
-  Tensor out = empty(os, y.dtype());
+  Tensor out = empty(os, y.options().with_grad(false));
   comm.reduce_scatter(y, out, comm_reduce_op(p.reduce_op()));
   return from_front(out, d);
 }
@@ -286,7 +286,8 @@ Tensor redistribute_local(const Tensor& local, const Shape& global_shape, const 
     if (CollectiveCountScope::active()) count_redistribute(c, src, dst, local.dtype());
     return empty(dst_local, local.options());
   }
-  MT_CHECK(local.device().is_cpu(), "{}: local tensor {} is not a host tensor", c.what, local.desc());
+  MT_CHECK(local.device().is_cpu() || local.device().is_cuda(), "{}: local tensor {} is neither a host nor a CUDA tensor",
+           c.what, local.desc());
 
   int i0 = 0;
   while (i0 < nd && src[static_cast<size_t>(i0)] == dst[static_cast<size_t>(i0)]) ++i0;

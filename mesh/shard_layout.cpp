@@ -231,7 +231,7 @@ Tensor local_shard(const Tensor& global, const Placements& placements, const Sha
       t = t.narrow(d, before * p.block(), p.units()[static_cast<size_t>(c)] * p.block());
     }
   }
-  return zero_term ? zeros(t.shape(), global.dtype()) : t.clone();
+  return zero_term ? zeros(t.shape(), global.options().with_grad(false)) : t.clone();
 }
 
 Tensor assemble(const std::vector<Tensor>& locals_by_rank, const Shape& global_shape, const Placements& placements,

@@ -25,18 +25,25 @@ class World {
 // Initialized on first use (thread-safe); also sets the "[rank r/w]" log prefix.
 World& world();
 
+// This process's rank among the job's processes on its node, and how many there are, from the
+// launcher's environment (Open MPI: OMPI_COMM_WORLD_LOCAL_RANK/_SIZE; MPICH/Hydra: MPI_LOCALRANKID/
+// MPI_LOCALNRANKS; Slurm: SLURM_LOCALID/SLURM_NTASKS_PER_NODE); 0 and 1 when none is set. They
+// pick each rank's GPU and tell whether ranks share one (mesh/communicator.h, host staging).
+int local_rank();
+int local_size();
+
 // Logs `why` with the rank and ends every rank of the job (MPI_Abort). For failures a rank cannot
 // recover from alone, such as a peer that never joins a collective: never a silent hang.
 [[noreturn]] void abort_job(const std::string& why);
 
 // How a program's main() ends on an error it caught: logs "[rank r/w] error: <why>" and returns
-// the exit code 1, unless this process has joined a world of several ranks (world() was started
-// and its size is > 1). Then it ends every rank of the job at once (MPI_Abort, exit code 1):
+// the exit code `code` (1 unless the program documents others), unless this process has joined a world of several ranks (world() was started
+// and its size is > 1). Then it ends every rank of the job at once (MPI_Abort, exit code `code`):
 // returning would leave this rank in MPI_Finalize waiting for peers that may themselves be
 // waiting for it in a collective or in communicator creation, an error seen by one rank only
 // (its metrics file, its disk) would hang the job. Never starts the transport itself: a process
-// that fails before joining logs the rank its launcher gave it and returns 1, which makes mpirun
+// that fails before joining logs the rank its launcher gave it and returns `code`, which makes mpirun
 // end the job.
-int end_job_on_error(const std::string& why);
+int end_job_on_error(const std::string& why, int code = 1);
 
 }  // namespace mt

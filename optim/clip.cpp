@@ -58,13 +58,21 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   NoGradGuard no_grad;
   std::vector<Tensor> grads;
   double total_sq = 0;
+  Tensor device_sq;  // plain CUDA gradients: summed on the device in order, one host sync at the end
   for (const Tensor& p : params) {
     MT_CHECK(p.defined(), "clip_grad_norm: parameter {} is an undefined tensor", grads.size());
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    total_sq += l2_norm_sq(g);
+    if (g.device().is_cuda() && !g.is_distributed() && g.numel() > 0) {
+      Tensor x = g.to(DType::kF64);
+      Tensor sq = sum(mul(x, x));
+      device_sq = device_sq.defined() ? add(device_sq, sq) : sq;
+    } else {
+      total_sq += l2_norm_sq(g);
+    }
     grads.push_back(g);
   }
+  if (device_sq.defined()) total_sq += device_sq.item();
   const double norm = std::sqrt(total_sq);
   if (max_norm <= 0 || !std::isfinite(norm)) return norm;
   const double coef = max_norm / (norm + 1e-6);

@@ -195,10 +195,14 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
 namespace detail {
 
 bool fused_host_ok(const Tensor& t, const std::vector<Tensor>& others) {
-  if (!t.device().is_cpu() || !t.is_contiguous()) return false;
+  return t.device().is_cpu() && fused_ok(t, others);
+}
+
+bool fused_ok(const Tensor& t, const std::vector<Tensor>& others) {
+  if (!(t.device().is_cpu() || t.device().is_cuda()) || !t.is_contiguous()) return false;
   if (t.dtype() != DType::kF32 && t.dtype() != DType::kF64) return false;
   for (const Tensor& o : others)
-    if (!o.device().is_cpu() || !o.is_contiguous() || o.dtype() != t.dtype() || o.shape() != t.shape())
+    if (o.device() != t.device() || !o.is_contiguous() || o.dtype() != t.dtype() || o.shape() != t.shape())
       return false;
   return true;
 }

@@ -82,6 +82,9 @@ namespace detail {
 // True when t and all of others are contiguous f32 or f64 CPU tensors of t's dtype and shape: the
 // optimizers then run fused host loops over data_ptr instead of a chain of tensor ops.
 bool fused_host_ok(const Tensor& t, const std::vector<Tensor>& others);
+// The same on the CPU or one CUDA device (every tensor on t's device): what the fused optimizer
+// kernels (kernels/registry.h, `adamw`) take.
+bool fused_ok(const Tensor& t, const std::vector<Tensor>& others);
 }  // namespace detail
 
 }  // namespace mt

@@ -9,6 +9,7 @@
 #include <bit>
 #include <map>
 
+#include "mesh/collective_count.h"
 #include "mesh/communicator.h"
 #include "mesh/dtensor.h"
 #include "mesh/redistribute.h"
@@ -36,8 +37,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
 std::string GradReducerStats::str() const {
   return fmt::format(
       "collectives {} (all_reduce {}, reduce_scatter {}), {} bytes, {} buckets, {} launched in backward, "
-      "{} passed through, {} unused",
-      collectives, all_reduces, reduce_scatters, bytes, buckets, launched_in_backward, passed_through, unused);
+      "{} passed through, {} unused ({} on every rank), {} presence checks",
+      collectives, all_reduces, reduce_scatters, bytes, buckets, launched_in_backward, passed_through, unused,
+      unused_everywhere, presence_checks);
 }
 
 struct GradReducer::State {
@@ -394,9 +396,40 @@ struct GradReducer::State {
       const auto& ps = dtensor_spec(g, "GradReducer").placements();
       if (ps != P.target) set_target_grad(P, redistribute_local(local_view(g), P.p.shape(), ps, P.target, mesh));
     }
+    drop_unused_everywhere();
     last = cur;
     cur = GradReducerStats();
     reset_step();
+  }
+
+  // A parameter that got a gradient on no rank at all (an expert no token was routed to) ends with
+  // no gradient, as on one device, so that the optimizer skips it (no weight decay, no moment
+  // update); where any rank had one, the others contributed zeros. Decided by one small all_reduce
+  // (max) of a flag per parameter over the whole mesh, on the host, every synchronized step.
+  void drop_unused_everywhere() {
+    const auto n = static_cast<int64_t>(params.size());
+    if (n == 0) return;
+    Tensor flags = zeros({n}, DType::kI64);
+    int64_t* f = flags.data<int64_t>();
+    for (int64_t i = 0; i < n; ++i) f[i] = params[static_cast<size_t>(i)].arrived ? 1 : 0;
+    if (mesh.is_simulated()) {
+      // Estimates (meta tensors): every rank is taken to have this rank's flags; the collective
+      // the real step runs is counted (mesh/collective_count.h).
+      std::string dims;
+      for (int d = 0; d < mesh.ndim(); ++d) {
+        if (d > 0) dims += ',';
+        dims += mesh.dim_label(d);
+      }
+      count_collective("all_reduce", dims, mesh.size(), n * static_cast<int64_t>(sizeof(int64_t)));
+    } else {
+      mesh.comm().all_reduce(flags, CommReduceOp::kMax);
+    }
+    ++cur.presence_checks;
+    for (int64_t i = 0; i < n; ++i)
+      if (f[i] == 0) {
+        params[static_cast<size_t>(i)].p.set_grad(Tensor());
+        ++cur.unused_everywhere;
+      }
   }
 
   std::string layout_str() const {

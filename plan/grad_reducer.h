@@ -45,7 +45,9 @@ struct GradReducerStats {
   int64_t launched_in_backward = 0;  // collectives started from hooks, before finish()
   int64_t setup_collectives = 0;     // the one-time layout agreement (first synchronized step)
   int64_t passed_through = 0;        // gradients that were not Partial (no communication)
-  int64_t unused = 0;                // parameters whose gradient never arrived (zeros)
+  int64_t unused = 0;                // parameters whose gradient never arrived here (zeros, if any rank had one)
+  int64_t unused_everywhere = 0;     // of those, with no gradient on any rank: left without one (as on one device)
+  int64_t presence_checks = 0;       // the all_reduce of per-parameter "had a gradient" flags (1 per step)
   std::string str() const;
 };
 

@@ -589,6 +589,32 @@ void Module::materialize(Device device) {
   }
 }
 
+Module& Module::to(Device device) {
+  MT_CHECK(!device.is_meta(), "{}.to({}): the target device must hold storage, not meta", where(), device.str());
+  std::unordered_set<const TensorImpl*> seen;
+  std::vector<std::pair<std::string, Tensor>> moves;
+  visit_slots(*this, "", Slots::kAll, [&](const std::string& path, Slot& s) {
+    if (!s.value.defined() || !seen.insert(s.value.impl()).second) return;
+    MT_CHECK(!s.value.is_meta(), "{}.to({}): '{}' ({}) is on the meta device; materialize or load it first", where(),
+             device.str(), path, s.value.desc());
+    if (s.value.device() != device) moves.emplace_back(path, s.value);
+  });
+  for (auto& [path, t] : moves) {
+    Tensor real;
+    {
+      NoGradGuard no_grad;
+      real = local_view(t).to(device);  // a DTensor moves its local shard; its spec stays
+    }
+    TensorImpl* p = t.impl();
+    p->storage = real.impl()->storage;
+    p->strides = real.strides();
+    p->offset = real.offset();
+    p->device = real.device();
+    t.set_grad(Tensor());
+  }
+  return *this;
+}
+
 // ---- ModuleList -------------------------------------------------------------------------------
 
 ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) {

@@ -119,6 +119,11 @@ class Module : public std::enable_shared_from_this<Module> {
   // Gives every meta parameter (recursively) storage on `device`, filled from its InitRecord.
   // The TensorImpl is kept, so handles to the parameter held anywhere see the real tensor.
   void materialize(Device device = Device::cpu());
+  // Moves every parameter and buffer (recursively; tied tensors once) to `device` in place: each
+  // keeps its TensorImpl, as materialize() does, so handles held anywhere (optimizers, plans, hooks)
+  // see the moved tensor. Values are copied exactly; gradients are cleared. Meta tensors are an
+  // error (materialize or load first). Returns *this.
+  Module& to(Device device);
 
   // ---- shard units: what a plan may not split (declared by models, checked by parallelize()) ----
   // Along `dim`, parameter `param` (a path below this module, e.g. "q_proj.weight") is made of

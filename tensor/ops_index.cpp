@@ -291,7 +291,7 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
   if (out.numel() == 0) return out;
   Tensor ic = index.contiguous().unsqueeze(-1);
   ScatterAddParams p;
-  Tensor src = ones(ic.shape(), DType::kI64);
+  Tensor src = ones(ic.shape(), index.options().with_dtype(DType::kI64));
   p.out = out.view_info();
   p.index = ic.view_info();
   p.src = src.view_info();

@@ -9,6 +9,7 @@
 #include "config.h"
 #include "mesh/world.h"
 #include "runtime/error.h"
+#include "runtime/log.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
 
@@ -22,6 +23,7 @@ constexpr const char* kUsage =
     "  init     write freshly initialized weights as a Hugging Face checkpoint\n"
     "  smoke    quick engine check: fit a small MLP\n"
     "  plan     print a plan's hook IR and local parameter shapes for a model and world size\n"
+    "  parity   train under a plan and on one device, compare losses, gradients and weights\n"
     "  version  print the version and the backends built in\n";
 
 }  // namespace
@@ -35,6 +37,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(cmd, "init")) return mt::cli::run_init(argc, argv);
     if (!std::strcmp(cmd, "smoke")) return mt::cli::run_smoke(argc, argv);
     if (!std::strcmp(cmd, "plan")) return mt::cli::run_plan(argc, argv);
+    if (!std::strcmp(cmd, "parity")) return mt::cli::run_parity(argc, argv);
     if (!std::strcmp(cmd, "version")) {
       fmt::print("meshtrain {} (cuda: {}, mpi: {})\n", MT_VERSION, MT_HAVE_CUDA ? "yes" : "no", MT_HAVE_MPI ? "yes" : "no");
       return 0;
@@ -43,9 +46,13 @@ int main(int argc, char** argv) {
       fmt::print("{}", kUsage);
       return 0;
     }
-    MT_FAIL("unknown command '{}' (commands: train, eval, grad, init, smoke, plan, version; meshtrain --help)", cmd);
+    MT_FAIL("unknown command '{}' (commands: train, eval, grad, init, smoke, plan, parity, version; meshtrain --help)", cmd);
   } catch (const mt::cli::HelpShown&) {
     return 0;
+  } catch (const mt::cli::ExitError& e) {
+    if (!e.agreed()) return mt::end_job_on_error(e.what(), e.code());
+    MT_LOG_ERROR("{}", e.what());
+    return e.code();
   } catch (const std::exception& e) {
     return mt::end_job_on_error(e.what());
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/view.h"
 
@@ -28,6 +29,10 @@ inline D convert(S x) {
                        !std::is_same_v<compute_t<S>, float>) {
     // From f64 or an integer: one rounding, not two (through f32).
     return D(float_round_to_odd(static_cast<double>(x)));
+  } else if constexpr (std::is_integral_v<D> && !std::is_integral_v<compute_t<S>>) {
+    // Floating to integer: truncate to int64, then wrap to the narrower type (two's complement),
+    // so that u8/i32 of a negative or large value is defined, and the same as on CUDA.
+    return static_cast<D>(static_cast<int64_t>(static_cast<compute_t<S>>(x)));
   } else {
     return D(static_cast<compute_t<D>>(static_cast<compute_t<S>>(x)));
   }

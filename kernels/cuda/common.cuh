@@ -73,7 +73,14 @@ template <class T> using acc_t = typename Acc<T>::type;
 
 template <class T> __device__ __forceinline__ acc_t<T> to_acc(T x) { return x; }
 template <> __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <> __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+// A NaN keeps its payload (sign, and the mantissa shifted up), as the CPU's f16_to_float does; the
+// hardware conversion would give the canonical NaN instead.
+template <> __device__ __forceinline__ float to_acc(__half x) {
+  const unsigned h = __half_as_ushort(x);
+  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0u)
+    return __uint_as_float(((h & 0x8000u) << 16) | 0x7f800000u | ((h & 0x3ffu) << 13));
+  return __half2float(x);
+}
 
 template <class T, class A> __device__ __forceinline__ T from_acc(A x) { return static_cast<T>(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_acc(float x) { return __float2bfloat16_rn(x); }
@@ -170,6 +177,9 @@ __device__ __forceinline__ D cvt(S x) {
   } else if constexpr (kIsHalf<D>) {
     if constexpr (std::is_same_v<acc_t<S>, float>) return half_from_float<D>(to_acc(x));
     else return half_from_float<D>(dev_float_round_to_odd(static_cast<double>(to_acc(x))));
+  } else if constexpr (std::is_integral_v<D> && !std::is_integral_v<acc_t<S>>) {
+    // Floating to integer: truncate to int64, then wrap (the CPU's convert, kernels/cpu/loops.h).
+    return static_cast<D>(static_cast<int64_t>(to_acc(x)));
   } else {
     return static_cast<D>(static_cast<acc_t<D>>(to_acc(x)));
   }

@@ -4,7 +4,9 @@
 // costs one multiply per operand; other layouts pay a div/mod per dim.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 
 #include "kernels/cuda/common.cuh"
 
@@ -76,6 +78,84 @@ void launch_elementwise(const Shape& sizes, const std::array<const KView*, N>& v
   Geom<N> g = make_geom<N>(sizes, views);
   constexpr int kThreads = 256;
   elementwise_kernel<N><<<grid_for(n, kThreads), kThreads, 0, current_stream()>>>(n, g, f);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+// ---- contiguous fast path -------------------------------------------------------------------------
+// When every operand is dense with unit stride over the same n elements and 16-byte aligned, each
+// thread moves 16 bytes per operand per access (8 bf16, 4 f32, 2 f64): one wide load or store
+// instead of 2-8 narrow ones, and no offset arithmetic. Results are those of the general path
+// (the same f per element).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// True when `views` (sharing `sizes`) are all contiguous with unit stride and 16-byte aligned.
+template <int N>
+bool dense_aligned(const Shape& sizes, const std::array<const KView*, N>& views) {
+  const Geom<N> g = make_geom<N>(sizes, views);
+  if (g.nd != 1 || sizes.numel() < 2) return false;
+  for (int k = 0; k < N; ++k)
+    if (g.stride[k][0] != 1 || !aligned16(views[k]->data)) return false;
+  return true;
+}
+
+// Elements per 16-byte access for the widest of the operand types.
+template <class... T>
+constexpr int pack_width() {
+  constexpr size_t widest = std::max({sizeof(T)...});
+  return static_cast<int>(16 / widest);
+}
+
+template <int V, class In, class Out, class F>
+__global__ void dense_map1_kernel(const In* __restrict__ x, Out* __restrict__ y, int64_t n, F f) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t packs = n / V;
+  for (int64_t i = tid; i < packs; i += step) {
+    const Pack<In, V> a = reinterpret_cast<const Pack<In, V>*>(x)[i];
+    Pack<Out, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = f(a.v[k]);
+    reinterpret_cast<Pack<Out, V>*>(y)[i] = r;
+  }
+  for (int64_t i = packs * V + tid; i < n; i += step) y[i] = f(x[i]);
+}
+
+template <int V, class In, class Out, class F>
+__global__ void dense_map2_kernel(const In* __restrict__ x, const In* __restrict__ z, Out* __restrict__ y, int64_t n,
+                                  F f) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t packs = n / V;
+  for (int64_t i = tid; i < packs; i += step) {
+    const Pack<In, V> a = reinterpret_cast<const Pack<In, V>*>(x)[i];
+    const Pack<In, V> b = reinterpret_cast<const Pack<In, V>*>(z)[i];
+    Pack<Out, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = f(a.v[k], b.v[k]);
+    reinterpret_cast<Pack<Out, V>*>(y)[i] = r;
+  }
+  for (int64_t i = packs * V + tid; i < n; i += step) y[i] = f(x[i], z[i]);
+}
+
+// y = f(x) elementwise over dense, aligned operands (see dense_aligned).
+template <class In, class Out, class F>
+void launch_dense_map1(const In* x, Out* y, int64_t n, F f) {
+  constexpr int V = pack_width<In, Out>();
+  constexpr int kThreads = 256;
+  dense_map1_kernel<V><<<grid_for(ceil_div(n, V), kThreads), kThreads, 0, current_stream()>>>(x, y, n, f);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+template <class In, class Out, class F>
+void launch_dense_map2(const In* x, const In* z, Out* y, int64_t n, F f) {
+  constexpr int V = pack_width<In, Out>();
+  constexpr int kThreads = 256;
+  dense_map2_kernel<V><<<grid_for(ceil_div(n, V), kThreads), kThreads, 0, current_stream()>>>(x, z, y, n, f);
   MT_CUDA_LAUNCH_CHECK();
 }
 

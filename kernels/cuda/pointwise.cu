@@ -31,6 +31,7 @@ template <class In, class Out, class F>
 void map1(const KView& in, const KView& out, F f) {
   const In* x = in.ptr<const In>();
   Out* y = out.ptr<Out>();
+  if (dense_aligned<2>(out.sizes, {&in, &out})) return launch_dense_map1(x, y, out.sizes.numel(), f);
   launch_elementwise<2>(out.sizes, {&in, &out}, [=] __device__(const int64_t* o) { y[o[1]] = f(x[o[0]]); });
 }
 
@@ -39,6 +40,7 @@ void map2(const KView& a, const KView& b, const KView& out, F f) {
   const In* x = a.ptr<const In>();
   const In* z = b.ptr<const In>();
   Out* y = out.ptr<Out>();
+  if (dense_aligned<3>(out.sizes, {&a, &b, &out})) return launch_dense_map2(x, z, y, out.sizes.numel(), f);
   launch_elementwise<3>(out.sizes, {&a, &b, &out},
                         [=] __device__(const int64_t* o) { y[o[2]] = f(x[o[0]], z[o[1]]); });
 }

@@ -56,6 +56,13 @@ void check_device(Device d, std::string_view what) {
            "(cuda:0..cuda:{}; CUDA_VISIBLE_DEVICES selects them)", what, d, p.count, p.count - 1);
 }
 
+std::string device_name(int index) {
+  check_device(Device::cuda(index), "device_name");
+  cudaDeviceProp prop{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return prop.name;
+}
+
 int current_device() {
   int d = 0;
   MT_CUDA_CHECK(cudaGetDevice(&d));

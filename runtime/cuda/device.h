@@ -20,6 +20,9 @@ std::string unavailable_reason();
 // Throws mt::Error "no CUDA device: <what> needs cuda:i but ..." unless d is a visible CUDA device.
 void check_device(Device d, std::string_view what);
 
+// The device's product name ("NVIDIA H100 80GB HBM3"); check_device's error when there is none.
+std::string device_name(int index);
+
 int current_device();
 void set_device(int index);
 // Waits for all work of the current device.

@@ -18,6 +18,10 @@ std::string unavailable_reason() { return kReason; }
 void check_device(Device d, std::string_view what) {
   MT_FAIL("no CUDA device: {} needs {} but {}", what, d, kReason);
 }
+std::string device_name(int index) {
+  check_device(Device::cuda(index), "device_name");
+  return {};
+}
 int current_device() { MT_FAIL("no CUDA device: current_device: {}", kReason); }
 void set_device(int index) { check_device(Device::cuda(index), "set_device"); }
 void synchronize() {}

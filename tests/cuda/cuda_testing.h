@@ -116,9 +116,9 @@ inline CloseReport compare_cpu_cuda(const std::function<Tensor(const std::vector
   return r;
 }
 
-// Bitwise equality of a CUDA tensor and a CPU tensor of the same dtype and shape.
+// Bitwise equality of two tensors of the same dtype and shape, on any devices (compared on the host).
 inline bool same_bits(const Tensor& cuda_t, const Tensor& cpu_t) {
-  Tensor a = cuda_t.to(Device::cpu()).contiguous(), b = cpu_t.contiguous();
+  Tensor a = cuda_t.to(Device::cpu()).contiguous(), b = cpu_t.to(Device::cpu()).contiguous();
   if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
   return std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.numel() * dtype_size(a.dtype()))) == 0;
 }

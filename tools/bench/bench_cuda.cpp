@@ -1,10 +1,12 @@
 // CUDA throughput in one run, each figure against a baseline measured on the same device:
 // bf16 GEMM TFLOP/s (4096^3, 8192^3) through meshtrain's matmul kernel and the mt::matmul front
 // end vs bare cuBLASLt with its top heuristic algorithm (goal: 95%); achieved GB/s of elementwise
-// add, RMSNorm and cross-entropy vs a device-to-device copy (goal: 80%). Without a GPU it says
+// add, RMSNorm and cross-entropy vs a device-to-device copy (goal: 80%); causal attention forward
+// and backward TFLOP/s at seq 2048, head dim 128, bf16 (goal: 150). Without a GPU it says
 // that it cannot run and exits 0. Usage: bench_cuda [reps=20]
 #include <cublasLt.h>
 
+#include <cmath>
 #include <cstdio>
 #include <functional>
 
@@ -14,6 +16,7 @@
 #include "runtime/cuda/memory.h"
 #include "runtime/cuda/stream.h"
 #include "runtime/error.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tensor/ops_nn.h"
 #include "tensor/random.h"
@@ -107,6 +110,40 @@ void bench_bandwidth(const char* name, double bytes, double copy_gbs, const std:
   }
 }
 
+// Causal GQA attention forward + backward, bf16 [B, H, T, D]: TFLOP/s counting the causal half
+// only (forward 2 matmuls of 2*T*T*D/2 per head; backward 2.5x the forward, FlashAttention-2's
+// convention) against the 150 TFLOP/s goal.
+void bench_attention(int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t D) {
+  try {
+    const auto opts = TensorOptions(DType::kBF16).with_device(Device::cuda(0));
+    Tensor q = uniform({B, Hq, T, D}, -1, 1, opts).requires_grad_(true);
+    Tensor k = uniform({B, Hkv, T, D}, -1, 1, opts).requires_grad_(true);
+    Tensor v = uniform({B, Hkv, T, D}, -1, 1, opts).requires_grad_(true);
+    Tensor g = uniform({B, Hq, T, D}, -1, 1, opts);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const double fwd_flops = 4.0 * static_cast<double>(B * Hq) * static_cast<double>(T) * static_cast<double>(T) *
+                             static_cast<double>(D) / 2;
+    Tensor o;
+    const double fwd = time_ms([&] {
+      NoGradGuard no_grad;
+      o = scaled_dot_product_attention(q, k, v, Causal::kYes, scale);
+    });
+    const double both = time_ms([&] {
+      o = scaled_dot_product_attention(q, k, v, Causal::kYes, scale);
+      o.backward(g);
+      q.set_grad(Tensor());
+      k.set_grad(Tensor());
+      v.set_grad(Tensor());
+    });
+    const double tf = 3.5 * fwd_flops / (both * 1e-3) * 1e-12;
+    fmt::print("attention bf16 causal B={} Hq={} Hkv={} T={} D={}: forward {:.1f} TFLOP/s, forward+backward {:.1f} "
+               "TFLOP/s (goal >= 150): {}\n",
+               B, Hq, Hkv, T, D, fwd_flops / (fwd * 1e-3) * 1e-12, tf, tf >= 150 ? "met" : "NOT met");
+  } catch (const std::exception& e) {
+    fmt::print("attention bf16 T={} D={}: n/a: {}\n", T, D, e.what());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,6 +159,8 @@ int main(int argc, char** argv) {
     manual_seed(0);
     bench_gemm(4096);
     bench_gemm(8192);
+    bench_attention(4, 16, 8, 2048, 128);
+    bench_attention(4, 32, 8, 2048, 64);
 
     const Device gpu = Device::cuda(0);
     const int64_t rows = 8192, hidden = 4096, vocab = 32768, tokens = 4096;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,22 @@ namespace mt::cli {
 
 // Thrown after `--help` printed a command's usage; main() exits 0.
 struct HelpShown {};
+
+// An error that ends the command with a documented exit code other than 1 (`parity`: 2 when no
+// verdict could be reached). main() reports it like any error, with that code. `agreed`: every
+// rank of the job throws it at the same point (the ranks agreed on it), so each returns the code
+// and MPI ends normally; otherwise the job is ended at once (MPI_Abort with the code).
+class ExitError : public std::runtime_error {
+ public:
+  ExitError(const std::string& what, int code, bool agreed)
+      : std::runtime_error(what), code_(code), agreed_(agreed) {}
+  int code() const { return code_; }
+  bool agreed() const { return agreed_; }
+
+ private:
+  int code_;
+  bool agreed_;
+};
 
 struct FlagSpec {
   std::string name;  // without the leading "--"

@@ -12,21 +12,10 @@
 
 #include "mesh/dtensor.h"
 #include "runtime/error.h"
+#include "tools/cli/trainer.h"
 
 namespace mt::cli {
 namespace {
-
-constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
-
-enum class Upper { kInclusive, kExclusive };
-
-// A real flag in [lo, hi] or [lo, hi), named in the error with why the range is what it is.
-double real_in(const Args& args, const char* name, double lo, double hi, Upper upper, const char* why) {
-  const double x = args.real(name);
-  MT_CHECK(x >= lo && (upper == Upper::kExclusive ? x < hi : x <= hi), "meshtrain train: --{} {} is out of range: {}",
-           name, args.str(name), why);
-  return x;
-}
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -41,33 +30,18 @@ std::string human_bytes(double b) {
 }  // namespace
 
 void validate_train_flags(const Args& args) {
-  args.integer("batch", 1, kMaxBatch);
-  args.integer("seq", 1, kMaxPositions);
-  args.integer("accum", 1, kMaxAccum);
+  validate_step_flags(args, "train");
   args.integer("steps", 1, kMaxSteps);
   args.integer("stop-at", 0, kMaxSteps);
-  args.integer("warmup", 0, kMaxSteps);
   args.integer("checkpoint-every", 0, kMaxSteps);
   args.integer("log-every", 1, kMaxSteps);
-  args.integer("seed", 0, kInt64Max);
-  const double inf = std::numeric_limits<double>::infinity();
-  const double lr = args.real("lr");
-  MT_CHECK(lr > 0, "meshtrain train: --lr {} must be positive", args.str("lr"));
-  const double min_lr = real_in(args, "min-lr", 0, inf, Upper::kInclusive, "the final learning rate must be >= 0");
-  MT_CHECK(min_lr <= lr, "meshtrain train: --min-lr {} is above --lr {}: the cosine schedule decays from --lr to --min-lr",
-           args.str("min-lr"), args.str("lr"));
-  real_in(args, "weight-decay", 0, inf, Upper::kInclusive, "weight decay must be >= 0");
-  real_in(args, "beta2", 0, 1, Upper::kExclusive, "AdamW's beta2 must be in [0, 1)");
-  real_in(args, "grad-clip", 0, inf, Upper::kInclusive, "the clipping norm must be >= 0 (0: off)");
-  real_in(args, "dropout", 0, 1, Upper::kExclusive, "a dropout probability must be in [0, 1)");
-  real_in(args, "bucket-mb", 1.0 / (1 << 20), 1 << 20, Upper::kInclusive,
-          "the gradient bucket must be between 1 byte and 1 TiB");
 }
 
-void validate_train_flags(const Args& args, const ModelConfig& cfg, const std::string& source) {
+void validate_train_flags(const Args& args, const ModelConfig& cfg, const std::string& source,
+                          const std::string& command) {
   const int64_t seq = args.integer("seq");
   MT_CHECK(seq <= cfg.max_position_embeddings,
-           "meshtrain train: --seq {} is longer than max_position_embeddings = {} of the model ({})", seq,
+           "meshtrain {}: --seq {} is longer than max_position_embeddings = {} of the model ({})", command, seq,
            cfg.max_position_embeddings, source);
 }
 

@@ -20,10 +20,13 @@ inline constexpr int64_t kMaxAccum = int64_t{1} << 20;
 inline constexpr int64_t kMaxSteps = int64_t{1} << 40;
 
 // `train` flags on their own (before any file is read): each in its range (--batch 2^62, --lr 0,
-// --grad-clip -1, --beta2 1, --min-lr above --lr ... are errors naming the flag).
+// --grad-clip -1, --beta2 1, --min-lr above --lr ... are errors naming the flag). The flags of
+// the step itself are checked by validate_step_flags (trainer.h), which `parity` shares.
 void validate_train_flags(const Args& args);
-// `train` flags against the model: --seq at most max_position_embeddings (named with `source`).
-void validate_train_flags(const Args& args, const ModelConfig& cfg, const std::string& source);
+// `train` (or `parity`: `command`) flags against the model: --seq at most max_position_embeddings
+// (named with `source`).
+void validate_train_flags(const Args& args, const ModelConfig& cfg, const std::string& source,
+                          const std::string& command = "train");
 
 // What a command keeps per parameter at least, in f32 bytes: the weights (init, eval), plus the
 // gradients (grad), plus the AdamW moments (train).

@@ -10,5 +10,6 @@ int run_grad(int argc, char** argv);
 int run_init(int argc, char** argv);
 int run_smoke(int argc, char** argv);
 int run_plan(int argc, char** argv);
+int run_parity(int argc, char** argv);
 
 }  // namespace mt::cli

@@ -24,8 +24,10 @@
 #include "tools/cli/args.h"
 #include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/device.h"
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
+#include "tools/cli/trainer.h"
 
 namespace mt::cli {
 namespace {
@@ -35,6 +37,7 @@ const std::vector<FlagSpec> kEvalFlags = {
     {"tokens", "text file: one sequence of T+1 comma-separated token ids per line", "", false},
     {"out", "where grad writes the gradients (safetensors, f32, HF names)", "", false},
     {"plan", "parallelize with this plan file over the mpirun world (docs/cli.md, --plan)", "", false},
+    {"device", "cpu, cuda (under mpirun: GPU local rank % GPUs) or cuda:N", "cpu", false},
 };
 
 struct Parallel {
@@ -42,29 +45,15 @@ struct Parallel {
   std::unique_ptr<Parallelized> par;
 };
 
-struct Batch {
-  Tensor inputs, targets;
-};
-
-Batch read_batch(const std::string& path, const ModelConfig& cfg, const std::string& dir) {
-  TokenRows rows = read_token_lines(path);
-  check_token_range(rows, cfg.vocab_size, path);
-  MT_CHECK(rows.cols >= 2, "{}: each line needs at least 2 token ids (T+1 with T >= 1), found {}", path, rows.cols);
-  MT_CHECK(rows.cols - 1 <= cfg.max_position_embeddings,
-           "{}: sequences of T = {} tokens are longer than max_position_embeddings = {} of checkpoint '{}'", path,
-           rows.cols - 1, cfg.max_position_embeddings, dir);
-  Tensor all = from_vector<int64_t>(rows.ids, Shape{rows.rows, rows.cols});
-  return {all.narrow(1, 0, rows.cols - 1).contiguous(), all.narrow(1, 1, rows.cols - 1).contiguous()};
-}
-
 // Loads the checkpoint in f32 and returns the model with its mean cross-entropy on the file. With
 // --plan (`parallel` set), the loaded model is parallelized (each rank keeps its shards) and the
 // loss is a replicated DTensor.
 std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& command, const Args& args,
                                                         Parallel* parallel) {
   const std::string dir = args.required("hf"), tokens = args.required("tokens");
+  const Device device = resolve_device(command, args.str("device"));
   HfCheckpoint ck = read_hf_checkpoint(dir);
-  Batch batch = read_batch(tokens, ck.config, dir);
+  TokenBatch batch = read_token_batch(tokens, ck.config, dir);
   std::shared_ptr<CausalLM> model;
   {
     InitDeviceGuard meta(Device::meta());  // weights come from the file: skip random init
@@ -72,8 +61,14 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& comma
   }
   load_into_module(*model, ck);
   model->eval();
-  if (parallel) {
+  if (parallel)
     parallel->par = std::make_unique<Parallelized>(parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh));
+  if (!device.is_cpu()) {  // loaded (and sliced) on the host, then moved: the same bytes
+    model->to(device);
+    batch.inputs = batch.inputs.to(device);
+    batch.targets = batch.targets.to(device);
+  }
+  if (parallel) {
     batch.inputs = place_input(batch.inputs, *parallel->par, parallel->ctx);
     batch.targets = place_input(batch.targets, *parallel->par, parallel->ctx);
   }
@@ -146,7 +141,8 @@ int run_init(int argc, char** argv) {
                      {"out", "output directory for config.json + model.safetensors", "", false},
                      {"dtype", "f32, bf16 or f16 on disk", "f32", false},
                      {"plan", "initialize shard-wise under this plan over the mpirun world; rank 0 writes", "", false},
-                     {"overwrite", "replace the checkpoint already in --out", "", true}},
+                     {"overwrite", "replace the checkpoint already in --out", "", true},
+                     {"device", "initialize on cpu, cuda or cuda:N (the same bytes: docs/cuda.md)", "cpu", false}},
             argc, argv, 2);
   ModelConfig cfg = resolve_config(args.required("config"));
   const std::string out = args.required("out");
@@ -155,10 +151,12 @@ int run_init(int argc, char** argv) {
   MT_CHECK(dt == "f32" || dt == "bf16" || dt == "f16", "meshtrain init: --dtype must be f32, bf16 or f16, got '{}'", dt);
   DType dtype = dt == "f32" ? DType::kF32 : dt == "bf16" ? DType::kBF16 : DType::kF16;
   auto parallel = parallel_from(args);
+  const Device device = resolve_device("init", args.str("device"));
   manual_seed(static_cast<uint64_t>(args.integer("seed", 0, std::numeric_limits<int64_t>::max())));
   check_model_fits_memory(cfg, ModelUse::kWeights, "init", args.str("config"));
   std::shared_ptr<CausalLM> model;
   if (!parallel) {
+    InitDeviceGuard on(device);  // random init runs on the device (Philox: the CPU's values)
     model = build_causal_lm(cfg);
     write_hf_checkpoint(out, cfg, hf_state(*model, cfg), dtype);
   } else {
@@ -166,7 +164,7 @@ int run_init(int argc, char** argv) {
       InitDeviceGuard meta(Device::meta());  // each rank fills only its shards (parallelize)
       model = build_causal_lm(cfg);
     }
-    Parallelized par = parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh);
+    Parallelized par = parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh, device);
     auto full = full_tensors(hf_state(*model, cfg));  // collective: every rank
     if (parallel->ctx.is_root()) write_hf_checkpoint(out, cfg, full, dtype);
   }

@@ -4,7 +4,8 @@
 // With --plan P under mpirun the model is parallelized by the plan (docs/cli.md, "--plan"): every
 // rank reads the same global batch and keeps its shard of it, gradients are reduced by the fused
 // GradReducer, AdamW and clipping work on the shards, and rank 0 prints, logs and writes full
-// checkpoints (which resume under any plan, or none).
+// checkpoints (which resume under any plan, or none). The step itself (its flags, the model
+// construction, gradients / clip / apply) is tools/cli/trainer.h, shared with `meshtrain parity`.
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -19,9 +20,7 @@
 #include "models/hf_config.h"
 #include "models/llama.h"
 #include "optim/adamw.h"
-#include "optim/clip.h"
 #include "optim/master_weights.h"
-#include "optim/schedule.h"
 #include "plan/grad_reducer.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
@@ -29,53 +28,36 @@
 #include "tools/cli/args.h"
 #include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/device.h"
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
 #include "tools/cli/train_state.h"
+#include "tools/cli/trainer.h"
 
 namespace mt::cli {
 namespace {
 
-const std::vector<FlagSpec> kTrainFlags = {
-    {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
-    {"hf", "start from the weights of this Hugging Face checkpoint directory", "", false},
-    {"data", "llm.c token shard (.bin); default: the embedded corpus, byte-tokenized", "", false},
-    {"batch", "sequences per micro-batch", "8", false},
-    {"seq", "tokens per sequence", "128", false},
-    {"accum", "micro-batches per optimizer step (gradient accumulation)", "1", false},
-    {"steps", "optimizer steps in the whole run (sets the LR schedule)", "300", false},
-    {"stop-at", "stop after this many steps (0: run all --steps); with --resume this continues", "0", false},
-    {"lr", "peak learning rate", "3e-3", false},
-    {"min-lr", "final learning rate of the cosine schedule", "3e-4", false},
-    {"warmup", "linear warmup steps", "20", false},
-    {"weight-decay", "AdamW decoupled weight decay (matrices only)", "0.1", false},
-    {"beta2", "AdamW beta2", "0.95", false},
-    {"grad-clip", "clip the global gradient norm to this (0: off)", "1.0", false},
-    {"dropout", "attention and residual dropout probability", "0", false},
-    {"seed", "random seed (init, dropout)", "1337", false},
-    {"precision", "f32, or bf16 (bf16 compute, f32 master weights)", "f32", false},
-    {"device", "cpu (cuda arrives with the CUDA backend)", "cpu", false},
-    {"checkpoint-dir", "directory for checkpoints (empty: none)", "", false},
-    {"checkpoint-every", "save every N steps (0: only at the end)", "0", false},
-    {"resume", "continue from the latest checkpoint in --checkpoint-dir", "", true},
-    {"overwrite", "replace checkpoints in --checkpoint-dir that this run did not write (docs/checkpoints.md)", "", true},
-    {"metrics", "JSONL metrics file (empty: none)", "metrics.jsonl", false},
-    {"log-every", "print every N steps", "1", false},
-    {"plan", "parallelize with this plan file over the mpirun world (docs/cli.md, --plan)", "", false},
-    {"no-fuse", "with --plan: one collective per gradient and mesh dim instead of fused buckets", "", true},
-    {"bucket-mb", "with --plan: gradient bucket size in MiB", "25", false},
-};
-
-// GFLOP/s of a 512^3 f32 GEMM on this machine: the peak the MFU estimate is relative to.
-double measured_peak_flops() {
-  Tensor a = ones({512, 512}), b = ones({512, 512});
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    Tensor c = matmul(a, b);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return 2.0 * 512 * 512 * 512 / best;
+// The step flags (trainer.h: batch, seq, accum, AdamW, schedule, clipping, dropout, seed, gradient
+// reduction) plus what only a training run has.
+std::vector<FlagSpec> train_flags() {
+  std::vector<FlagSpec> flags = {
+      {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
+      {"hf", "start from the weights of this Hugging Face checkpoint directory", "", false},
+      {"data", "llm.c token shard (.bin); default: the embedded corpus, byte-tokenized", "", false},
+      {"steps", "optimizer steps in the whole run (sets the LR schedule)", "300", false},
+      {"stop-at", "stop after this many steps (0: run all --steps); with --resume this continues", "0", false},
+      {"precision", "f32, or bf16 (bf16 compute, f32 master weights)", "f32", false},
+      {"device", "cpu, cuda (under mpirun: GPU local rank % GPUs) or cuda:N", "cpu", false},
+      {"checkpoint-dir", "directory for checkpoints (empty: none)", "", false},
+      {"checkpoint-every", "save every N steps (0: only at the end)", "0", false},
+      {"resume", "continue from the latest checkpoint in --checkpoint-dir", "", true},
+      {"overwrite", "replace checkpoints in --checkpoint-dir that this run did not write (docs/checkpoints.md)", "", true},
+      {"metrics", "JSONL metrics file (empty: none)", "metrics.jsonl", false},
+      {"log-every", "print every N steps", "1", false},
+      {"plan", "parallelize with this plan file over the mpirun world (docs/cli.md, --plan)", "", false},
+  };
+  for (auto& f : step_flags("8", "128")) flags.push_back(std::move(f));
+  return flags;
 }
 
 // Training FLOPs per token: 6 per weight used in a matmul plus the attention scores (PaLM, app. B).
@@ -89,11 +71,6 @@ double flops_per_token(const ModelConfig& c, int64_t seq) {
   }
   double attn = 12.0 * static_cast<double>(c.num_hidden_layers * c.num_attention_heads * c.resolved_head_dim() * seq);
   return 6.0 * n + attn;
-}
-
-DType parse_precision(const std::string& p) {
-  MT_CHECK(p == "f32" || p == "bf16", "meshtrain train: --precision must be f32 or bf16, got '{}'", p);
-  return p == "f32" ? DType::kF32 : DType::kBF16;
 }
 
 void check_resume_matches(const TrainState& s, const Args& args) {
@@ -111,14 +88,12 @@ void check_resume_matches(const TrainState& s, const Args& args) {
 }  // namespace
 
 int run_train(int argc, char** argv) {
-  Args args("train", kTrainFlags, argc, argv, 2);
+  Args args("train", train_flags(), argc, argv, 2);
   validate_train_flags(args);  // every flag in its range before anything is read
-  MT_CHECK(args.str("device") == "cpu", "meshtrain train: --device {} is not available in this build (cpu only)",
-           args.str("device"));
   const int64_t batch = args.integer("batch"), seq = args.integer("seq"), accum = args.integer("accum");
   const int64_t steps = args.integer("steps"), log_every = std::max<int64_t>(1, args.integer("log-every"));
   const int64_t stop_at = args.integer("stop-at") > 0 ? std::min(args.integer("stop-at"), steps) : steps;
-  const DType compute = parse_precision(args.str("precision"));
+  const DType compute = parse_precision(args.str("precision"), "train");
   const std::string ckpt_dir = args.str("checkpoint-dir");
   const bool resume = args.flag("resume");
   MT_CHECK(!resume || !ckpt_dir.empty(), "meshtrain train: --resume needs --checkpoint-dir");
@@ -132,10 +107,9 @@ int run_train(int argc, char** argv) {
   if (!args.str("plan").empty()) {
     plan = std::make_unique<PlanContext>(load_plan_context(args.str("plan")));
     quiet_non_root(*plan);
-    MT_CHECK(compute == DType::kF32, "meshtrain train: --precision {} with --plan {} is not supported (f32 only)",
-             args.str("precision"), plan->path);
   }
   const bool root = !plan || plan->is_root();
+  const Device device = resolve_device("train", args.str("device"));
 
   // Model and weights.
   LoadedCheckpoint loaded;
@@ -159,61 +133,24 @@ int run_train(int argc, char** argv) {
   validate_train_flags(args, cfg, cfg_source);
   check_model_fits_memory(cfg, ModelUse::kTraining, "train", cfg_source);
   manual_seed(seed);
-  std::shared_ptr<CausalLM> model;
-  if (resume || !args.str("hf").empty()) {
-    {
-      InitDeviceGuard meta(Device::meta());
-      model = build_causal_lm(cfg);
-    }
-    HfCheckpoint ck;
-    ck.config = cfg;
-    ck.tensors = resume ? std::move(loaded.model) : std::move(start_weights.tensors);
-    load_into_module(*model, ck);
-  } else if (plan) {
-    InitDeviceGuard meta(Device::meta());  // parallelize() fills each rank's shards
-    model = build_causal_lm(cfg);
-  } else {
-    model = build_causal_lm(cfg);
-  }
-  model->train();
+  HfCheckpoint start_from;  // --resume or --hf: the model starts from these weights
+  const bool loaded_weights = resume || !args.str("hf").empty();
+  if (loaded_weights) start_from.tensors = resume ? std::move(loaded.model) : std::move(start_weights.tensors);
+  std::shared_ptr<CausalLM> model = build_run_model(cfg, loaded_weights ? &start_from : nullptr, plan != nullptr);
   // --plan: loaded weights are sliced to the shards, meta ones initialized shard-wise (equal to the
-  // single-device init). The reducer hooks every parameter.
+  // single-device init). The trainer's reducer hooks every parameter.
   std::unique_ptr<Parallelized> par;
-  std::unique_ptr<GradReducer> reducer;
-  if (plan) {
-    par = std::make_unique<Parallelized>(parallelize(*model, plan->plan, *plan->mesh));
-    GradReducerOptions ro;
-    ro.fuse = !args.flag("no-fuse");
-    MT_CHECK(args.real("bucket-mb") > 0, "meshtrain train: --bucket-mb must be positive");
-    ro.bucket_bytes = static_cast<int64_t>(args.real("bucket-mb") * (1 << 20));
-    reducer = std::make_unique<GradReducer>(*model, *plan->mesh, ro);
-  }
+  if (plan) par = std::make_unique<Parallelized>(parallelize(*model, plan->plan, *plan->mesh));
+  // Built, loaded and sharded on the host exactly as a CPU run; then moved (the same bytes).
+  if (!device.is_cpu()) model->to(device);
 
   // Data.
-  std::vector<int32_t> tokens = args.str("data").empty() ? embedded_corpus_tokens() : read_token_file(args.str("data"));
-  for (int32_t t : tokens)
-    MT_CHECK(t >= 0 && t < cfg.vocab_size, "{}: token id {} is out of range for vocab_size {}",
-             args.str("data").empty() ? "embedded corpus" : args.str("data"), t, cfg.vocab_size);
+  std::vector<int32_t> tokens = run_tokens(args.str("data"), cfg);
   DataLoader loader(tokens, batch, seq);
 
-  // The model holds f32 weights here (fresh init or loaded). For bf16, keep exact f32 copies as
-  // the optimizer's master weights and cast the model itself to bf16 for compute.
-  NamedTensors f32_weights;
-  if (compute != DType::kF32) {
-    for (auto& [name, p] : model->named_parameters()) f32_weights.emplace_back(name, p.detach().clone());
-    cast_parameters(*model, compute);
-  }
-  MasterWeights master(model->named_parameters());
-  if (compute != DType::kF32) master.load_state_dict(f32_weights);
-  f32_weights.clear();
-  AdamWOptions adam;
-  adam.lr = args.real("lr");
-  adam.beta1 = 0.9;
-  adam.beta2 = args.real("beta2");
-  adam.eps = 1e-8;
-  AdamW opt(make_param_groups(master.master_params(), args.real("weight-decay")), adam);
-  // A run shorter than the warmup warms up over the whole run.
-  LrSchedule sched{args.real("lr"), args.real("min-lr"), std::min(args.integer("warmup"), steps), steps};
+  Trainer trainer(*model, args, "train", steps, compute, plan.get(), par.get());
+  MasterWeights& master = trainer.master();
+  AdamW& opt = trainer.optimizer();
   int64_t start = 0;
   if (resume) {
     // Checkpoints hold full tensors: with --plan, each rank takes its shards of the moments.
@@ -230,11 +167,11 @@ int run_train(int argc, char** argv) {
     metrics = std::make_unique<std::ofstream>(args.str("metrics"), start > 0 ? std::ios::app : std::ios::trunc);
     MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file {}", args.str("metrics"));
   }
-  const double peak = measured_peak_flops(), fpt = flops_per_token(cfg, seq);
+  const double peak = peak_flops(device, compute), fpt = flops_per_token(cfg, seq);
   fmt::print("model {} ({:.2f}M parameters), {} tokens (unigram entropy {:.4f} nats), batch {}x{}x{}, {} steps, "
-             "precision {}\n",
+             "precision {}, device {}\n",
              cfg.model_type, static_cast<double>(cfg.num_parameters()) / 1e6, tokens.size(), unigram_entropy(tokens),
-             batch, seq, accum, steps, args.str("precision"));
+             batch, seq, accum, steps, args.str("precision"), device.str());
   if (plan)
     fmt::print("plan {} on {} ranks: mesh {}, input placements {}, gradient reduction {}\n", plan->path, plan->world,
                plan->plan_mesh.str(), placements_on(par->input_placements("model"), plan->plan_mesh),
@@ -262,37 +199,19 @@ int run_train(int argc, char** argv) {
 
   for (int64_t step = start; step < stop_at; ++step) {
     auto t0 = std::chrono::steady_clock::now();
-    opt.set_lr(sched.lr(step));
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      auto [inputs, targets] = loader.next();
-      if (plan) {
-        inputs = place_input(inputs, *par, *plan);
-        targets = place_input(targets, *par, *plan);
-        reducer->set_sync(micro + 1 == accum);  // reduce once per optimizer step
-      }
-      Tensor loss = model->loss(inputs, targets);
-      loss_sum += scalar_value(loss);
-      (accum > 1 ? div(loss, static_cast<double>(accum)) : loss).backward();
-    }
-    if (reducer) reducer->finish();
-    master.grads_to_master();
-    double norm = clip_grad_norm(master.master_params(), args.real("grad-clip"));
-    double loss = loss_sum / static_cast<double>(accum);
-    // A non-finite loss or gradient stops the run before the optimizer step applies it: the weights
-    // stay those of the previous step, and this step is never saved (docs/cli.md, "Bad input and non-finite values").
-    MT_CHECK(std::isfinite(loss) && std::isfinite(norm),
-             "meshtrain train: step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, "
-             "so no checkpoint of step {} is written (lower --lr, enable --grad-clip, or check the data and the "
-             "starting weights)", step + 1, loss, norm, step + 1);
-    opt.step();
-    opt.zero_grad();
-    model->zero_grad();
-    master.master_to_model();
+    StepResult r = trainer.gradients(step, [&] {
+      TokenBatch b = loader.next();
+      if (!device.is_cpu()) b = {b.inputs.to(device), b.targets.to(device)};
+      return b;
+    });
+    const double loss = r.loss, norm = trainer.clip(step, r.loss);
+    trainer.apply();
+    synchronize(device);  // the step's queued kernels belong to its time
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double tok_s = static_cast<double>(batch * seq * accum) / secs;
     double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
-    double mem = static_cast<double>(cpu_memory_stats().peak) / (1 << 20);
+    double mem = static_cast<double>(memory_stats(device).peak) / (1 << 20);
+    const GradReducer* reducer = trainer.reducer();
     const int64_t collectives = reducer ? reducer->stats().collectives : 0;
     if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
       fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",

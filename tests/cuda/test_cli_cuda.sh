@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# `meshtrain {init,eval,grad,train} --device cuda` against the same commands on the CPU (issue 17):
+# init files byte-identical; eval loss within 1e-5 relative; gradient files within 1e-5 of each
+# tensor's largest magnitude; 20 f32 training steps of llama-tiny and mixtral-tiny with per-step
+# losses within 1e-5 relative; bf16 on CUDA tracking f32 on the CPU within 2e-2 relative; and,
+# under mpirun on one GPU (host-staged collectives), llama_dp and llama_tp (np 2), llama_dp_tp and
+# mixtral_ep_tp (np 4) training like the single-device run. Without a GPU: `--device cuda` fails with one line naming
+# the flag (checked everywhere), then the script exits 77 (meson: SKIP).
+# usage: test_cli_cuda.sh MESHTRAIN_BINARY COMPARE_PY PLANS_DIR [MPIRUN]
+set -u
+BIN=$1
+CMP=$2
+PLANS=$3
+MPIRUN=${4:-}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+fails=0
+pass() { echo "ok   - $1"; }
+fail() { echo "FAIL - $1"; fails=$((fails + 1)); }
+json_loss() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])["loss"])' "$1"; }
+rel_close() { python3 -c 'import sys; a,b,t=map(float,sys.argv[1:]); d=abs(a-b)/max(abs(a),1e-30); print(f"{d:.2e}"); sys.exit(0 if d<=t else 1)' "$1" "$2" "$3"; }
+
+# ---- no GPU: one clear line ------------------------------------------------------------------------
+CUDA_VISIBLE_DEVICES= "$BIN" train --device cuda --steps 1 --metrics "" >"$WORK/out" 2>"$WORK/err"
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -lt 128 ] && [ "$(grep -c 'error:' "$WORK/err")" = 1 ] \
+   && grep -q -- "--device cuda" "$WORK/err" && grep -q "use --device cpu" "$WORK/err"; then
+  pass "--device cuda without a GPU: exit $rc, $(grep 'error:' "$WORK/err")"
+else
+  fail "--device cuda without a GPU: exit $rc, stderr: $(cat "$WORK/err")"
+fi
+"$BIN" train --device cuda:x --steps 1 --metrics "" >/dev/null 2>"$WORK/err" && fail "--device cuda:x accepted" \
+  || { grep -q "must be cpu, cuda or cuda:N" "$WORK/err" && pass "--device cuda:x refused" || fail "--device cuda:x: $(cat "$WORK/err")"; }
+
+if ! "$BIN" init --config llama-tiny --seed 3 --device cuda --out "$WORK/probe" >/dev/null 2>"$WORK/err"; then
+  if grep -q "no CUDA device" "$WORK/err"; then
+    echo "SKIP: no CUDA device: $(grep -o 'no CUDA device.*' "$WORK/err" | head -n 1)"
+    [ $fails -eq 0 ] && exit 77 || exit 1
+  fi
+  fail "init --device cuda: $(cat "$WORK/err")"
+fi
+
+# ---- init, eval, grad ------------------------------------------------------------------------------
+python3 - "$WORK/tokens.txt" <<'PY'
+import random, sys
+random.seed(0)
+with open(sys.argv[1], "w") as f:
+    for _ in range(4):
+        f.write(",".join(str(random.randrange(256)) for _ in range(33)) + "\n")
+PY
+for model in llama-tiny mixtral-tiny; do
+  "$BIN" init --config $model --seed 3 --out "$WORK/$model.cpu" >/dev/null || fail "$model: init on cpu"
+  "$BIN" init --config $model --seed 3 --device cuda --out "$WORK/$model.cuda" >/dev/null 2>"$WORK/err" || fail "$model: init on cuda: $(tail -n 1 "$WORK/err")"
+  cmp -s "$WORK/$model.cpu/model.safetensors" "$WORK/$model.cuda/model.safetensors" \
+    && pass "$model: init --device cuda writes the CPU's bytes" || fail "$model: init on cuda differs from the cpu"
+  ck="$WORK/$model.cpu"
+  l_cpu=$(json_loss "$("$BIN" eval --hf "$ck" --tokens "$WORK/tokens.txt" | tail -n 1)")
+  l_gpu=$(json_loss "$("$BIN" eval --hf "$ck" --tokens "$WORK/tokens.txt" --device cuda 2>"$WORK/err" | tail -n 1)" 2>/dev/null)
+  d=$(rel_close "$l_cpu" "${l_gpu:-nan}" 1e-5) && pass "$model: eval loss cuda $l_gpu vs cpu $l_cpu (rel $d)" \
+    || fail "$model: eval cuda '$l_gpu' vs cpu $l_cpu (rel $d) $(tail -n 1 "$WORK/err")"
+  "$BIN" grad --hf "$ck" --tokens "$WORK/tokens.txt" --out "$WORK/$model.g_cpu.safetensors" >/dev/null || fail "$model: grad cpu"
+  "$BIN" grad --hf "$ck" --tokens "$WORK/tokens.txt" --out "$WORK/$model.g_cuda.safetensors" --device cuda >/dev/null 2>"$WORK/err" \
+    || fail "$model: grad cuda: $(tail -n 1 "$WORK/err")"
+  r=$(python3 "$CMP" grads "$WORK/$model.g_cpu.safetensors" "$WORK/$model.g_cuda.safetensors" 1e-5 2>&1) \
+    && pass "$model: grad --device cuda: $r" || fail "$model: grad --device cuda: $r"
+done
+
+# ---- training: 20 steps, f32 on both, bf16 on CUDA --------------------------------------------------
+TRAIN="train --batch 4 --seq 32 --steps 20 --warmup 5 --lr 3e-3 --seed 5"
+for model in llama-tiny mixtral-tiny; do
+  "$BIN" $TRAIN --config $model --metrics "$WORK/$model.t_cpu.jsonl" >/dev/null || fail "$model: train cpu"
+  "$BIN" $TRAIN --config $model --device cuda --metrics "$WORK/$model.t_cuda.jsonl" >"$WORK/$model.t_cuda.out" 2>"$WORK/err" \
+    || fail "$model: train cuda: $(tail -n 1 "$WORK/err")"
+  r=$(python3 "$CMP" losses "$WORK/$model.t_cpu.jsonl" "$WORK/$model.t_cuda.jsonl" 1e-5 rel 2>&1) \
+    && pass "$model: 20 f32 steps on cuda vs cpu: $r" || fail "$model: f32 train cuda vs cpu: $r"
+  "$BIN" $TRAIN --config $model --device cuda --precision bf16 --metrics "$WORK/$model.t_bf16.jsonl" >/dev/null 2>"$WORK/err" \
+    || fail "$model: train cuda bf16: $(tail -n 1 "$WORK/err")"
+  r=$(python3 "$CMP" losses "$WORK/$model.t_cpu.jsonl" "$WORK/$model.t_bf16.jsonl" 2e-2 rel 2>&1) \
+    && pass "$model: 20 bf16 steps on cuda vs f32 on cpu: $r" || fail "$model: bf16 cuda vs f32 cpu: $r"
+done
+grep -q "device cuda:0" "$WORK/llama-tiny.t_cuda.out" && pass "train prints its device" || fail "train header: $(head -n 1 "$WORK/llama-tiny.t_cuda.out")"
+
+# ---- several ranks on one GPU: host-staged collectives -----------------------------------------------
+if [ -n "$MPIRUN" ]; then
+  mpi() { local np=$1; shift; timeout 300 "$MPIRUN" -np "$np" --oversubscribe --mca btl self,vader "$@"; }
+  for spec in llama_dp:llama-tiny:2 llama_tp:llama-tiny:2 llama_dp_tp:llama-tiny:4 mixtral_ep_tp:mixtral-tiny:4; do
+    IFS=: read -r plan model np <<<"$spec"
+    mpi $np "$BIN" $TRAIN --config $model --plan "$PLANS/$plan.plan" --device cuda --metrics "$WORK/$plan.jsonl" \
+      >/dev/null 2>"$WORK/err" || fail "$plan np $np cuda: $(grep -m 1 '\] error: ' "$WORK/err" || tail -n 3 "$WORK/err")"
+    r=$(python3 "$CMP" losses "$WORK/$model.t_cpu.jsonl" "$WORK/$plan.jsonl" 1e-5 rel 2>&1) \
+      && pass "$plan np $np on one GPU (host-staged) vs one CPU device: $r" || fail "$plan np $np cuda: $r"
+  done
+  grep -q "staged through host memory" "$WORK/err" && pass "one-line host-staging notice" || fail "no staging notice: $(head -n 3 "$WORK/err")"
+fi
+
+echo "$fails failure(s)"
+[ $fails -eq 0 ]

@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# `meshtrain parity` (issue 14, docs/cli.md "parity") through the real binary under real mpirun:
+#   pass  (exit 0): stock plans on llama-tiny and mixtral-tiny, every loss, grad norm, weight and
+#         gradient difference in the --json report within the tolerance (1e-5, relative to the
+#         reference's largest magnitude); a reference from files (train --checkpoint-dir, grad --out);
+#         --per-module naming no module;
+#   fail  (exit 1): --tol 0 on a tensor-parallel plan (its partial sums round differently), and a
+#         reference checkpoint with one weight tampered with (the report names it);
+#   usage (exit 2): bad flags, a plan the world does not fit, a reference of another model or
+#         shape, mismatched step counts, bf16 with a plan and cuda refused (parity: f32 on the CPU for now).
+# MODE fast (suite cli/mpi, about 20 s) or slow (np 4 and every other stock plan, --per-module, a
+# gradient reference: suite slow, about 20 s).
+# usage: test_parity_cli.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
+set -u
+BIN=$1
+MPIRUN=$2
+PLANS=$3
+MODE=${4:-fast}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export OMP_NUM_THREADS=1
+export MT_COLLECTIVE_TIMEOUT_S=${MT_COLLECTIVE_TIMEOUT_S:-30}
+fails=0
+pass() { echo "ok   - $1"; }
+fail() { echo "FAIL - $1"; fails=$((fails + 1)); }
+mpi() { local np=$1; shift; timeout 120 "$MPIRUN" -np "$np" --oversubscribe --mca btl self,vader "$@"; }
+# Small and quick: 2 steps of 2 x 16 tokens (the flags any run of parity may take).
+SMALL="--batch 2 --seq 16 --steps 2 --warmup 1 --seed 7"
+
+# Every difference in a --json report within its tolerance (every loss, step 1's grad norm and
+# gradients within TOL; later grad norms, weights and gradients after the last step within DTOL),
+# verdict "pass"; prints the worst of each kind.
+report_within() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); tol, wtol = float(sys.argv[2]), float(sys.argv[3])
+tight, loose = [], []
+for s in r["steps"]:
+    for k in ("loss_rel", "grad_norm_rel"):
+        if s[k] is not None:
+            (tight if k == "loss_rel" or s["step"] == 1 else loose).append((float(s[k]), f"step {s['step']} {k}"))
+for p in r["parameters"]:
+    if "grad_step1" in p: tight.append((float(p["grad_step1"]["rel"]), f"step-1 grad {p['name']}"))
+    for k in ("weight", "grad"):
+        if k in p: loose.append((float(p[k]["rel"]), f"{k} {p['name']}"))
+assert tight or loose, "nothing compared"
+msg, ok = [], r["verdict"] == "pass"
+for name, xs, t in (("tol", tight, tol), ("drift-tol", loose, wtol)):
+    if xs:
+        w = max(xs); ok = ok and w[0] <= t
+        msg.append(f"{len(xs)} within {name} {t:g}, worst {w[0]:.2e} ({w[1]})")
+print("; ".join(msg))
+sys.exit(0 if ok else 1)
+PY
+}
+
+# Runs a parity command expecting exit code RC; the last stderr/stdout lines on failure.
+expect_rc() {
+  local name=$1 want=$2; shift 2
+  "$@" >"$WORK/out" 2>"$WORK/err"
+  local rc=$?
+  if [ $rc -eq "$want" ]; then pass "$name (exit $rc)"; return 0; fi
+  fail "$name: exit $rc, expected $want: $(tail -n 3 "$WORK/out") $(grep '] error: ' "$WORK/err" | tail -n 1)"
+  return 1
+}
+
+# Expects exit 2 with every PATTERN in the error line (stderr).
+expect_usage() {
+  local name=$1; shift
+  local pats=()
+  while [ "$1" != "--" ]; do pats+=("$1"); shift; done
+  shift
+  "$@" >"$WORK/out" 2>"$WORK/err"
+  local rc=$?
+  local last
+  last=$(grep "\] error: " "$WORK/err" | tail -n 1)
+  if [ $rc -ne 2 ]; then fail "$name: exit $rc, expected 2 ($last)"; return; fi
+  for p in "${pats[@]}"; do
+    if ! grep -qF -- "$p" <<<"$last"; then fail "$name: '$p' not in: $last"; return; fi
+  done
+  pass "$name (exit 2): ${last#*error: }"
+}
+
+# ---- pass: stock plans against the in-process reference ----------------------------------------------
+# mixtral_ep_tp over 3 steps: an expert that no token picks in a step has no gradient on one device
+# and (since the GradReducer leaves such a gradient undefined on every rank) none under the plan.
+if [ "$MODE" = fast ]; then
+  SPECS="llama_tp:2:llama-tiny:2 mixtral_ep_tp:2:mixtral-tiny:3"
+else
+  SPECS="llama_dp_tp:4:llama-tiny:2 llama_dp:2:llama-tiny:2 llama_tp_sp:2:llama-tiny:2 llama_zero3:2:llama-tiny:2"
+fi
+for spec in $SPECS; do
+  IFS=: read -r plan np model steps <<<"$spec"
+  tag="$plan np $np ($model, $steps steps)"
+  if expect_rc "$tag: parity" 0 mpi "$np" "$BIN" parity --plan "$PLANS/$plan.plan" --config "$model" $SMALL \
+      --steps "$steps" --dropout 0.1 --json "$WORK/$plan.json"; then
+    r=$(report_within "$WORK/$plan.json" 1e-5 5e-2 2>&1) && pass "$tag: $r" || fail "$tag: $r"
+    grep -q '^PASS' "$WORK/out" && pass "$tag: verdict printed once, by rank 0 ($(grep -c '^PASS' "$WORK/out"))" \
+      || fail "$tag: no PASS line: $(tail -n 2 "$WORK/out")"
+  fi
+done
+if [ "$MODE" = slow ]; then
+  # ---- --per-module: no module differs; its table lists the decoder layers -----------------------------
+  if expect_rc "llama_tp --per-module" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL --per-module \
+      --json "$WORK/pm.json"; then
+    python3 - "$WORK/pm.json" <<'PY' && pass "--per-module: $(cat "$WORK/pm.txt")" || fail "--per-module report: $(cat "$WORK/pm.txt")"
+import json, sys
+pm = json.load(open(sys.argv[1]))["per_module"]
+compared = [m for m in pm["modules"] if m["output_rel"] is not None]
+names = {m["module"] for m in compared}
+ok = pm["first_difference"] is None and "model.layers.0" in names and all(m["output_rel"] <= 1e-5 for m in compared)
+open(sys.argv[1].replace("pm.json", "pm.txt"), "w").write(
+    f"{len(compared)} of {len(pm['modules'])} module outputs compared, first difference {pm['first_difference']}")
+sys.exit(0 if ok else 1)
+PY
+  fi
+  # With --tol 0 it names the first module whose output differs: the first row-parallel partial sum.
+  if expect_rc "llama_tp --per-module --tol 0: parity failure" 1 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" \
+      $SMALL --steps 1 --per-module --tol 0; then
+    grep -q '^first module to differ: model.layers.0.self_attn.o_proj ' "$WORK/out" \
+      && pass "--per-module --tol 0: $(grep '^first module to differ' "$WORK/out")" \
+      || fail "--per-module --tol 0: $(grep '^first module\|^no module' "$WORK/out")"
+  fi
+  # ---- a gradient reference (grad --out): step-1 gradients within 1e-5 ------------------------------
+  "$BIN" init --config llama-tiny --seed 3 --out "$WORK/ck" >/dev/null || fail "init exit"
+  printf '1,2,3,4,5,6,7,8,9\n9,8,7,6,5,4,3,2,1\n' >"$WORK/tokens.txt"
+  "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/g.safetensors" >/dev/null || fail "grad exit"
+  if expect_rc "llama_tp --reference (grad file)" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" --hf "$WORK/ck" \
+      --tokens "$WORK/tokens.txt" --steps 1 --reference "$WORK/g.safetensors" --json "$WORK/g.json"; then
+    r=$(report_within "$WORK/g.json" 1e-5 5e-2 2>&1) && pass "--reference FILE: $r" || fail "--reference FILE: $r"
+  fi
+  echo "parity_cli ($MODE): $fails failed"
+  [ $fails -eq 0 ]
+  exit
+fi
+
+# ---- fail: --tol 0 where partial sums round differently ----------------------------------------------
+if expect_rc "llama_tp --tol 0: parity failure" 1 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL --tol 0; then
+  grep -q '^FAIL: ' "$WORK/out" && pass "llama_tp --tol 0: $(grep '^FAIL: ' "$WORK/out")" \
+    || fail "llama_tp --tol 0: no FAIL line"
+fi
+
+# ---- a reference from files: train --checkpoint-dir and grad --out -------------------------------------
+"$BIN" train $SMALL --metrics "" --checkpoint-dir "$WORK/ref" >/dev/null || fail "single-device train exit"
+if expect_rc "llama_tp --reference (train checkpoint)" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL \
+    --reference "$WORK/ref" --json "$WORK/ref.json"; then
+  r=$(report_within "$WORK/ref.json" 1e-5 5e-2 2>&1) && pass "--reference DIR: $r" || fail "--reference DIR: $r"
+fi
+# One weight tampered with (written back as a valid safetensors file): a parity failure naming it.
+cp -r "$WORK/ref" "$WORK/tampered"
+python3 - "$WORK/tampered/step-00000002/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)  # its checksum would catch the edit first
+off = 8 + n + h["model.layers.1.mlp.down_proj.weight"]["data_offsets"][0] + 4 * 5
+struct.pack_into("<f", b, off, struct.unpack("<f", b[off:off + 4])[0] + 0.05)
+hdr = json.dumps(h).encode(); hdr += b" " * (-len(hdr) % 8)
+open(p, "wb").write(struct.pack("<Q", len(hdr)) + hdr + b[8 + n:])
+PY
+if expect_rc "tampered reference: parity failure" 1 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL \
+    --reference "$WORK/tampered"; then
+  grep -q 'weight model.layers.1.mlp.down_proj.weight' "$WORK/out" && pass "tampered reference: the weight is named" \
+    || fail "tampered reference: not named: $(grep -A3 '^FAIL' "$WORK/out")"
+fi
+"$BIN" init --config llama-tiny --seed 3 --out "$WORK/ck" >/dev/null || fail "init exit"
+printf '1,2,3,4,5,6,7,8,9\n9,8,7,6,5,4,3,2,1\n' >"$WORK/tokens.txt"
+"$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/g.safetensors" >/dev/null || fail "grad exit"
+
+# ---- usage errors: exit 2, one line naming the flag, plan or reference -------------------------------
+P="$PLANS/llama_tp.plan"
+expect_usage "unknown flag" "--bogus" -- mpi 2 "$BIN" parity --plan "$P" --bogus 1
+expect_usage "no --plan" "--plan is required" -- "$BIN" parity $SMALL
+printf 'mesh dp=3\n' >"$WORK/three.plan"
+expect_usage "plan that does not fit the world" "three.plan" -- mpi 2 "$BIN" parity --plan "$WORK/three.plan" $SMALL
+expect_usage "reference of another model" "another model" "mixtral" -- \
+  mpi 2 "$BIN" parity --plan "$P" $SMALL --config mixtral-tiny --reference "$WORK/ref"
+expect_usage "mismatched step counts" "mismatched step counts" "step 2" "--steps is 3" -- \
+  mpi 2 "$BIN" parity --plan "$P" --batch 2 --seq 16 --steps 3 --warmup 1 --seed 7 --reference "$WORK/ref"
+expect_usage "reference trained with another batch" "--batch is 4" -- \
+  mpi 2 "$BIN" parity --plan "$P" --batch 4 --seq 16 --steps 2 --warmup 1 --seed 7 --reference "$WORK/ref"
+"$BIN" init --config llama-tiny --seed 3 --out "$WORK/ck2" >/dev/null
+python3 - "$WORK/ck2/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["intermediate_size"] = 256; json.dump(c, open(sys.argv[1], "w"))
+PY
+rm -f "$WORK/ck2/model.safetensors"
+"$BIN" init --config "$WORK/ck2/config.json" --seed 3 --out "$WORK/ck3" >/dev/null
+expect_usage "gradient reference of another shape" "g.safetensors" "shape" -- \
+  mpi 2 "$BIN" parity --plan "$P" --hf "$WORK/ck3" --tokens "$WORK/tokens.txt" --steps 1 --reference "$WORK/g.safetensors"
+expect_usage "gradient reference with 2 steps" "mismatched step counts" -- \
+  mpi 2 "$BIN" parity --plan "$P" --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --steps 2 --reference "$WORK/g.safetensors"
+echo '{"hidden_size": ' >"$WORK/bad_config.json"
+expect_usage "config that is not JSON" "bad_config.json" "not valid JSON" -- \
+  mpi 2 "$BIN" parity --plan "$P" $SMALL --config "$WORK/bad_config.json"
+expect_usage "bf16 with a plan" "bf16" "llama_tp.plan" -- mpi 2 "$BIN" parity --plan "$P" $SMALL --precision bf16
+expect_usage "cuda" "--device cuda" -- "$BIN" parity --plan "$P" $SMALL --device cuda
+expect_usage "--tol -1" "--tol" -- "$BIN" parity --plan "$P" --tol -1
+expect_usage "--tokens and --data" "not both" -- "$BIN" parity --plan "$P" --tokens a --data b
+expect_usage "--per-module with --reference" "--per-module" -- "$BIN" parity --plan "$P" $SMALL --per-module --reference "$WORK/ref"
+
+echo "parity_cli ($MODE): $fails failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,189 @@
+// The training step shared by `meshtrain train` and `meshtrain parity` (see trainer.h).
+#include "tools/cli/trainer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "models/corpus.h"
+#include "optim/clip.h"
+#include "runtime/error.h"
+#include "tensor/ops.h"
+#include "tools/cli/checks.h"
+
+namespace mt::cli {
+namespace {
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+// A real flag in [lo, hi] (or [lo, hi) when `open_hi`), named in the error with why.
+void real_in(const Args& args, const std::string& command, const char* name, double lo, double hi, bool open_hi,
+             const char* why) {
+  const double x = args.real(name);
+  MT_CHECK(x >= lo && (open_hi ? x < hi : x <= hi), "meshtrain {}: --{} {} is out of range: {}", command, name,
+           args.str(name), why);
+}
+
+}  // namespace
+
+std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::string& default_seq) {
+  return {
+      {"batch", "sequences per micro-batch", default_batch, false},
+      {"seq", "tokens per sequence", default_seq, false},
+      {"accum", "micro-batches per optimizer step (gradient accumulation)", "1", false},
+      {"lr", "peak learning rate", "3e-3", false},
+      {"min-lr", "final learning rate of the cosine schedule", "3e-4", false},
+      {"warmup", "linear warmup steps", "20", false},
+      {"weight-decay", "AdamW decoupled weight decay (matrices only)", "0.1", false},
+      {"beta2", "AdamW beta2", "0.95", false},
+      {"grad-clip", "clip the global gradient norm to this (0: off)", "1.0", false},
+      {"dropout", "attention and residual dropout probability", "0", false},
+      {"seed", "random seed (init, dropout)", "1337", false},
+      {"no-fuse", "with --plan: one collective per gradient and mesh dim instead of fused buckets", "", true},
+      {"bucket-mb", "with --plan: gradient bucket size in MiB", "25", false},
+  };
+}
+
+void validate_step_flags(const Args& args, const std::string& command) {
+  args.integer("batch", 1, kMaxBatch);
+  args.integer("seq", 1, kMaxPositions);
+  args.integer("accum", 1, kMaxAccum);
+  args.integer("warmup", 0, kMaxSteps);
+  args.integer("seed", 0, kInt64Max);
+  const double inf = std::numeric_limits<double>::infinity();
+  const double lr = args.real("lr");
+  MT_CHECK(lr > 0, "meshtrain {}: --lr {} must be positive", command, args.str("lr"));
+  real_in(args, command, "min-lr", 0, inf, false, "the final learning rate must be >= 0");
+  MT_CHECK(args.real("min-lr") <= lr,
+           "meshtrain {}: --min-lr {} is above --lr {}: the cosine schedule decays from --lr to --min-lr", command,
+           args.str("min-lr"), args.str("lr"));
+  real_in(args, command, "weight-decay", 0, inf, false, "weight decay must be >= 0");
+  real_in(args, command, "beta2", 0, 1, true, "AdamW's beta2 must be in [0, 1)");
+  real_in(args, command, "grad-clip", 0, inf, false, "the clipping norm must be >= 0 (0: off)");
+  real_in(args, command, "dropout", 0, 1, true, "a dropout probability must be in [0, 1)");
+  real_in(args, command, "bucket-mb", 1.0 / (1 << 20), 1 << 20, false,
+          "the gradient bucket must be between 1 byte and 1 TiB");
+}
+
+DType parse_precision(const std::string& precision, const std::string& command) {
+  MT_CHECK(precision == "f32" || precision == "bf16", "meshtrain {}: --precision must be f32 or bf16, got '{}'",
+           command, precision);
+  return precision == "f32" ? DType::kF32 : DType::kBF16;
+}
+
+void check_device(const std::string& device, const std::string& command) {
+  MT_CHECK(device == "cpu", "meshtrain {}: --device {} is not supported yet (cpu only)", command, device);
+}
+
+void check_plan_precision(DType compute, const std::string& precision, const std::string& plan_path,
+                          const std::string& command) {
+  MT_CHECK(compute == DType::kF32, "meshtrain {}: --precision {} with --plan {} is not supported (f32 only)", command,
+           precision, plan_path);
+}
+
+std::shared_ptr<CausalLM> build_run_model(const ModelConfig& cfg, HfCheckpoint* weights, bool on_meta) {
+  std::shared_ptr<CausalLM> model;
+  if (weights || on_meta) {
+    InitDeviceGuard meta(Device::meta());  // loaded weights, or parallelize() fills the shards
+    model = build_causal_lm(cfg);
+  } else {
+    model = build_causal_lm(cfg);
+  }
+  if (weights) {
+    weights->config = cfg;
+    load_into_module(*model, *weights);
+  }
+  model->train();
+  return model;
+}
+
+std::vector<int32_t> run_tokens(const std::string& data, const ModelConfig& cfg) {
+  std::vector<int32_t> tokens = data.empty() ? embedded_corpus_tokens() : read_token_file(data);
+  for (int32_t t : tokens)
+    MT_CHECK(t >= 0 && t < cfg.vocab_size, "{}: token id {} is out of range for vocab_size {}",
+             data.empty() ? "embedded corpus" : data, t, cfg.vocab_size);
+  return tokens;
+}
+
+TokenBatch read_token_batch(const std::string& path, const ModelConfig& cfg, const std::string& source) {
+  TokenRows rows = read_token_lines(path);
+  check_token_range(rows, cfg.vocab_size, path);
+  MT_CHECK(rows.cols >= 2, "{}: each line needs at least 2 token ids (T+1 with T >= 1), found {}", path, rows.cols);
+  MT_CHECK(rows.cols - 1 <= cfg.max_position_embeddings,
+           "{}: sequences of T = {} tokens are longer than max_position_embeddings = {} of checkpoint '{}'", path,
+           rows.cols - 1, cfg.max_position_embeddings, source);
+  Tensor all = from_vector<int64_t>(rows.ids, Shape{rows.rows, rows.cols});
+  return {all.narrow(1, 0, rows.cols - 1).contiguous(), all.narrow(1, 1, rows.cols - 1).contiguous()};
+}
+
+Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, int64_t total_steps, DType compute,
+                 const PlanContext* plan, const Parallelized* par)
+    : model_(model),
+      command_(command),
+      plan_(plan),
+      par_(par),
+      accum_(args.integer("accum")),
+      grad_clip_(args.real("grad-clip")),
+      // A run shorter than the warmup warms up over the whole run.
+      sched_{args.real("lr"), args.real("min-lr"), std::min(args.integer("warmup"), total_steps), total_steps} {
+  if (plan) {
+    GradReducerOptions ro;
+    ro.fuse = !args.flag("no-fuse");
+    ro.bucket_bytes = static_cast<int64_t>(args.real("bucket-mb") * (1 << 20));
+    reducer_ = std::make_unique<GradReducer>(model, *plan->mesh, ro);
+  }
+  // The model holds f32 weights here. For bf16, keep exact f32 copies as the optimizer's master
+  // weights and cast the model itself to bf16 for compute.
+  NamedTensors f32_weights;
+  if (compute != DType::kF32) {
+    for (auto& [name, p] : model.named_parameters()) f32_weights.emplace_back(name, p.detach().clone());
+    cast_parameters(model, compute);
+  }
+  master_ = std::make_unique<MasterWeights>(model.named_parameters());
+  if (compute != DType::kF32) master_->load_state_dict(f32_weights);
+  AdamWOptions adam;
+  adam.lr = args.real("lr");
+  adam.beta1 = 0.9;
+  adam.beta2 = args.real("beta2");
+  adam.eps = 1e-8;
+  opt_ = std::make_unique<AdamW>(make_param_groups(master_->master_params(), args.real("weight-decay")), adam);
+}
+
+StepResult Trainer::gradients(int64_t step, const std::function<TokenBatch()>& next) {
+  opt_->set_lr(sched_.lr(step));
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < accum_; ++micro) {
+    auto [inputs, targets] = next();
+    if (plan_) {
+      inputs = place_input(inputs, *par_, *plan_);
+      targets = place_input(targets, *par_, *plan_);
+      reducer_->set_sync(micro + 1 == accum_);  // reduce once per optimizer step
+    }
+    Tensor loss = model_.loss(inputs, targets);
+    loss_sum += scalar_value(loss);
+    (accum_ > 1 ? div(loss, static_cast<double>(accum_)) : loss).backward();
+  }
+  if (reducer_) reducer_->finish();
+  master_->grads_to_master();
+  return {loss_sum / static_cast<double>(accum_), 0};
+}
+
+double Trainer::clip(int64_t step, double loss) {
+  const double norm = clip_grad_norm(master_->master_params(), grad_clip_);
+  // A non-finite loss or gradient stops the run before the optimizer step applies it: the weights
+  // stay those of the previous step, and this step is never saved (docs/cli.md, "Bad input and
+  // non-finite values").
+  MT_CHECK(std::isfinite(loss) && std::isfinite(norm),
+           "meshtrain {}: step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, "
+           "so no checkpoint of step {} is written (lower --lr, enable --grad-clip, or check the data and the "
+           "starting weights)", command_, step + 1, loss, norm, step + 1);
+  return norm;
+}
+
+void Trainer::apply() {
+  opt_->step();
+  opt_->zero_grad();
+  model_.zero_grad();
+  master_->master_to_model();
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,105 @@
+// The training step of the meshtrain commands, shared by `train` and `parity` so that `parity`
+// runs exactly the step `train` runs (docs/cli.md, "parity"): the flags that define a step (batch,
+// sequence, accumulation, AdamW, schedule, clipping, dropout, seed, gradient reduction), the
+// model construction (loaded, on meta for a plan, or initialized), and one optimizer step split
+// into its three phases, so that a caller may look at the gradients before they are clipped and
+// applied:
+//   StepResult r = t.gradients(step, next_batch);   // forward + backward (x accum), reduced
+//   r.grad_norm = t.clip();                          // global norm, clipping, finiteness check
+//   t.apply();                                       // AdamW, zero grads, masters to the model
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/data.h"
+#include "models/hf_checkpoint.h"
+#include "models/llama.h"
+#include "optim/adamw.h"
+#include "optim/master_weights.h"
+#include "optim/schedule.h"
+#include "plan/grad_reducer.h"
+#include "tools/cli/args.h"
+#include "tools/cli/parallel.h"
+
+namespace mt::cli {
+
+// The flags read by Trainer and validate_step_flags: batch, seq, accum, lr, min-lr, warmup,
+// weight-decay, beta2, grad-clip, dropout, seed, no-fuse, bucket-mb (the given defaults for batch
+// and seq; the others as `train` has always had them).
+std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::string& default_seq);
+
+// Each step flag in its range (errors name `command` and the flag).
+void validate_step_flags(const Args& args, const std::string& command);
+
+// --precision: f32 or bf16 (errors name `command`).
+DType parse_precision(const std::string& precision, const std::string& command);
+
+// `parity` runs on the CPU only for now (`train`, `eval`, `grad` and `init` take --device cuda:
+// tools/cli/device.h): another --device is an error naming `command`.
+void check_device(const std::string& device, const std::string& command);
+// `parity` compares f32 plans only for now (`train` runs bf16 under a plan): another --precision
+// with --plan is an error naming the plan.
+void check_plan_precision(DType compute, const std::string& precision, const std::string& plan_path,
+                          const std::string& command);
+
+// The model of a run: the checkpoint's weights when `weights` is given (built on meta, then
+// loaded), else built on meta for a plan (`on_meta`: parallelize() fills each rank's shards with
+// the single-device init), else initialized here. The caller seeds the default generator first.
+std::shared_ptr<CausalLM> build_run_model(const ModelConfig& cfg, HfCheckpoint* weights, bool on_meta);
+
+// The token stream of a run: the llm.c shard `data`, or the embedded corpus when it is empty;
+// an id outside the vocabulary is an error naming the file.
+std::vector<int32_t> run_tokens(const std::string& data, const ModelConfig& cfg);
+
+// A token file of one sequence of T+1 comma-separated ids per line (eval/grad/parity --tokens):
+// inputs are the first T ids, targets the last T. Errors name the file (ids outside the
+// vocabulary, T beyond max_position_embeddings of the model from `source`).
+TokenBatch read_token_batch(const std::string& path, const ModelConfig& cfg, const std::string& source);
+
+struct StepResult {
+  double loss = 0;       // mean over the micro-batches
+  double grad_norm = 0;  // before clipping (set by clip())
+};
+
+class Trainer {
+ public:
+  // `model` holds f32 weights (fresh or loaded, already parallelized under a plan). With a plan
+  // (`plan` and `par` set) gradients are reduced by a GradReducer (--no-fuse, --bucket-mb) and the
+  // batch is placed with the plan's input placements. A compute dtype other than f32 casts the
+  // model and keeps f32 master weights. `total_steps` sets the learning-rate schedule.
+  Trainer(CausalLM& model, const Args& args, const std::string& command, int64_t total_steps, DType compute,
+          const PlanContext* plan, const Parallelized* par);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Sets step `step`'s learning rate and runs --accum forward/backward passes on next(), reduced
+  // once at the end. The gradients are on master().master_params(), not clipped yet.
+  StepResult gradients(int64_t step, const std::function<TokenBatch()>& next);
+  // Global gradient norm (before clipping), clipping by --grad-clip. A non-finite loss or norm is
+  // an error naming the step (stopped before the optimizer step applies it).
+  double clip(int64_t step, double loss);
+  // The optimizer step, then zeroed gradients and the masters rounded into the model.
+  void apply();
+
+  MasterWeights& master() { return *master_; }
+  AdamW& optimizer() { return *opt_; }
+  const GradReducer* reducer() const { return reducer_.get(); }
+
+ private:
+  CausalLM& model_;
+  std::string command_;
+  const PlanContext* plan_;
+  const Parallelized* par_;
+  int64_t accum_;
+  double grad_clip_;
+  LrSchedule sched_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<MasterWeights> master_;
+  std::unique_ptr<AdamW> opt_;
+};
+
+}  // namespace mt::cli

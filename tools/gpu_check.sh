@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The GPU check: the first thing to run on any GPU machine (docs/cuda.md). From the repository root:
+#   bash tools/gpu_check.sh OUTDIR
+# On a host without package access, first run `bash tools/gpu_deps.sh` on a build machine and send
+# .gpu-deps/ along with the working tree: this script unpacks it (tools/gpu_env.sh). Then it
+# configures and builds with CUDA for the GPU's architecture (MT_CUDA_ARCH, default 90), runs the
+# `cuda` and `nccl` test suites (CUDA kernels against the CPU, NCCL or host-staged collectives, the
+# CLI on CUDA against the CPU, several ranks on one GPU), bench_cuda, and a bf16 training benchmark
+# on llama-1b shapes, and writes OUTDIR/summary.txt (pass/fail counts, every benchmark ratio,
+# tokens/s and MFU) beside the full logs (build.log, tests.log, testlog.txt, bench_cuda.log,
+# train_bench.log). Environment: MT_GPU_BUILD (build folder, default
+# build-gpu), MT_JOBS (ninja -j), MT_SKIP_BENCH=1 (tests only), MT_TRAIN_BENCH_ARGS (replaces the
+# training benchmark's shape flags).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=$(realpath -m "${1:?usage: tools/gpu_check.sh OUTDIR}")
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+T0=$(date +%s)
+say() { echo "$*" | tee -a "$SUMMARY"; }
+elapsed() { echo "$(( $(date +%s) - T0 )) s"; }
+
+say "meshtrain GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+source tools/gpu_env.sh
+say "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi failed')"
+say "nvcc: $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo missing); g++: $(g++ -dumpversion 2>/dev/null || echo missing); meson: $(meson --version 2>/dev/null || echo missing)"
+
+# ---- build ------------------------------------------------------------------------------------------
+BUILD=${MT_GPU_BUILD:-build-gpu}
+if [ ! -f "$BUILD/build.ninja" ]; then
+  # werror off: the host's compiler may be newer than the one the project is checked with.
+  meson setup "$BUILD" --buildtype=release -Dwerror=false -Dcuda=enabled -Dcuda-arch="${MT_CUDA_ARCH:-90}" \
+    >"$OUT/build.log" 2>&1 || { say "configure FAILED ($(elapsed)): see build.log"; tail -n 30 "$OUT/build.log"; exit 1; }
+fi
+grep -E "NCCL|MPI|CUDA" "$BUILD/config.h" | sed 's/^/config: /' | tee -a "$SUMMARY"
+# The targets the check runs (MT_GPU_FULL_BUILD=1: everything, the CPU tests too).
+targets=(tools/meshtrain tools/bench/bench_cuda tests/cuda/test_cuda_core tests/cuda/test_cuda_nn tests/cuda/test_cuda_nogpu)
+[ -f "$BUILD/build.ninja" ] && grep -q "^build tests/test_nccl:" "$BUILD/build.ninja" && targets+=(tests/test_nccl)
+[ "${MT_GPU_FULL_BUILD:-0}" = 1 ] && targets=()
+if ! ninja -C "$BUILD" ${MT_JOBS:+-j "$MT_JOBS"} "${targets[@]}" >>"$OUT/build.log" 2>&1; then
+  say "build FAILED ($(elapsed)): see build.log"
+  grep -E "error|Error" "$OUT/build.log" | head -n 20
+  exit 1
+fi
+say "build ok ($(elapsed))"
+
+# ---- tests ------------------------------------------------------------------------------------------
+meson test -C "$BUILD" --no-rebuild --suite cuda --suite nccl --print-errorlogs --num-processes 1 \
+  --timeout-multiplier "${MT_TIMEOUT_MULTIPLIER:-0.5}" >"$OUT/tests.log" 2>&1
+trc=$?
+cp "$BUILD/meson-logs/testlog.txt" "$OUT/testlog.txt" 2>/dev/null
+for k in Ok Fail Skipped Timeout; do
+  printf '%s ' "tests $k: $(grep -E "^$k: " "$OUT/tests.log" | tail -n 1 | awk '{print $2}')" | tee -a "$SUMMARY"
+done
+say ""
+grep -E "^ *[0-9]+/[0-9]+ " "$OUT/tests.log" | sed 's/^ */test: /' | tee -a "$SUMMARY" >/dev/null
+grep -hE "^(ok|FAIL) +- " "$OUT/testlog.txt" 2>/dev/null | sed 's/^/cli_cuda: /' >>"$SUMMARY"
+say "tests done ($(elapsed)), meson exit $trc"
+
+# ---- benchmarks --------------------------------------------------------------------------------------
+if [ "${MT_SKIP_BENCH:-0}" != 1 ]; then
+  timeout 300 "$BUILD/tools/bench/bench_cuda" >"$OUT/bench_cuda.log" 2>&1
+  say "bench_cuda exit $? ($(elapsed)):"
+  sed 's/^/bench_cuda: /' "$OUT/bench_cuda.log" >>"$SUMMARY"
+  ARGS=${MT_TRAIN_BENCH_ARGS:---config llama-1b --batch 4 --seq 2048}
+  timeout 400 "$BUILD/tools/meshtrain" train $ARGS --device cuda --precision bf16 --steps 6 --warmup 1 \
+    --metrics "$BUILD/train_bench.jsonl" >"$OUT/train_bench.log" 2>&1
+  say "train benchmark exit $? ($(elapsed)): meshtrain train $ARGS --device cuda --precision bf16"
+  grep -E "^model|^step" "$OUT/train_bench.log" | sed 's/^/train: /' >>"$SUMMARY"
+  python3 - "$BUILD/train_bench.jsonl" <<'PY' | tee -a "$SUMMARY"
+import json, statistics, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # steps 1-2 warm up
+    print(f"train benchmark: median {statistics.median(r['tokens_per_s'] for r in rows):.0f} tokens/s, "
+          f"MFU {100 * statistics.median(r['mfu'] for r in rows):.1f}%, peak memory {max(r['mem_peak_mib'] for r in rows):.0f} MiB "
+          f"(steps 3-{len(rows) + 2})")
+except Exception as e:
+    print(f"train benchmark: no figures ({e})")
+PY
+fi
+say "total $(elapsed)"
+[ $trc -eq 0 ]

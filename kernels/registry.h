@@ -3,6 +3,7 @@
 // initializers). A missing kernel is an error naming the family and the device.
 #pragma once
 
+#include "kernels/cost.h"
 #include "kernels/params.h"
 #include "runtime/device.h"
 
@@ -78,6 +79,7 @@ void register_cuda_optim(KernelTable& t);
 #define MT_KERNEL(dev, family, params)                                 \
   do {                                                                 \
     auto fn_ = ::mt::kernels(dev).family;                              \
+    if (::mt::KernelCostScope::active()) ::mt::record_kernel_cost(params); \
     if (!fn_) ::mt::missing_kernel(#family, dev);                      \
     fn_(params);                                                       \
   } while (0)

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "mesh/collective_count.h"
 #include "mesh/comm_backend.h"
 #include "mesh/comm_nccl.h"
 #include "mesh/world.h"
@@ -82,6 +83,8 @@ struct Communicator::Impl {
   int size = 1;
   std::vector<int> world_ranks;
   std::string description;
+  std::string label;       // mesh dims, for collective counting
+  bool simulated = false;  // Communicator::simulated: no transport
   // NCCL: created on the first CUDA collective (collective over the group), then reused.
   mutable std::mutex nccl_mutex;
   mutable detail::NcclPtr nccl;
@@ -437,7 +440,8 @@ class SetupDeadline {
 // ---------------------------------------------------------------------------------------------
 // Communicator
 
-Communicator Communicator::create(const std::vector<int>& world_ranks, int tag, std::string description) {
+Communicator Communicator::create(const std::vector<int>& world_ranks, int tag, std::string description,
+                                  std::string label) {
   const int me = world().rank();
   MT_CHECK(std::find(world_ranks.begin(), world_ranks.end(), me) != world_ranks.end(),
            "Communicator::create: world rank {} is not in the group {}", me, description);
@@ -450,12 +454,30 @@ Communicator Communicator::create(const std::vector<int>& world_ranks, int tag, 
   impl->size = detail::backend_size(*impl->handle);
   impl->world_ranks = world_ranks;
   impl->description = std::move(description);
+  impl->label = std::move(label);
   MT_ASSERT(impl->size == static_cast<int>(world_ranks.size()), "group size {} != {}", impl->size,
             world_ranks.size());
   Communicator c;
   c.impl_ = std::move(impl);
   return c;
 }
+
+Communicator Communicator::simulated(int size, int rank, std::string description, std::string label) {
+  MT_CHECK(size >= 1 && rank >= 0 && rank < size, "Communicator::simulated: rank {} of a group of {} ({})", rank, size,
+           description);
+  auto impl = std::make_shared<Impl>();
+  impl->rank = rank;
+  impl->size = size;
+  impl->description = std::move(description);
+  impl->label = std::move(label);
+  impl->simulated = true;
+  Communicator c;
+  c.impl_ = std::move(impl);
+  return c;
+}
+
+bool Communicator::is_simulated() const { return impl("is_simulated").simulated; }
+const std::string& Communicator::label() const { return impl("label").label; }
 
 const Communicator::Impl& Communicator::impl(const char* op) const {
   MT_CHECK(impl_ != nullptr, "{}: the communicator is undefined (default-constructed)", op);
@@ -569,9 +591,37 @@ class CudaSelfRecv final : public detail::RequestHandle {
 
 }  // namespace
 
+namespace {
+
+int64_t nbytes(const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); }
+
+void count(const char* kind, const Communicator::Impl& c, int64_t bytes) {
+  count_collective(kind, c.label, c.size, bytes);
+}
+
+// A collective on a simulated communicator: meta tensors only (shapes were checked by the caller
+// where it checks them), counted; nothing moves.
+Work simulated_op(const char* kind, const Communicator::Impl& c, std::initializer_list<const Tensor*> tensors,
+                  int64_t bytes) {
+  for (const Tensor* t : tensors)
+    MT_CHECK(t->defined() && t->is_meta(), "{}: {} is a simulated communicator (no peers): it takes meta tensors only, got {}",
+             kind, c.description, t->defined() ? t->desc() : std::string("an undefined tensor"));
+  count(kind, c, bytes);
+  return Work();
+}
+
+}  // namespace
+
 Work Communicator::all_reduce_async(Tensor& t, CommReduceOp op) {
   const char* name = "all_reduce";
   const Impl& c = impl(name);
+  if (c.simulated) {
+    if (!t.is_meta() && (op == CommReduceOp::kMax || op == CommReduceOp::kMin)) {
+      count("all_reduce", c, nbytes(t));
+      return Work();
+    }
+    return simulated_op("all_reduce", c, {&t}, nbytes(t));
+  }
   const Route rt = route(name, {{"tensor", &t}});
   check_reduce_dtype(name, t.dtype(), op);
   const int64_t n = t.numel();
@@ -579,6 +629,7 @@ Work Communicator::all_reduce_async(Tensor& t, CommReduceOp op) {
     Tensor h = to_host(t);
     return staged_work(name, impl_, all_reduce_async(h, op), {{h, t}}, rt.device, false);
   }
+  count("all_reduce", c, nbytes(t));
   if (rt.cuda) {
     // NCCL reduces every dtype natively (bf16/f16 included); ring and tree algorithms reduce each
     // element once and copy the result to every rank, so every rank gets the same bits.
@@ -606,6 +657,7 @@ Work Communicator::all_reduce_async(Tensor& t, CommReduceOp op) {
 Work Communicator::all_gather_async(const Tensor& in, Tensor& out) {
   const char* name = "all_gather";
   const Impl& c = impl(name);
+  if (c.simulated) return simulated_op("all_gather", c, {&in, &out}, nbytes(out));
   const Route rt = route(name, {{"input", &in}, {"output", &out}});
   check_dim0(name, in);
   check_same_dtype(name, in, out);
@@ -618,6 +670,7 @@ Work Communicator::all_gather_async(const Tensor& in, Tensor& out) {
     Tensor hin = to_host(in), hout = host_like(out);
     return staged_work(name, impl_, all_gather_async(hin, hout), {{hout, out}}, rt.device, false);
   }
+  count("all_gather", c, nbytes(out));
   if (rt.cuda) {
     auto nc = nccl_comm(impl_, name, rt.device);
     auto s = nccl_state(name, impl_, nc);
@@ -635,6 +688,7 @@ Work Communicator::all_gather_async(const Tensor& in, Tensor& out) {
 Work Communicator::all_gather_uneven_async(const Tensor& in) {
   const char* name = "all_gather_uneven";
   const Impl& c = impl(name);
+  MT_CHECK(!c.simulated, "{}: {} is a simulated communicator: the peers' sizes are unknown", name, c.description);
   const Route rt = route(name, {{"input", &in}});
   check_dim0(name, in);
   if (rt.cuda && host_staged())
@@ -671,6 +725,7 @@ Work Communicator::all_gather_uneven_async(const Tensor& in) {
     rows += their[0];
   }
   Tensor out = empty(with_dim0(trailing(in), rows), TensorOptions(in.dtype()).with_device(in.device()));
+  count("all_gather", c, nbytes(out));
   if (rt.cuda) {
     // One NCCL broadcast per rank into its slice, grouped (ncclGroupStart/End).
     auto nc = nccl_comm(impl_, name, rt.device);
@@ -692,6 +747,7 @@ Work Communicator::all_gather_uneven_async(const Tensor& in) {
 Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, CommReduceOp op) {
   const char* name = "reduce_scatter";
   const Impl& c = impl(name);
+  if (c.simulated) return simulated_op("reduce_scatter", c, {&in, &out}, nbytes(in));
   const Route rt = route(name, {{"input", &in}, {"output", &out}});
   check_dim0(name, in);
   check_same_dtype(name, in, out);
@@ -708,6 +764,7 @@ Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, CommReduc
     Tensor hin = to_host(in), hout = host_like(out);
     return staged_work(name, impl_, reduce_scatter_async(hin, hout, op), {{hout, out}}, rt.device, false);
   }
+  count("reduce_scatter", c, nbytes(in));  // after the staged return: its host collective counts itself
   if (rt.cuda) {
     auto nc = nccl_comm(impl_, name, rt.device);
     auto s = nccl_state(name, impl_, nc);
@@ -736,6 +793,7 @@ Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, CommReduc
 Work Communicator::all_to_all_async(const Tensor& in, Tensor& out) {
   const char* name = "all_to_all";
   const Impl& c = impl(name);
+  if (c.simulated) return simulated_op("all_to_all", c, {&in, &out}, nbytes(in));
   const Route rt = route(name, {{"input", &in}, {"output", &out}});
   check_dim0(name, in);
   check_same_dtype(name, in, out);
@@ -750,6 +808,7 @@ Work Communicator::all_to_all_async(const Tensor& in, Tensor& out) {
     Tensor hin = to_host(in), hout = host_like(out);
     return staged_work(name, impl_, all_to_all_async(hin, hout), {{hout, out}}, rt.device, false);
   }
+  count("all_to_all", c, nbytes(in));
   if (rt.cuda) {
     // Grouped send/recv: chunk j to and from rank j.
     auto nc = nccl_comm(impl_, name, rt.device);
@@ -769,6 +828,7 @@ Work Communicator::all_to_allv_async(const Tensor& in, const std::vector<int64_t
                                      std::vector<int64_t> recv_counts) {
   const char* name = "all_to_allv";
   const Impl& c = impl(name);
+  MT_CHECK(!c.simulated, "{}: {} is a simulated communicator: the peers' counts are unknown", name, c.description);
   const Route rt = route(name, {{"input", &in}});
   if (rt.cuda && host_staged())
     return staged_work(name, impl_, all_to_allv_async(to_host(in), send_counts, std::move(recv_counts)), {}, rt.device,
@@ -806,6 +866,7 @@ Work Communicator::all_to_allv_async(const Tensor& in, const std::vector<int64_t
   std::vector<int64_t> se(send_counts), re(recv_counts);
   for (auto& v : se) v *= row;
   for (auto& v : re) v *= row;
+  count("all_to_all", c, nbytes(in));
   Tensor out = empty(with_dim0(trailing(in), rows), TensorOptions(in.dtype()).with_device(in.device()));
   if (rt.cuda) {
     auto nc = nccl_comm(impl_, name, rt.device);
@@ -825,6 +886,7 @@ Work Communicator::all_to_allv_async(const Tensor& in, const std::vector<int64_t
 Work Communicator::broadcast_async(Tensor& t, int root) {
   const char* name = "broadcast";
   const Impl& c = impl(name);
+  if (c.simulated) return simulated_op("broadcast", c, {&t}, nbytes(t));
   const Route rt = route(name, {{"tensor", &t}});
   MT_CHECK(root >= 0 && root < c.size, "{}: root {} is not a rank of the {}-rank group {}", name,
            root, c.size, c.description);
@@ -832,6 +894,7 @@ Work Communicator::broadcast_async(Tensor& t, int root) {
     Tensor h = to_host(t);
     return staged_work(name, impl_, broadcast_async(h, root), {{h, t}}, rt.device, false);
   }
+  count("broadcast", c, nbytes(t));
   if (rt.cuda) {
     auto nc = nccl_comm(impl_, name, rt.device);
     auto s = nccl_state(name, impl_, nc);
@@ -848,12 +911,14 @@ Work Communicator::broadcast_async(Tensor& t, int root) {
 Work Communicator::send_async(const Tensor& t, int peer, int tag) {
   const char* name = "send";
   const Impl& c = impl(name);
+  if (c.simulated) return simulated_op("send", c, {&t}, nbytes(t));
   const Route rt = route(name, {{"tensor", &t}});
   MT_CHECK(peer >= 0 && peer < c.size, "{}: peer {} is not a rank of the {}-rank group {}", name,
            peer, c.size, c.description);
   MT_CHECK(tag >= 0, "{}: tag must be non-negative, got {}", name, tag);
   if (rt.cuda && host_staged())
     return staged_work(name, impl_, send_async(to_host(t), peer, tag), {}, rt.device, false);
+  count("send", c, nbytes(t));
   if (rt.cuda && peer == c.rank) {
     // NCCL cannot send to itself outside a group: queue a device copy for the matching recv.
     Tensor copy;
@@ -883,6 +948,7 @@ Work Communicator::send_async(const Tensor& t, int peer, int tag) {
 Work Communicator::recv_async(Tensor& t, int peer, int tag) {
   const char* name = "recv";
   const Impl& c = impl(name);
+  if (c.simulated) return simulated_op("recv", c, {&t}, nbytes(t));
   const Route rt = route(name, {{"tensor", &t}});
   MT_CHECK(peer >= 0 && peer < c.size, "{}: peer {} is not a rank of the {}-rank group {}", name,
            peer, c.size, c.description);
@@ -891,6 +957,7 @@ Work Communicator::recv_async(Tensor& t, int peer, int tag) {
     Tensor h = host_like(t);
     return staged_work(name, impl_, recv_async(h, peer, tag), {{h, t}}, rt.device, false);
   }
+  count("recv", c, nbytes(t));
   if (rt.cuda && peer == c.rank) {
     auto s = new_state(name, impl_);
     s->keep = {t};
@@ -914,6 +981,7 @@ Work Communicator::barrier_async() {
   // Over MPI: a barrier of host threads. CUDA work already queued is not waited for.
   const char* name = "barrier";
   const Impl& c = impl(name);
+  if (c.simulated) return Work();
   auto s = new_state(name, impl_);
   s->requests.push_back(detail::backend_ibarrier(*c.handle));
   return Work(std::move(s));

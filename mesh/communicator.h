@@ -64,7 +64,19 @@ class Communicator {
   // A communicator over `world_ranks` (this rank must be one of them; group rank i is
   // world_ranks[i]). Collective over those ranks: all of them must call it with the same
   // arguments. `description` names the group in errors, e.g. the mesh dims.
-  static Communicator create(const std::vector<int>& world_ranks, int tag, std::string description);
+  // `label` names the group's mesh dims for collective counting (mesh/collective_count.h), e.g.
+  // "dp" or "dp,tp"; empty: "world".
+  static Communicator create(const std::vector<int>& world_ranks, int tag, std::string description,
+                             std::string label = "");
+  // A stand-in for one rank of a group that is not there (a simulated mesh: plan checks and
+  // estimates on meta tensors, any world size in one process). Collectives on meta tensors only
+  // check shapes and are counted (collective_count.h); all_reduce with max or min of host tensors
+  // leaves them as they are (every simulated peer is taken to hold what this rank holds); anything
+  // else is an error. all_gather_uneven and all_to_allv without receive counts need the peers'
+  // sizes and are errors.
+  static Communicator simulated(int size, int rank, std::string description, std::string label = "");
+  bool is_simulated() const;
+  const std::string& label() const;
 
   bool defined() const { return static_cast<bool>(impl_); }
   int rank() const;  // in the group

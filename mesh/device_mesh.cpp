@@ -37,6 +37,7 @@ struct DeviceMesh::Root {
   bool simulated = false;       // DeviceMesh::simulated: no communicators
   std::mutex mutex;
   std::map<uint32_t, Communicator> comms;  // key: bit mask of root dims
+  std::map<std::vector<std::vector<int>>, std::string> rank_keys;  // world_ranks_key() by dims
 
   std::string str() const { return fmt::format("DeviceMesh({}, {})", shape, quoted(names)); }
 };
@@ -221,6 +222,32 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names) const {
   return DeviceMesh(root_, {fused}, {name});
 }
 
+const std::string& DeviceMesh::world_ranks_key() const {
+  std::lock_guard<std::mutex> lock(root_->mutex);
+  auto it = root_->rank_keys.find(dims_);
+  if (it != root_->rank_keys.end()) return it->second;
+  // A short, process-wide id per distinct rank list: equal groups of different DeviceMesh objects
+  // get equal keys, and a key costs nothing to hash or compare however large the group.
+  static std::mutex ids_mutex;
+  static auto* ids = new std::map<std::vector<int>, int64_t>();
+  std::lock_guard<std::mutex> ids_lock(ids_mutex);
+  auto [id, fresh] = ids->emplace(world_ranks(), static_cast<int64_t>(ids->size()));
+  (void)fresh;
+  return root_->rank_keys.emplace(dims_, fmt::format("g{}[{}]", id->second, id->first.size())).first->second;
+}
+
+std::string DeviceMesh::label_of(std::vector<int> root_dims) const {
+  std::sort(root_dims.begin(), root_dims.end());
+  std::string s;
+  for (int rd : root_dims) s += (s.empty() ? "" : ",") + root_->names[static_cast<size_t>(rd)];
+  return s;
+}
+
+std::string DeviceMesh::dim_label(int dim) const {
+  MT_CHECK(dim >= 0 && dim < ndim(), "{}: dim {} out of range for {} dims", str(), dim, ndim());
+  return label_of(dims_[static_cast<size_t>(dim)]);
+}
+
 Communicator DeviceMesh::comm_for(const std::vector<int>& root_dims) const {
   uint32_t mask = 0;
   std::vector<std::string> dim_names;
@@ -237,7 +264,8 @@ Communicator DeviceMesh::comm_for(const std::vector<int>& root_dims) const {
   Communicator c = Communicator::create(
       ranks, static_cast<int>(mask),
       fmt::format("mesh dims {} of {} (world ranks {})", quoted(dim_names), root_->str(),
-                  join_ranks(ranks)));
+                  join_ranks(ranks)),
+      label_of(root_dims));
   root_->comms.emplace(mask, c);
   return c;
 }

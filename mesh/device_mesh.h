@@ -46,6 +46,10 @@ class DeviceMesh {
   int64_t rank() const;
   // World ranks of this (sub-)mesh's members, row-major: rank() indexes this list.
   std::vector<int> world_ranks() const;
+  // A short key naming world_ranks(): equal for equal rank lists (a process-wide id per distinct
+  // list), computed once per (sub-)mesh. DTensor spec keys and same-mesh checks use it: with a
+  // 10,000-rank mesh, building and comparing the rank lists per op was the cost of an estimate.
+  const std::string& world_ranks_key() const;
 
   // 1-D sub-mesh of this rank's group along `name`.
   DeviceMesh operator[](const std::string& name) const;
@@ -59,6 +63,10 @@ class DeviceMesh {
   Communicator comm(int dim) const;
   Communicator comm(const std::string& name) const;
 
+  // The root mesh dims that make up `dim`, in mesh order, comma separated ("dp"; "dp,cp" for a
+  // flattened dim): the name collective counts give a group (mesh/collective_count.h).
+  std::string dim_label(int dim) const;
+
   // "DeviceMesh([2, 2], [\"dp\", \"tp\"])"
   std::string str() const;
 
@@ -67,6 +75,7 @@ class DeviceMesh {
   DeviceMesh(std::shared_ptr<Root> root, std::vector<std::vector<int>> dims,
              std::vector<std::string> names);
   Communicator comm_for(const std::vector<int>& root_dims) const;
+  std::string label_of(std::vector<int> root_dims) const;
   std::vector<int> root_dims_of(const std::vector<std::string>& names, const char* op) const;
 
   std::shared_ptr<Root> root_;

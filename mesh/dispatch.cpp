@@ -123,7 +123,7 @@ Entry build_entry(const DistOp& op, const std::vector<Tensor>& in, DistLocalFn l
       if (!mesh) {
         mesh = &m;
       } else {
-        MT_CHECK(m.str() == mesh->str() && m.world_ranks() == mesh->world_ranks(),
+        MT_CHECK(m.str() == mesh->str() && m.world_ranks_key() == mesh->world_ranks_key(),
                  "{}: DTensor inputs live on different meshes {} and {}", op.name, mesh->str(), m.str());
       }
     }

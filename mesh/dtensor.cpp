@@ -18,7 +18,7 @@ namespace {
 std::string spec_key(const DeviceMesh& mesh, const Placements& placements, const Shape& shape) {
   std::string key = mesh.str();
   key += '|';
-  for (int r : mesh.world_ranks()) key += fmt::format("{},", r);
+  key += mesh.world_ranks_key();
   key += '|';
   key += placements_str(placements);
   key += fmt::format("|{}", shape);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "mesh/collective_count.h"
 #include "mesh/shard_layout.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
@@ -213,6 +214,50 @@ Tensor transition(const Ctx& c, const Tensor& x, const Placement& p, const Place
   return from_replicate(c, to_replicate(c, x, p, j, level), q, j);
 }
 
+// ---- counting without data (meta tensors on a simulated mesh) ----------------------------------
+// The collectives the steps above would run, from shapes alone, counted as the Communicator
+// counts them (mesh/collective_count.h): to_replicate is an all_reduce (Partial) or an all_gather
+// (split) of the whole level tensor, shard_to_shard an all_to_all of the local tensor,
+// partial_to_shard a reduce_scatter of the level tensor (an all_reduce when it does not divide).
+
+void count_to_replicate(const Ctx& c, const Placement& p, int j, const Shape& level, int64_t es) {
+  if (p.is_replicate()) return;
+  count_collective(p.is_partial() ? "all_reduce" : "all_gather", c.mesh.dim_label(j), c.mesh_shape[j],
+                   level.numel() * es);
+}
+
+void count_transition(const Ctx& c, const Placement& p, const Placement& q, int j, const Shape& level, int64_t es) {
+  if (p.is_replicate()) return;
+  if (q.is_replicate()) return count_to_replicate(c, p, j, level, es);
+  const int64_t k = c.mesh_shape[j];
+  if (p.is_shard() && q.is_shard()) {
+    const Shape mine = local_layout(level, Placements{p}, Shape{k}, Shape{c.coord[j]}).local_shape;
+    count_collective("all_to_all", c.mesh.dim_label(j), k, mine.numel() * es);
+    return;
+  }
+  if (p.is_partial() && q.is_shard()) {
+    const int64_t n = level[q.dim()];
+    count_collective(n % k != 0 || n == 0 ? "all_reduce" : "reduce_scatter", c.mesh.dim_label(j), k,
+                     level.numel() * es);
+    return;
+  }
+  count_to_replicate(c, p, j, level, es);
+}
+
+void count_redistribute(const Ctx& c, const Placements& src, const Placements& dst, DType dtype) {
+  const int nd = c.mesh.ndim();
+  const int64_t es = static_cast<int64_t>(dtype_size(dtype));
+  int i0 = 0;
+  while (i0 < nd && src[static_cast<size_t>(i0)] == dst[static_cast<size_t>(i0)]) ++i0;
+  if (i0 == nd) return;
+  Placements cur = src;
+  for (int j = nd - 1; j > i0; --j) {
+    count_to_replicate(c, cur[static_cast<size_t>(j)], j, level_shape(c, cur, j), es);
+    cur[static_cast<size_t>(j)] = Placement::replicate();
+  }
+  count_transition(c, cur[static_cast<size_t>(i0)], dst[static_cast<size_t>(i0)], i0, level_shape(c, cur, i0), es);
+}
+
 }  // namespace
 
 Tensor redistribute_local(const Tensor& local, const Shape& global_shape, const Placements& src,
@@ -237,7 +282,10 @@ Tensor redistribute_local(const Tensor& local, const Shape& global_shape, const 
            c.what, local.shape(), c.coord, src_local);
   // A meta tensor has no values to move: the result is the destination shard's shape (plan checks
   // run whole forwards this way, on a simulated mesh without communicators).
-  if (local.is_meta()) return empty(dst_local, local.options());
+  if (local.is_meta()) {
+    if (CollectiveCountScope::active()) count_redistribute(c, src, dst, local.dtype());
+    return empty(dst_local, local.options());
+  }
   MT_CHECK(local.device().is_cpu() || local.device().is_cuda(), "{}: local tensor {} is neither a host nor a CUDA tensor",
            c.what, local.desc());
 

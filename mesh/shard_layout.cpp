@@ -55,17 +55,27 @@ void check_mesh(const char* op, const Shape& global_shape, const Placements& pla
   }
 }
 
+// The context of an error message, formatted only when one is thrown (local_layout runs for every
+// parameter at every coordinate of a plan: formatting it each time cost more than the layout).
+struct LayoutCtx {
+  const Shape& global_shape;
+  const Placements& placements;
+  const Shape& mesh_shape;
+  const Shape& coord;
+  std::string str() const { return context(global_shape, placements, mesh_shape, coord); }
+};
+
 // The index ranges (in the current local index space of a dim of size n) that coordinate c of k
 // keeps under split placement p; concatenated in order they form the new local dim.
 std::vector<IndexRange> split_ranges(const char* op, const Placement& p, int mesh_dim, int64_t n, int64_t k,
-                                     int64_t c, const std::string& ctx) {
+                                     int64_t c, const LayoutCtx& ctx) {
   switch (p.kind()) {
     case PlacementKind::kShard: return {chunk_range(n, k, c)};
     case PlacementKind::kInterleavedShard: {
       const int64_t g = p.groups();
       MT_CHECK(n % g == 0,
                "{}: {} on mesh dim {}: tensor dim {} has size {} here, not divisible by {} groups ({})", op,
-               p.str(), mesh_dim, p.dim(), n, g, ctx);
+               p.str(), mesh_dim, p.dim(), n, g, ctx.str());
       const int64_t m = n / g;
       const IndexRange r = chunk_range(m, k, c);
       std::vector<IndexRange> out;
@@ -76,7 +86,7 @@ std::vector<IndexRange> split_ranges(const char* op, const Placement& p, int mes
       const auto& units = p.units();
       MT_CHECK(static_cast<int64_t>(units.size()) == k,
                "{}: {} on mesh dim {} gives units for {} ranks, the mesh dim has {} ({})", op, p.str(),
-               mesh_dim, units.size(), k, ctx);
+               mesh_dim, units.size(), k, ctx.str());
       int64_t total = 0, before = 0;
       for (size_t r = 0; r < units.size(); ++r) {
         if (static_cast<int64_t>(r) < c) before += units[r];
@@ -86,7 +96,7 @@ std::vector<IndexRange> split_ranges(const char* op, const Placement& p, int mes
                "{}: {} on mesh dim {}: units per rank [{}] sum to {} units of {} rows = {}, but tensor "
                "dim {} has size {} here ({})",
                op, p.str(), mesh_dim, fmt::join(units, ","), total, p.block(), total * p.block(), p.dim(),
-               n, ctx);
+               n, ctx.str());
       return {{before * p.block(), units[static_cast<size_t>(c)] * p.block()}};
     }
     default: MT_ASSERT(false, "split_ranges on {}", p.str());
@@ -135,7 +145,7 @@ LocalLayout local_layout(const Shape& global_shape, const Placements& placements
     if (!p.splits()) continue;
     const int d = p.dim();
     auto ranges = split_ranges(op, p, i, L.local_shape[d], mesh_shape[i], coord[i],
-                               context(global_shape, placements, mesh_shape, coord));
+                               LayoutCtx{global_shape, placements, mesh_shape, coord});
     int64_t len = 0;
     for (const IndexRange& r : ranges) len += r.length;
     L.segments[static_cast<size_t>(d)] = select(L.segments[static_cast<size_t>(d)], ranges);
@@ -196,14 +206,14 @@ Tensor local_shard(const Tensor& global, const Placements& placements, const Sha
     if (!p.splits()) continue;
     const int d = p.dim();
     const int64_t n = t.size(d);
-    const std::string ctx = context(shape, placements, mesh_shape, coord);
+    const LayoutCtx ctx{shape, placements, mesh_shape, coord};
     if (p.kind() == PlacementKind::kShard) {
       const IndexRange r = chunk_range(n, k, c);
       t = t.narrow(d, r.start, r.length);
     } else if (p.kind() == PlacementKind::kInterleavedShard) {
       MT_CHECK(n % p.groups() == 0,
                "{}: {} on mesh dim {}: tensor dim {} has size {} here, not divisible by {} groups ({})", op,
-               p.str(), i, d, n, p.groups(), ctx);
+               p.str(), i, d, n, p.groups(), ctx.str());
       // [.., n, ..] -> [.., g, n/g, ..], shard the inner dim, flatten back.
       Shape grouped = t.shape();
       grouped[d] = n / p.groups();

@@ -9,6 +9,7 @@
 #include <bit>
 #include <map>
 
+#include "mesh/collective_count.h"
 #include "mesh/communicator.h"
 #include "mesh/dtensor.h"
 #include "mesh/redistribute.h"
@@ -243,12 +244,22 @@ struct GradReducer::State {
       names.push_back(mesh.names()[static_cast<size_t>(d)]);
       quoted += fmt::format("{}\"{}\"", quoted.empty() ? "" : ", ", names.back());
     }
+    std::string label;
+    for (const auto& n : names) label += (label.empty() ? "" : ",") + n;
+    if (mesh.is_simulated()) {  // estimates on meta tensors: counted, nothing moves
+      const DeviceMesh flat = mesh.flatten(names);
+      Communicator c = Communicator::simulated(
+          static_cast<int>(flat.size()), static_cast<int>(flat.rank()),
+          fmt::format("GradReducer group: mesh dims [{}] of simulated {}", quoted, mesh.str()), label);
+      comms.emplace(mask, c);
+      return c;
+    }
     const std::vector<int> ranks = mesh.flatten(names).world_ranks();
     std::string rs;
     for (int r : ranks) rs += fmt::format("{}{}", rs.empty() ? "" : ", ", r);
     Communicator c = Communicator::create(
         ranks, kCommTag + static_cast<int>(mask),
-        fmt::format("GradReducer group: mesh dims [{}] of {} (world ranks [{}])", quoted, mesh.str(), rs));
+        fmt::format("GradReducer group: mesh dims [{}] of {} (world ranks [{}])", quoted, mesh.str(), rs), label);
     comms.emplace(mask, c);
     return c;
   }
@@ -263,7 +274,7 @@ struct GradReducer::State {
       const uint32_t m = partial_mask(params[i], params[i].p.grad());
       for (int d = 0; d < nd; ++d) f[i * static_cast<size_t>(nd) + static_cast<size_t>(d)] = (m >> d) & 1;
     }
-    if (n > 0) {
+    if (n > 0 && !mesh.is_simulated()) {  // a simulated mesh: every rank is taken to have this rank's flags
       mesh.comm().all_reduce(flags, CommReduceOp::kMax);
       ++cur.setup_collectives;
     }
@@ -401,7 +412,18 @@ struct GradReducer::State {
     Tensor flags = zeros({n}, DType::kI64);
     int64_t* f = flags.data<int64_t>();
     for (int64_t i = 0; i < n; ++i) f[i] = params[static_cast<size_t>(i)].arrived ? 1 : 0;
-    mesh.comm().all_reduce(flags, CommReduceOp::kMax);
+    if (mesh.is_simulated()) {
+      // Estimates (meta tensors): every rank is taken to have this rank's flags; the collective
+      // the real step runs is counted (mesh/collective_count.h).
+      std::string dims;
+      for (int d = 0; d < mesh.ndim(); ++d) {
+        if (d > 0) dims += ',';
+        dims += mesh.dim_label(d);
+      }
+      count_collective("all_reduce", dims, mesh.size(), n * static_cast<int64_t>(sizeof(int64_t)));
+    } else {
+      mesh.comm().all_reduce(flags, CommReduceOp::kMax);
+    }
     ++cur.presence_checks;
     for (int64_t i = 0; i < n; ++i)
       if (f[i] == 0) {
@@ -437,7 +459,7 @@ GradReducer::GradReducer(NamedTensors params, const DeviceMesh& mesh, GradReduce
              "be a DTensor on {})",
              name, p.desc(), mesh.str());
     const DTensorSpec& sp = dtensor_spec(p, "GradReducer");
-    MT_CHECK(sp.mesh().str() == mesh.str() && sp.mesh().world_ranks() == mesh.world_ranks(),
+    MT_CHECK(sp.mesh().str() == mesh.str() && sp.mesh().world_ranks_key() == mesh.world_ranks_key(),
              "GradReducer: parameter {} lives on {}, not on the reducer's mesh {}", name, sp.mesh().str(), mesh.str());
     State::Param P;
     P.name = name;

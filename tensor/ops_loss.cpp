@@ -39,7 +39,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 
   Tensor tgt = target.reshape(Shape{N}).contiguous();
   int64_t count = 0;  // non-ignored targets
-  {
+  if (tgt.is_meta()) {
+    count = N;  // shape inference and estimates: no values to check (reading them would allocate)
+  } else {
     std::vector<int64_t> tv = tgt.to_vector<int64_t>();
     for (size_t i = 0; i < tv.size(); ++i) {
       if (tv[i] == ignore_index) continue;

@@ -11,16 +11,27 @@
 #include "tensor/autograd.h"
 #include "tensor/dist_dispatch.h"
 #include "tensor/dist_spec.h"
+#include "tensor/meta_memory.h"
 
 namespace mt {
 
 // ---- Storage ----------------------------------------------------------------------------------
 
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  if (device.is_meta()) {  // a counted storage without memory (tensor/meta_memory.h)
+    meta_memory_alloc(nbytes);
+    return;
+  }
   data_ = device_alloc(device, nbytes);  // CUDA: the caching allocator, on the current stream
 }
 
-Storage::~Storage() { device_free(device_, data_, nbytes_); }
+Storage::~Storage() {
+  if (device_.is_meta()) {
+    meta_memory_free(nbytes_);
+    return;
+  }
+  device_free(device_, data_, nbytes_);
+}
 
 AutogradMeta& TensorImpl::meta() {
   if (!autograd) autograd = std::make_unique<AutogradMeta>();
@@ -151,7 +162,7 @@ Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opt
   }
   overflow |= !checked_mul(extent, dtype_size(opts.dtype), &nbytes);
   MT_CHECK(!overflow, "empty: a {} tensor of shape {} would need more than 2^63 bytes", opts.dtype, shape);
-  if (!opts.device.is_meta()) impl->storage = make_rc<Storage>(static_cast<size_t>(nbytes), opts.device);
+  if (!opts.device.is_meta() || MetaMemoryScope::active()) impl->storage = make_rc<Storage>(static_cast<size_t>(nbytes), opts.device);
   impl->sizes = shape;
   impl->strides = strides;
   impl->dtype = opts.dtype;

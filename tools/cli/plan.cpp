@@ -1,6 +1,7 @@
 // `meshtrain plan --config C --plan P --world N`: lowers a plan for a model and a world size and
 // prints the hook IR and the local shape of every parameter per mesh coordinate, without running
-// anything (the model is built on the meta device; no MPI needed).
+// anything (the model is built on the meta device; no MPI needed). --estimate, --sweep and
+// --calibrate are plan_estimate.h.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,17 +16,22 @@
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/plan_estimate.h"
 
 namespace mt::cli {
 namespace {
 
 constexpr int64_t kMaxWorld = 65536;
 
-const std::vector<FlagSpec> kPlanFlags = {
-    {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
-    {"plan", "plan file (see docs/plans.md; stock plans in plans/)", "", false},
-    {"world", "number of ranks to plan for", "1", false},
-};
+std::vector<FlagSpec> plan_flags() {
+  std::vector<FlagSpec> f = {
+      {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
+      {"plan", "plan file (see docs/plans.md; stock plans in plans/)", "", false},
+      {"world", "number of ranks to plan for", "1", false},
+  };
+  for (FlagSpec& e : estimate_flags()) f.push_back(std::move(e));
+  return f;
+}
 
 // "[64, 128] on (0), (1); [0, 128] on (2)" or "[256, 128] on all 4 ranks".
 std::string local_shapes(const Shape& global, const Placements& ps, const PlanMesh& mesh) {
@@ -55,7 +61,8 @@ std::string local_shapes(const Shape& global, const Placements& ps, const PlanMe
 }  // namespace
 
 int run_plan(int argc, char** argv) {
-  Args args("plan", kPlanFlags, argc, argv, 2);
+  Args args("plan", plan_flags(), argc, argv, 2);
+  if (wants_estimate(args)) return run_plan_estimate(args);
   const std::string plan_path = args.required("plan");
   const int64_t world = args.integer("world", 1, kMaxWorld);  // every mesh coordinate is listed
   ModelConfig config = resolve_config(args.str("config"));

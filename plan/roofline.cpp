@@ -1,0 +1,161 @@
+// Roofline step time and hardware profiles (roofline.h).
+#include "plan/roofline.h"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+
+double positive(const nlohmann::json& j, const char* key, double scale, const std::string& source) {
+  MT_CHECK(j.contains(key) && j[key].is_number(), "{}: hardware profile field \"{}\" (a number) is missing", source, key);
+  const double v = j[key].get<double>();
+  MT_CHECK(std::isfinite(v) && v > 0, "{}: hardware profile field \"{}\" must be a positive number, got {}", source,
+           key, v);
+  return v * scale;
+}
+
+LinkProfile link(const nlohmann::json& j, const char* key, const std::string& source) {
+  MT_CHECK(j.contains("links") && j["links"].is_object() && j["links"].contains(key) && j["links"][key].is_object(),
+           "{}: hardware profile field \"links.{}\" (an object with alpha_us and bandwidth_gbs) is missing", source,
+           key);
+  const std::string where = fmt::format("{} (links.{})", source, key);
+  return LinkProfile{positive(j["links"][key], "alpha_us", 1e-6, where),
+                     positive(j["links"][key], "bandwidth_gbs", 1e9, where)};
+}
+
+std::vector<fs::path> profile_dirs() {
+  std::vector<fs::path> dirs;
+  if (const char* d = std::getenv("MT_HARDWARE_DIR"); d && *d) dirs.emplace_back(d);
+  if (const char* d = std::getenv("MT_PLANS_DIR"); d && *d) dirs.push_back(fs::path(d) / "hardware");
+  dirs.emplace_back("plans/hardware");
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec)
+    for (fs::path p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path())
+      dirs.push_back(p / "plans" / "hardware");
+  return dirs;
+}
+
+}  // namespace
+
+HardwareProfile parse_hardware_profile(const std::string& text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    MT_FAIL("{}: not a JSON hardware profile: {}", source, e.what());
+  }
+  MT_CHECK(j.is_object(), "{}: a hardware profile is a JSON object", source);
+  HardwareProfile hw;
+  hw.source = source;
+  hw.name = j.value("name", fs::path(source).stem().string());
+  hw.description = j.value("description", "");
+  hw.gemm_flops_f32 = positive(j, "gemm_tflops_f32", 1e12, source);
+  hw.gemm_flops_bf16 = positive(j, "gemm_tflops_bf16", 1e12, source);
+  hw.memory_bandwidth = positive(j, "memory_bandwidth_gbs", 1e9, source);
+  hw.memory_bytes = positive(j, "memory_gb", 1e9, source);
+  const double dpn = positive(j, "devices_per_node", 1, source);
+  MT_CHECK(dpn == std::floor(dpn), "{}: devices_per_node must be an integer, got {}", source, dpn);
+  hw.devices_per_node = static_cast<int64_t>(dpn);
+  hw.intra = link(j, "intra", source);
+  hw.inter = link(j, "inter", source);
+  return hw;
+}
+
+HardwareProfile load_hardware_profile(const std::string& name_or_path) {
+  fs::path file;
+  const bool is_path = name_or_path.find('/') != std::string::npos ||
+                       (name_or_path.size() > 5 && name_or_path.ends_with(".json"));
+  std::string searched;
+  if (is_path) {
+    file = name_or_path;
+  } else {
+    for (const fs::path& d : profile_dirs()) {
+      fs::path f = d / (name_or_path + ".json");
+      searched += (searched.empty() ? "" : ", ") + f.string();
+      std::error_code ec;
+      if (fs::is_regular_file(f, ec)) {
+        file = f;
+        break;
+      }
+    }
+    MT_CHECK(!file.empty(), "--hardware {}: no such stock profile (looked for {}); stock profiles: h100-nvlink, "
+             "h100-ib, h200, a100, or give a JSON file", name_or_path, searched);
+  }
+  std::ifstream in(file);
+  MT_CHECK(in.good(), "--hardware {}: cannot read {}", name_or_path, file.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_hardware_profile(ss.str(), file.string());
+}
+
+std::string hardware_profile_json(const HardwareProfile& hw) {
+  nlohmann::ordered_json j;
+  j["name"] = hw.name;
+  j["description"] = hw.description;
+  j["gemm_tflops_f32"] = hw.gemm_flops_f32 / 1e12;
+  j["gemm_tflops_bf16"] = hw.gemm_flops_bf16 / 1e12;
+  j["memory_bandwidth_gbs"] = hw.memory_bandwidth / 1e9;
+  j["memory_gb"] = hw.memory_bytes / 1e9;
+  j["devices_per_node"] = hw.devices_per_node;
+  j["links"]["intra"] = {{"alpha_us", hw.intra.alpha_s * 1e6}, {"bandwidth_gbs", hw.intra.bandwidth / 1e9}};
+  j["links"]["inter"] = {{"alpha_us", hw.inter.alpha_s * 1e6}, {"bandwidth_gbs", hw.inter.bandwidth / 1e9}};
+  return j.dump(2) + "\n";
+}
+
+bool crosses_nodes(const PlanMesh& mesh, const std::string& dims, int64_t devices_per_node) {
+  int64_t span = 1;
+  if (dims == "world") {
+    span = mesh.size();
+  } else {
+    std::stringstream ss(dims);
+    std::string name;
+    while (std::getline(ss, name, ',')) {
+      const int d = mesh.dim_index(name);
+      if (d < 0) continue;
+      int64_t stride = 1;
+      for (int e = d + 1; e < mesh.ndim(); ++e) stride *= mesh.shape[e];
+      span += (mesh.shape[d] - 1) * stride;
+    }
+  }
+  return span > devices_per_node;
+}
+
+double collective_seconds(const std::string& kind, int64_t calls, int64_t bytes, int64_t k, const LinkProfile& l) {
+  if (k <= 1 || calls == 0) return 0;
+  const double kk = static_cast<double>(k), c = static_cast<double>(calls), b = static_cast<double>(bytes);
+  const double frac = (kk - 1) / kk;
+  if (kind == "all_reduce") return c * 2 * (kk - 1) * l.alpha_s + 2 * frac * b / l.bandwidth;  // ring
+  if (kind == "all_gather" || kind == "reduce_scatter" || kind == "all_to_all")
+    return c * (kk - 1) * l.alpha_s + frac * b / l.bandwidth;
+  if (kind == "broadcast") return c * std::ceil(std::log2(kk)) * l.alpha_s + b / l.bandwidth;
+  return c * l.alpha_s + b / l.bandwidth;  // send / recv
+}
+
+StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareProfile& hw, DType precision) {
+  StepTime t;
+  const double gemm = precision == DType::kF32 ? hw.gemm_flops_f32 : hw.gemm_flops_bf16;
+  t.matmul_s = est.cost.matmul_flops / gemm;
+  t.memory_s = est.cost.other_bytes / hw.memory_bandwidth;
+  for (const auto& [key, tally] : est.comm) {
+    CollectiveTime c{key, tally, crosses_nodes(mesh, key.dims, hw.devices_per_node), 0};
+    c.seconds = collective_seconds(key.kind, tally.calls, tally.bytes, tally.group_size, c.inter_node ? hw.inter : hw.intra);
+    t.comm_s += c.seconds;
+    t.collectives.push_back(c);
+  }
+  t.total_s = t.matmul_s + t.memory_s + t.comm_s;
+  return t;
+}
+
+}  // namespace mt

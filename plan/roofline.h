@@ -1,0 +1,63 @@
+// Roofline step time for an estimate (plan/estimate.h): matmul and attention FLOPs at a GEMM rate,
+// every other kernel's bytes at a memory bandwidth, each collective with an alpha-beta model on
+// the link its group crosses (inside a node or between nodes), everything added up (no overlap
+// assumed: an upper bound where the reducer's buckets overlap backward). Hardware profiles are
+// small JSON files (plans/hardware/*.json, docs/estimate.md); `meshtrain plan --calibrate` writes
+// one for the machine at hand.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "mesh/collective_count.h"
+#include "plan/estimate.h"
+#include "plan/plan.h"
+
+namespace mt {
+
+struct LinkProfile {
+  double alpha_s = 0;    // latency per algorithm step (seconds)
+  double bandwidth = 0;  // bus bandwidth per rank (bytes/s)
+};
+
+struct HardwareProfile {
+  std::string name, description, source;
+  double gemm_flops_f32 = 0;   // achievable GEMM rate per device, f32 operands (FLOP/s)
+  double gemm_flops_bf16 = 0;  // bf16/f16 operands, f32 accumulation
+  double memory_bandwidth = 0; // achievable device memory bandwidth (bytes/s)
+  double memory_bytes = 0;     // device memory (bytes)
+  int64_t devices_per_node = 1;  // ranks that share the intra-node link
+  LinkProfile intra, inter;
+};
+
+// `name_or_path`: a file (ends in .json or contains '/'), or a stock profile's name looked up as
+// NAME.json in $MT_HARDWARE_DIR, $MT_PLANS_DIR/hardware, ./plans/hardware and the plans/hardware
+// of the source tree the executable was built from. Errors name the file and the field.
+HardwareProfile load_hardware_profile(const std::string& name_or_path);
+HardwareProfile parse_hardware_profile(const std::string& json_text, const std::string& source);
+std::string hardware_profile_json(const HardwareProfile& hw);
+
+struct CollectiveTime {
+  CollectiveKey key;
+  CollectiveTally tally;
+  bool inter_node = false;
+  double seconds = 0;
+};
+
+struct StepTime {
+  double matmul_s = 0;   // matmul/attention FLOPs / GEMM rate
+  double memory_s = 0;   // other kernels' bytes / memory bandwidth
+  double comm_s = 0;     // sum of the collectives
+  double total_s = 0;
+  std::vector<CollectiveTime> collectives;
+};
+
+// Whether a group over the mesh dims `dims` ("dp,tp") spans more ranks than a node holds
+// (row-major ranks, nodes of devices_per_node consecutive ranks).
+bool crosses_nodes(const PlanMesh& mesh, const std::string& dims, int64_t devices_per_node);
+// Seconds of `calls` collectives of `kind` moving `bytes` in all over groups of `k` ranks.
+double collective_seconds(const std::string& kind, int64_t calls, int64_t bytes, int64_t k, const LinkProfile& link);
+StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareProfile& hw, DType precision);
+
+}  // namespace mt

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# `meshtrain plan --estimate / --sweep / --calibrate` end to end (docs/estimate.md): text and JSON
+# output, refusals naming the flag, the 671B dense shape at 10,000 ranks in under a second, a quick
+# sweep, and a calibration under mpirun -np 2 whose profile --hardware reads back.
+# Usage: test_cli_estimate.sh MESHTRAIN MPIRUN|"" REPO_ROOT
+set -euo pipefail
+bin=$1
+mpirun=$2
+root=$3
+plans=$root/plans
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+json() { python3 -c "import json,sys; d=json.load(open('$1')); print($2)"; }
+
+# Text: every line of a rank marked as measured or modelled.
+"$bin" plan --config llama-tiny --plan "$plans/llama_dp_tp.plan" --world 4 --estimate --batch 4 --seq 16 \
+  --precision f32 > "$tmp/dp_tp.txt"
+grep -qF "# estimate: plan $plans/llama_dp_tp.plan for llama-tiny" "$tmp/dp_tp.txt" || fail "no header: $(head -3 "$tmp/dp_tp.txt")"
+grep -qE "^rank 3 \[dp=1, tp=1\]" "$tmp/dp_tp.txt" || fail "no rank 3"
+grep -qE "^  peak memory .*measured-from-shapes" "$tmp/dp_tp.txt" || fail "no peak line"
+grep -qE "^  all_reduce over tp .*measured-from-shapes .* modelled" "$tmp/dp_tp.txt" || fail "no tp all_reduce line"
+grep -qE "^  step time .* modelled" "$tmp/dp_tp.txt" || fail "no step time"
+
+# JSON: parameters split by tp, optimizer state twice the f32 parameters, bf16 master weights.
+"$bin" plan --config llama-tiny --plan "$plans/llama_tp.plan" --world 2 --estimate --json > "$tmp/tp.json"
+[ "$(json "$tmp/tp.json" "len(d['ranks'])")" = 2 ] || fail "ranks in JSON"
+[ "$(json "$tmp/tp.json" "d['ranks'][0]['master_bytes'] == 2 * d['ranks'][0]['param_bytes']")" = True ] || fail "master bytes"
+[ "$(json "$tmp/tp.json" "d['ranks'][0]['optimizer_bytes'] == 4 * d['ranks'][0]['param_bytes']")" = True ] || fail "optimizer bytes"
+[ "$(json "$tmp/tp.json" "d['ranks'][0]['peak_bytes'] > d['ranks'][0]['persistent_bytes'] > 0")" = True ] || fail "peak"
+[ "$(json "$tmp/tp.json" "any(c['kind'] == 'all_reduce' and c['dims'] == 'tp' for c in d['ranks'][0]['comm'])")" = True ] \
+  || fail "tp all_reduce in JSON"
+
+# Refusals name the flag.
+for bad in "--recompute full" "--recompute selective" "--optimizer muon" "--optimizer adamw8bit" "--precision fp8"; do
+  # shellcheck disable=SC2086
+  if "$bin" plan --plan "$plans/llama_dp.plan" --estimate $bad 2> "$tmp/err.txt"; then fail "$bad accepted"; fi
+  grep -qF -- "${bad%% *}" "$tmp/err.txt" || fail "$bad: error does not name the flag: $(cat "$tmp/err.txt")"
+done
+if "$bin" plan --plan "$plans/llama_dp.plan" --estimate --hardware nosuch 2> "$tmp/err.txt"; then fail "hardware nosuch"; fi
+grep -qF -- "--hardware nosuch" "$tmp/err.txt" || fail "hardware error: $(cat "$tmp/err.txt")"
+
+# 671B dense at 10,000 ranks (dp 5000 x tp 2): the whole estimate in under a second.
+start=$(date +%s.%N)
+"$bin" plan --config "$plans/models/llama-671b-dense.json" --plan "$plans/llama_dp_tp.plan" --world 10000 --estimate \
+  --batch 10000 --seq 4096 --json > "$tmp/671b.json"
+end=$(date +%s.%N)
+secs=$(python3 -c "print($end - $start)")
+echo "671B at 10,000 ranks: $secs s (estimate itself $(json "$tmp/671b.json" "d['elapsed_s']") s)"
+python3 -c "import sys; sys.exit(0 if $secs < 1.0 else 1)" || fail "671B at 10,000 ranks took $secs s"
+[ "$(json "$tmp/671b.json" "d['parameters'] > 670e9")" = True ] || fail "671B parameter count"
+
+# A quick sweep: fitting plans sorted by step time.
+"$bin" plan --config llama-tiny --plan "$plans/llama_dp.plan,$plans/llama_dp_tp.plan" --sweep "world=2,4 tp=1,2" \
+  --memory-gb 1 --batch 8 --seq 16 --json > "$tmp/sweep.json"
+[ "$(json "$tmp/sweep.json" "sum(r['fits'] for r in d['rows'])")" = 6 ] || fail "sweep rows: $(cat "$tmp/sweep.json")"
+[ "$(json "$tmp/sweep.json" "[r['step_s'] for r in d['rows'] if r['fits']] == sorted(r['step_s'] for r in d['rows'] if r['fits'])")" = True ] \
+  || fail "sweep not sorted"
+"$bin" plan --config llama-tiny --plan "$plans/llama_dp_tp.plan" --sweep "world=8 tp=2,4" --memory-gb 1 > "$tmp/sweep.txt"
+grep -qF "# plans that fit" "$tmp/sweep.txt" || fail "sweep text"
+
+# Calibration (np 2 when mpirun is there), read back by --hardware.
+if [ -n "$mpirun" ]; then
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+    "$mpirun" -np 2 --oversubscribe --mca btl self,vader "$bin" plan --calibrate --out "$tmp/cpu.json" > "$tmp/cal.txt"
+else
+  "$bin" plan --calibrate --out "$tmp/cpu.json" > "$tmp/cal.txt"
+fi
+[ "$(json "$tmp/cpu.json" "d['gemm_tflops_f32'] > 0 and d['links']['intra']['bandwidth_gbs'] > 0")" = True ] || fail "profile"
+"$bin" plan --config llama-tiny --plan "$plans/llama_dp.plan" --world 2 --estimate --hardware "$tmp/cpu.json" > "$tmp/cal_est.txt"
+grep -qF "hardware calibrated" "$tmp/cal_est.txt" || fail "calibrated profile not used: $(head -3 "$tmp/cal_est.txt")"
+echo "PASS"

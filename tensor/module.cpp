@@ -43,10 +43,11 @@ void InitRecord::fill(Tensor& local, int64_t global_base, const Shape& global_st
 
 namespace {
 
-// Gives the storage-less (meta) tensor `t` the storage of `real` (same shape), keeping its
-// TensorImpl so that every handle to it sees the real values.
+// Gives `t` the storage of `real` (same local shape): a meta tensor its real values, or a tensor
+// its copy on another device (Module::to). The TensorImpl is kept (a DTensor keeps its spec), so
+// every handle to it sees the new storage.
 void adopt_storage(const Tensor& t, const Tensor& real) {
-  MT_ASSERT(t.shape() == real.shape(), "adopt {} from {}", t.desc(), real.desc());
+  MT_ASSERT(t.local_shape() == real.local_shape(), "adopt {} from {}", t.desc(), real.desc());
   TensorImpl* p = t.impl();
   p->storage = real.impl()->storage;
   p->strides = real.strides();
@@ -605,11 +606,7 @@ Module& Module::to(Device device) {
       NoGradGuard no_grad;
       real = local_view(t).to(device);  // a DTensor moves its local shard; its spec stays
     }
-    TensorImpl* p = t.impl();
-    p->storage = real.impl()->storage;
-    p->strides = real.strides();
-    p->offset = real.offset();
-    p->device = real.device();
+    adopt_storage(t, real);
     t.set_grad(Tensor());
   }
   return *this;

@@ -55,42 +55,10 @@ TRAIN="train --batch 4 --seq 16 --steps 5 --warmup 2 --lr 3e-3 --seed 5"
 "$BIN" $TRAIN --metrics "$WORK/t1.jsonl" >/dev/null || fail "single-device train exit"
 
 # Gradient files: same names, shapes and dtype; every value within 1e-5 of the largest magnitude.
-grads_close() {
-  python3 - "$1" "$2" <<'PY'
-import json, struct, sys
-def load(p):
-    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
-    out = {}
-    for k, v in h.items():
-        assert v["dtype"] == "F32", (k, v["dtype"])
-        lo, hi = v["data_offsets"]
-        out[k] = (v["shape"], struct.unpack(f"<{(hi - lo) // 4}f", b[8 + n + lo:8 + n + hi]))
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-assert set(a) == set(b), set(a) ^ set(b)
-worst = 0.0
-for k in a:
-    assert a[k][0] == b[k][0], (k, a[k][0], b[k][0])
-    scale = max(1e-30, max(abs(x) for x in a[k][1]))
-    worst = max(worst, max(abs(x - y) for x, y in zip(a[k][1], b[k][1])) / scale)
-print(f"max relative gradient difference {worst:.2e}")
-sys.exit(0 if worst <= 1e-5 else 1)
-PY
-}
-
-# Train metrics: same steps, losses within 1e-5.
-losses_close() {
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
-worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b))
-print(f"max |loss diff| {worst:.2e} over {len(a)} steps")
-sys.exit(0 if worst <= 1e-5 else 1)
-PY
-}
+# Train metrics: same steps, losses within 1e-5. (One comparison helper for every test script.)
+CMP="$(dirname "$0")/compare_outputs.py"
+grads_close() { python3 "$CMP" grads "$1" "$2" 1e-5; }
+losses_close() { python3 "$CMP" losses "$1" "$2" 1e-5; }
 
 # `meshtrain parity` report: every step's loss within 1e-5 of its reference; with a metrics file
 # (train --plan) the parallel losses equal the ones train printed (1e-6: the same step code), with a
@@ -185,16 +153,8 @@ expect_error "world does not fit the mesh" "three.plan" -- mpi 2 "$BIN" grad --h
 "$BIN" $TRAIN --precision bf16 --metrics "$WORK/bf1.jsonl" >/dev/null || fail "single-device bf16 train"
 mpi 2 "$BIN" $TRAIN --precision bf16 --plan "$PLANS/llama_tp.plan" --metrics "$WORK/bf_tp.jsonl" >/dev/null 2>"$WORK/err" \
   || fail "bf16 llama_tp: $(grep -m 1 '\] error: ' "$WORK/err")"
-r=$(python3 - "$WORK/bf1.jsonl" "$WORK/bf_tp.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 5, (len(a), len(b))
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"max relative loss diff {worst:.1e}")
-sys.exit(0 if worst <= 1e-3 else 1)
-PY
-) && pass "bf16 under llama_tp np 2 tracks one bf16 device: $r" || fail "bf16 under llama_tp: $r"
+[ "$(wc -l <"$WORK/bf_tp.jsonl")" = 5 ] || fail "bf16 llama_tp: $(wc -l <"$WORK/bf_tp.jsonl") metrics lines, expected 5"
+r=$(python3 "$CMP" losses "$WORK/bf1.jsonl" "$WORK/bf_tp.jsonl" 1e-3 rel 2>&1) && pass "bf16 under llama_tp np 2 tracks one bf16 device: $r" || fail "bf16 under llama_tp: $r"
 
 # Expert parallelism: mixtral-tiny under mixtral_ep_tp (ep=2) gives the single-device init and eval.
 "$BIN" init --config mixtral-tiny --seed 3 --out "$WORK/mx" >/dev/null || fail "mixtral init exit"

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "runtime/profiler.h"
+
 namespace mt {
 namespace {
 thread_local bool g_active = false;
@@ -10,7 +12,19 @@ thread_local KernelCost g_cost;
 
 using detail::bytes_of;
 
-void other(double bytes) { detail::add_kernel_cost(0, 0, bytes); }
+template <class... V>
+KernelWork with_views(const V&... v) {
+  KernelWork w;
+  ((w.views[w.n_views++] = &v), ...);
+  return w;
+}
+// A memory-bound family: its bytes are those of `v...`, read or written once.
+template <class... V>
+KernelWork other(const V&... v) {
+  KernelWork w = with_views(v...);
+  w.other_bytes = bytes_of(v...);
+  return w;
+}
 
 // Attention FLOPs for q [B, Hq, T, D], v [B, Hkv, S, Dv]: QK^T and PV, 2 per multiply-add; a causal
 // mask keeps about half of the T x S scores (exactly the kept pairs are counted).
@@ -33,61 +47,99 @@ double attention_flops(const KView& q, const KView& v, bool causal) {
 KernelCostScope::KernelCostScope() : prev_(g_active) {
   g_active = true;
   g_cost = KernelCost{};
+  detail::g_kernel_hooks.fetch_add(1, std::memory_order_relaxed);  // arms MT_KERNEL's hook
 }
-KernelCostScope::~KernelCostScope() { g_active = prev_; }
+KernelCostScope::~KernelCostScope() {
+  g_active = prev_;
+  detail::g_kernel_hooks.fetch_sub(1, std::memory_order_relaxed);
+}
 bool KernelCostScope::active() { return g_active; }
 const KernelCost& KernelCostScope::totals() { return g_cost; }
 
-void detail::add_kernel_cost(double matmul_flops, double matmul_bytes, double other_bytes) {
-  g_cost.matmul_flops += matmul_flops;
-  g_cost.matmul_bytes += matmul_bytes;
-  g_cost.other_bytes += other_bytes;
+void detail::add_kernel_cost(const KernelWork& w) {
+  g_cost.matmul_flops += w.matmul_flops;
+  g_cost.matmul_bytes += w.matmul_bytes;
+  g_cost.other_bytes += w.other_bytes;
   ++g_cost.kernels;
-  if (matmul_flops > 0) ++g_cost.matmuls;
+  if (w.matmul_flops > 0) ++g_cost.matmuls;
 }
 
-void record_kernel_cost(const FillParams& p) { other(bytes_of(p.out)); }
-void record_kernel_cost(const ArangeParams& p) { other(bytes_of(p.out)); }
-void record_kernel_cost(const CopyParams& p) { other(bytes_of(p.src, p.out)); }
-void record_kernel_cost(const UnaryParams& p) { other(bytes_of(p.in, p.out)); }
-void record_kernel_cost(const BinaryParams& p) { other(bytes_of(p.out) * 3); }  // a, b broadcast to out
-void record_kernel_cost(const WhereParams& p) { other(bytes_of(p.out) * 3 + bytes_of(p.cond)); }
-void record_kernel_cost(const ReduceParams& p) { other(bytes_of(p.in, p.out)); }
-void record_kernel_cost(const MatmulParams& p) {
+KernelWork kernel_work(const FillParams& p) { return other(p.out); }
+KernelWork kernel_work(const ArangeParams& p) { return other(p.out); }
+KernelWork kernel_work(const CopyParams& p) { return other(p.src, p.out); }
+KernelWork kernel_work(const UnaryParams& p) { return other(p.in, p.out); }
+KernelWork kernel_work(const BinaryParams& p) {
+  KernelWork w = with_views(p.a, p.b, p.out);
+  w.other_bytes = bytes_of(p.out) * 3;  // a, b broadcast to out
+  return w;
+}
+KernelWork kernel_work(const WhereParams& p) {
+  KernelWork w = with_views(p.cond, p.a, p.b, p.out);
+  w.other_bytes = bytes_of(p.out) * 3 + bytes_of(p.cond);
+  return w;
+}
+KernelWork kernel_work(const ReduceParams& p) { return other(p.in, p.out); }
+KernelWork kernel_work(const MatmulParams& p) {
   // a [..., M, K] @ b [..., K, N] -> out [..., M, N]
   const int nd = p.a.ndim();
   const double k = nd >= 1 ? static_cast<double>(p.a.sizes[nd - 1]) : 1;
-  detail::add_kernel_cost(2 * static_cast<double>(p.out.numel()) * k, bytes_of(p.a, p.b, p.out), 0);
+  KernelWork w = with_views(p.a, p.b, p.out);
+  w.matmul_flops = 2 * static_cast<double>(p.out.numel()) * k;
+  w.matmul_bytes = bytes_of(p.a, p.b, p.out);
+  return w;
 }
-void record_kernel_cost(const RmsNormParams& p) { other(bytes_of(p.x, p.weight, p.out, p.rstd)); }
-void record_kernel_cost(const RmsNormBwdParams& p) { other(bytes_of(p.gy, p.x, p.weight, p.rstd, p.gx, p.gw)); }
-void record_kernel_cost(const LayerNormParams& p) { other(bytes_of(p.x, p.weight, p.bias, p.out, p.mean, p.rstd)); }
-void record_kernel_cost(const LayerNormBwdParams& p) {
-  other(bytes_of(p.gy, p.x, p.weight, p.mean, p.rstd, p.gx, p.gw, p.gb));
+KernelWork kernel_work(const RmsNormParams& p) { return other(p.x, p.weight, p.out, p.rstd); }
+KernelWork kernel_work(const RmsNormBwdParams& p) { return other(p.gy, p.x, p.weight, p.rstd, p.gx, p.gw); }
+KernelWork kernel_work(const LayerNormParams& p) { return other(p.x, p.weight, p.bias, p.out, p.mean, p.rstd); }
+KernelWork kernel_work(const LayerNormBwdParams& p) {
+  return other(p.gy, p.x, p.weight, p.mean, p.rstd, p.gx, p.gw, p.gb);
 }
-void record_kernel_cost(const SoftmaxParams& p) { other(bytes_of(p.in, p.out)); }
-void record_kernel_cost(const RopeParams& p) { other(bytes_of(p.x, p.cos, p.sin, p.out)); }
-void record_kernel_cost(const IndexSelectParams& p) { other(bytes_of(p.index, p.out) * 1 + bytes_of(p.out)); }
-void record_kernel_cost(const IndexAddParams& p) { other(bytes_of(p.index, p.src) + 2 * bytes_of(p.src)); }
-void record_kernel_cost(const GatherParams& p) { other(bytes_of(p.index, p.out) + bytes_of(p.out)); }
-void record_kernel_cost(const ScatterAddParams& p) { other(bytes_of(p.index, p.src) + 2 * bytes_of(p.src)); }
-void record_kernel_cost(const TopkParams& p) { other(bytes_of(p.in, p.values, p.indices)); }
-void record_kernel_cost(const CrossEntropyParams& p) { other(bytes_of(p.logits, p.target, p.loss, p.lse)); }
-void record_kernel_cost(const CrossEntropyBwdParams& p) {
-  other(bytes_of(p.logits, p.target, p.lse, p.grad_loss, p.grad_logits));
+KernelWork kernel_work(const SoftmaxParams& p) { return other(p.in, p.out); }
+KernelWork kernel_work(const RopeParams& p) { return other(p.x, p.cos, p.sin, p.out); }
+KernelWork kernel_work(const IndexSelectParams& p) {
+  KernelWork w = with_views(p.in, p.index, p.out);
+  w.other_bytes = bytes_of(p.index, p.out) + bytes_of(p.out);  // the rows read, the index, out
+  return w;
 }
-void record_kernel_cost(const AttentionParams& p) {
-  detail::add_kernel_cost(attention_flops(p.q, p.v, p.causal), bytes_of(p.q, p.k, p.v, p.out, p.lse), 0);
+KernelWork kernel_work(const IndexAddParams& p) {
+  KernelWork w = with_views(p.out, p.index, p.src);
+  w.other_bytes = bytes_of(p.index, p.src) + 2 * bytes_of(p.src);
+  return w;
 }
-void record_kernel_cost(const AttentionBwdParams& p) {
+KernelWork kernel_work(const GatherParams& p) {
+  KernelWork w = with_views(p.in, p.index, p.out);
+  w.other_bytes = bytes_of(p.index, p.out) + bytes_of(p.out);
+  return w;
+}
+KernelWork kernel_work(const ScatterAddParams& p) {
+  KernelWork w = with_views(p.out, p.index, p.src);
+  w.other_bytes = bytes_of(p.index, p.src) + 2 * bytes_of(p.src);
+  return w;
+}
+KernelWork kernel_work(const TopkParams& p) { return other(p.in, p.values, p.indices); }
+KernelWork kernel_work(const CrossEntropyParams& p) { return other(p.logits, p.target, p.loss, p.lse); }
+KernelWork kernel_work(const CrossEntropyBwdParams& p) {
+  return other(p.logits, p.target, p.lse, p.grad_loss, p.grad_logits);
+}
+KernelWork kernel_work(const AttentionParams& p) {
+  KernelWork w = with_views(p.q, p.k, p.v, p.out, p.lse);
+  w.matmul_flops = attention_flops(p.q, p.v, p.causal);
+  w.matmul_bytes = bytes_of(p.q, p.k, p.v, p.out, p.lse);
+  return w;
+}
+KernelWork kernel_work(const AttentionBwdParams& p) {
   // Scores recomputed (QK^T), then dV, dP, dQ, dK: five products against the forward's two.
-  detail::add_kernel_cost(2.5 * attention_flops(p.q, p.v, p.causal),
-                          bytes_of(p.q, p.k, p.v, p.out, p.lse, p.gout, p.gq, p.gk, p.gv), 0);
+  KernelWork w = with_views(p.q, p.k, p.v, p.out, p.lse, p.gout, p.gq, p.gk, p.gv);
+  w.matmul_flops = 2.5 * attention_flops(p.q, p.v, p.causal);
+  w.matmul_bytes = bytes_of(p.q, p.k, p.v, p.out, p.lse, p.gout, p.gq, p.gk, p.gv);
+  return w;
 }
-void record_kernel_cost(const RandomParams& p) { other(bytes_of(p.out)); }
+KernelWork kernel_work(const RandomParams& p) { return other(p.out); }
 // Reads p, g, m, v; writes p, m, v.
-void record_kernel_cost(const AdamWParams& p) {
-  other(bytes_of(p.param, p.grad, p.exp_avg, p.exp_avg_sq) + bytes_of(p.param, p.exp_avg, p.exp_avg_sq));
+KernelWork kernel_work(const AdamWParams& p) {
+  KernelWork w = with_views(p.param, p.grad, p.exp_avg, p.exp_avg_sq);
+  w.other_bytes = bytes_of(p.param, p.grad, p.exp_avg, p.exp_avg_sq) + bytes_of(p.param, p.exp_avg, p.exp_avg_sq);
+  return w;
 }
 
 }  // namespace mt

@@ -3,7 +3,8 @@
 // its FLOPs and the bytes it reads and writes, taken from the shapes in its params, to the scope's
 // totals. Matmul and attention FLOPs are counted apart (they run at a GEMM rate); every other
 // family is memory bound (its bytes run at a memory bandwidth). Counting costs nothing when no
-// scope is active (one thread-local test per kernel call).
+// scope is active: MT_KERNEL tests one process-wide counter (kernel_hooks_armed(),
+// runtime/profiler.h) that scopes and Profilers raise. The profiler records the same work per call.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +34,18 @@ class KernelCostScope {
   bool prev_;
 };
 
+// The work of one kernel call, from the shapes in its params: FLOPs and bytes as above, and the
+// params' views in declaration order (kernels/params.h), whose shapes the profiler records.
+struct KernelWork {
+  double matmul_flops = 0;
+  double matmul_bytes = 0;
+  double other_bytes = 0;
+  const KView* views[10] = {};
+  int n_views = 0;
+};
+
 namespace detail {
-void add_kernel_cost(double matmul_flops, double matmul_bytes, double other_bytes);
+void add_kernel_cost(const KernelWork& w);
 inline double view_bytes(const KView& v) {
   return static_cast<double>(v.numel()) * static_cast<double>(dtype_size(v.dtype));
 }
@@ -45,30 +56,14 @@ double bytes_of(const V&... v) {
 }  // namespace detail
 
 // One overload per kernel family (the names of MT_KERNEL_LIST in kernels/registry.h).
-void record_kernel_cost(const FillParams& p);
-void record_kernel_cost(const ArangeParams& p);
-void record_kernel_cost(const CopyParams& p);
-void record_kernel_cost(const UnaryParams& p);
-void record_kernel_cost(const BinaryParams& p);
-void record_kernel_cost(const WhereParams& p);
-void record_kernel_cost(const ReduceParams& p);
-void record_kernel_cost(const MatmulParams& p);
-void record_kernel_cost(const RmsNormParams& p);
-void record_kernel_cost(const RmsNormBwdParams& p);
-void record_kernel_cost(const LayerNormParams& p);
-void record_kernel_cost(const LayerNormBwdParams& p);
-void record_kernel_cost(const SoftmaxParams& p);
-void record_kernel_cost(const RopeParams& p);
-void record_kernel_cost(const IndexSelectParams& p);
-void record_kernel_cost(const IndexAddParams& p);
-void record_kernel_cost(const GatherParams& p);
-void record_kernel_cost(const ScatterAddParams& p);
-void record_kernel_cost(const TopkParams& p);
-void record_kernel_cost(const CrossEntropyParams& p);
-void record_kernel_cost(const CrossEntropyBwdParams& p);
-void record_kernel_cost(const AttentionParams& p);
-void record_kernel_cost(const AttentionBwdParams& p);
-void record_kernel_cost(const RandomParams& p);
-void record_kernel_cost(const AdamWParams& p);
+#define MT_KERNEL_WORK_DECL(name, P) KernelWork kernel_work(const P& p);
+MT_KERNEL_LIST(MT_KERNEL_WORK_DECL)
+#undef MT_KERNEL_WORK_DECL
+
+// Adds the call's work to this thread's KernelCostScope (the MT_KERNEL hook; kernels/hooks.cpp).
+template <class P>
+void record_kernel_cost(const P& p) {
+  detail::add_kernel_cost(kernel_work(p));
+}
 
 }  // namespace mt

@@ -197,3 +197,17 @@ struct AdamWParams {
 };
 
 }  // namespace mt
+
+// Every kernel family and its params struct (kernels/registry.h, kernels/cost.h).
+#define MT_KERNEL_LIST(X)                                                               \
+  X(fill, FillParams) X(arange, ArangeParams) X(copy, CopyParams)                      \
+  X(unary, UnaryParams) X(binary, BinaryParams) X(where, WhereParams)                  \
+  X(reduce, ReduceParams) X(matmul, MatmulParams)                                      \
+  X(rms_norm, RmsNormParams) X(rms_norm_bwd, RmsNormBwdParams)                         \
+  X(layer_norm, LayerNormParams) X(layer_norm_bwd, LayerNormBwdParams)                 \
+  X(softmax, SoftmaxParams) X(rope, RopeParams)                                        \
+  X(index_select, IndexSelectParams) X(index_add, IndexAddParams)                      \
+  X(gather, GatherParams) X(scatter_add, ScatterAddParams) X(topk, TopkParams)         \
+  X(cross_entropy, CrossEntropyParams) X(cross_entropy_bwd, CrossEntropyBwdParams)     \
+  X(attention, AttentionParams) X(attention_bwd, AttentionBwdParams)                   \
+  X(random, RandomParams) X(adamw, AdamWParams)

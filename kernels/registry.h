@@ -5,20 +5,10 @@
 
 #include "kernels/cost.h"
 #include "kernels/params.h"
+#include "runtime/profiler.h"
 #include "runtime/device.h"
 
-#define MT_KERNEL_LIST(X)                                                               \
-  X(fill, FillParams) X(arange, ArangeParams) X(copy, CopyParams)                      \
-  X(unary, UnaryParams) X(binary, BinaryParams) X(where, WhereParams)                  \
-  X(reduce, ReduceParams) X(matmul, MatmulParams)                                      \
-  X(rms_norm, RmsNormParams) X(rms_norm_bwd, RmsNormBwdParams)                         \
-  X(layer_norm, LayerNormParams) X(layer_norm_bwd, LayerNormBwdParams)                 \
-  X(softmax, SoftmaxParams) X(rope, RopeParams)                                        \
-  X(index_select, IndexSelectParams) X(index_add, IndexAddParams)                      \
-  X(gather, GatherParams) X(scatter_add, ScatterAddParams) X(topk, TopkParams)         \
-  X(cross_entropy, CrossEntropyParams) X(cross_entropy_bwd, CrossEntropyBwdParams)     \
-  X(attention, AttentionParams) X(attention_bwd, AttentionBwdParams)                   \
-  X(random, RandomParams) X(adamw, AdamWParams)
+// MT_KERNEL_LIST (every family and its params struct) is in kernels/params.h.
 
 namespace mt {
 
@@ -73,13 +63,25 @@ void register_cuda_attention(KernelTable& t);
 void register_cuda_random(KernelTable& t);
 void register_cuda_optim(KernelTable& t);
 
+
+// The hook of MT_KERNEL when kernel_hooks_armed() (runtime/profiler.h): adds the call's work to
+// this thread's KernelCostScope and records it on this thread's Profiler, whichever is active,
+// then calls the kernel (kernels/hooks.cpp).
+#define MT_KERNEL_HOOK_DECL(name, P) \
+  void run_hooked_kernel(const char* family, DeviceType dev, void (*fn)(const P&), const P& p);
+MT_KERNEL_LIST(MT_KERNEL_HOOK_DECL)
+#undef MT_KERNEL_HOOK_DECL
+
 }  // namespace mt
 
-// Calls the kernel of `family` for device type `dev`, or throws naming both.
-#define MT_KERNEL(dev, family, params)                                 \
-  do {                                                                 \
-    auto fn_ = ::mt::kernels(dev).family;                              \
-    if (::mt::KernelCostScope::active()) ::mt::record_kernel_cost(params); \
-    if (!fn_) ::mt::missing_kernel(#family, dev);                      \
-    fn_(params);                                                       \
+// Calls the kernel of `family` for device type `dev`, or throws naming both. With no Profiler
+// and no KernelCostScope anywhere, the hooks cost one relaxed load and a predictable branch.
+#define MT_KERNEL(dev, family, params)                                    \
+  do {                                                                    \
+    auto fn_ = ::mt::kernels(dev).family;                                 \
+    if (!fn_) ::mt::missing_kernel(#family, dev);                         \
+    if (::mt::kernel_hooks_armed())                                       \
+      ::mt::run_hooked_kernel(#family, dev, fn_, params);                 \
+    else                                                                  \
+      fn_(params);                                                        \
   } while (0)

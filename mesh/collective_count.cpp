@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "runtime/profiler.h"
+
 namespace mt {
 namespace {
 thread_local bool g_active = false;
@@ -19,6 +21,9 @@ const CollectiveCounts& CollectiveCountScope::counts() { return g_counts; }
 void CollectiveCountScope::reset() { g_counts.clear(); }
 
 void count_collective(const char* kind, const std::string& dims, int64_t group_size, int64_t bytes) {
+  // The profiler (runtime/profiler.h) records every collective issued, groups of one included.
+  if (kernel_hooks_armed())
+    if (Profiler* p = Profiler::current()) p->add_collective(kind, dims.empty() ? "world" : dims, group_size, bytes);
   if (!g_active || group_size <= 1) return;
   CollectiveTally& t = g_counts[CollectiveKey{kind, dims.empty() ? "world" : dims}];
   ++t.calls;

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "runtime/error.h"
+#include "runtime/profiler.h"
 #include "tensor/ops_pointwise.h"
 #include "tensor/ops_reduce.h"
 
@@ -44,7 +45,11 @@ Node::OutputMeta output_meta(const Tensor& t) {
 }
 }  // namespace
 
-Node::Node() : seq(g_next_seq.fetch_add(1, std::memory_order_relaxed)) {}
+Node::Node() : seq(g_next_seq.fetch_add(1, std::memory_order_relaxed)) {
+  // Profiling (runtime/profiler.h): the node's backward is attributed to the module around it now.
+  if (kernel_hooks_armed())
+    if (Profiler* p = Profiler::current()) p->note_node(seq);
+}
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>& grads) {
   MT_ASSERT(fn_ != nullptr, "{} applied after release", name_);
@@ -310,7 +315,13 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
         }
       }
       for (auto& hook : n->pre_hooks.snapshot()) hook(grads);
-      out_grads = n->apply(grads);
+      if (kernel_hooks_armed() && Profiler::current()) {
+        Profiler* prof = Profiler::current();
+        ProfileScope scope(ProfileEvent::Kind::kBackward, n->name(), prof->take_node_module(n->seq));
+        out_grads = n->apply(grads);
+      } else {
+        out_grads = n->apply(grads);
+      }
       for (auto& hook : n->post_hooks.snapshot()) hook(out_grads, grads);
       // AccumulateGrad saves nothing and is shared by every graph that uses its leaf, so a
       // later graph over the same leaf must be able to run it again.

@@ -9,10 +9,12 @@
 #include "tensor/module.h"
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "runtime/error.h"
+#include "runtime/profiler.h"
 #include "tensor/autograd.h"
 #include "tensor/checkpoint.h"
 #include "tensor/random.h"
@@ -179,6 +181,10 @@ std::vector<Tensor> Module::operator()(std::vector<Tensor> inputs) {
 }
 
 std::vector<Tensor> Module::call(std::vector<Tensor> inputs) {
+  // Profiling (runtime/profiler.h): the call is a span, and the module of the ops inside it.
+  std::optional<ProfileScope> profiled;
+  if (kernel_hooks_armed() && Profiler::current())
+    profiled.emplace(ProfileEvent::Kind::kModule, path_.empty() ? std::string("(root)") : path_);
   for (auto& hook : forward_pre_hooks_.snapshot()) hook(*this, inputs);
 
   std::shared_ptr<BackwardHookState> st;

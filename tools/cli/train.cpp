@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "models/corpus.h"
@@ -24,6 +25,7 @@
 #include "plan/grad_reducer.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
+#include "runtime/profiler.h"
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
 #include "tools/cli/checks.h"
@@ -55,6 +57,8 @@ std::vector<FlagSpec> train_flags() {
       {"metrics", "JSONL metrics file (empty: none)", "metrics.jsonl", false},
       {"log-every", "print every N steps", "1", false},
       {"plan", "parallelize with this plan file over the mpirun world (docs/cli.md, --plan)", "", false},
+      {"profile", "record every op, module and collective of the steps to this Chrome trace file and print the "
+                  "top ops and modules (docs/profiler.md; under --plan rank r > 0 writes FILE.rank<r>)", "", false},
   };
   for (auto& f : step_flags("8", "128")) flags.push_back(std::move(f));
   return flags;
@@ -100,6 +104,7 @@ int run_train(int argc, char** argv) {
   // Every output path and the checkpoint history rules, on every rank, before anything is built.
   const Overwrite overwrite = args.flag("overwrite") ? Overwrite::kAllow : Overwrite::kRefuse;
   check_output_file(args.str("metrics"), "--metrics");
+  check_output_file(args.str("profile"), "--profile");
   if (!ckpt_dir.empty())
     check_checkpoint_history({ckpt_dir, resume ? RunKind::kResume : RunKind::kFresh, overwrite, stop_at,
                               args.integer("checkpoint-every")});
@@ -197,7 +202,12 @@ int run_train(int argc, char** argv) {
     if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s, overwrite));
   };
 
+  // --profile: every step is a marked region of the trace (docs/profiler.md).
+  std::unique_ptr<Profiler> profiler;
+  if (!args.str("profile").empty()) profiler = std::make_unique<Profiler>();
   for (int64_t step = start; step < stop_at; ++step) {
+    std::optional<ProfileScope> profiled_step;
+    if (profiler) profiled_step.emplace(ProfileEvent::Kind::kRegion, fmt::format("step {}", step + 1));
     auto t0 = std::chrono::steady_clock::now();
     StepResult r = trainer.gradients(step, [&] {
       TokenBatch b = loader.next();
@@ -208,6 +218,7 @@ int run_train(int argc, char** argv) {
     trainer.apply();
     synchronize(device);  // the step's queued kernels belong to its time
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    profiled_step.reset();
     double tok_s = static_cast<double>(batch * seq * accum) / secs;
     double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
     double mem = static_cast<double>(memory_stats(device).peak) / (1 << 20);
@@ -230,6 +241,13 @@ int run_train(int argc, char** argv) {
     }
     int64_t every = args.integer("checkpoint-every");
     if (every > 0 && (step + 1) % every == 0 && step + 1 != stop_at) save(step + 1);
+  }
+  if (profiler) {
+    profiler->stop();
+    const int rank = plan ? plan->rank : 0;
+    const std::string path = args.str("profile") + (rank > 0 ? fmt::format(".rank{}", rank) : "");
+    profiler->write_chrome_trace(path, rank);
+    if (root) fmt::print("{}profile: trace written to {}\n", profiler->summary(), path);
   }
   save(stop_at);
   flush_stdout("train");

@@ -168,6 +168,13 @@ struct AttentionBwdParams {
   bool causal = true;
 };
 
+// Does the CUDA backend run this attention in the 16-bit input dtype on tensor cores? bf16/f16
+// with head dims multiples of 8 up to 128 (lse then f32); otherwise the front end computes in f32.
+inline bool attention_tensor_core_ok(DType dt, int64_t D, int64_t Dv) {
+  return (dt == DType::kBF16 || dt == DType::kF16) && D > 0 && Dv > 0 && D % 8 == 0 && Dv % 8 == 0 && D <= 128 &&
+         Dv <= 128;
+}
+
 // ---- random -----------------------------------------------------------------------------------
 // Counter-based Philox4x32-10 (docs/rng.md). Element at local index i has global row-major index
 // j = global_base + sum_d i_d * global_strides[d]; its value depends only on (seed, offset, j,

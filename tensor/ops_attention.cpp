@@ -1,7 +1,8 @@
 // Scaled dot-product attention front end: validates the [B, H, T, D] layouts and the grouped
-// kv heads, casts 16-bit inputs to f32 (the kernel computes in f32/f64), makes q/k/v contiguous
-// and runs the fused forward, which saves only the per-row log-sum-exp [B, Hq, T]. The backward
-// is the fused attention_bwd kernel (not itself differentiable: no double backward).
+// kv heads, makes q/k/v contiguous and runs the fused forward, which saves only the per-row
+// log-sum-exp [B, Hq, T]. 16-bit inputs stay 16-bit where the device has a tensor-core kernel
+// for them (CUDA, attention_tensor_core_ok: lse f32); elsewhere they are cast to f32 and the
+// result cast back. The backward is the fused attention_bwd kernel (no double backward).
 #include <cmath>
 
 #include "kernels/registry.h"
@@ -12,6 +13,16 @@
 #include "tensor/pointwise_util.h"
 
 namespace mt {
+namespace {
+
+// The tensor-core kernel reads 16-byte chunks: a contiguous view at an odd storage offset is
+// copied to fresh (aligned) memory.
+Tensor aligned16(Tensor t) {
+  if (!t.device().is_cuda() || t.numel() == 0 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
+  return t.clone();
+}
+
+}  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Tensor& v0, Causal causal,
                                     double scale) {
@@ -38,11 +49,13 @@ Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Te
   if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(qs[3]));
 
   const DType in_dtype = q0.dtype();
-  const DType kdt = in_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-  Tensor q = q0.to(kdt).contiguous(), k = k0.to(kdt).contiguous(), v = v0.to(kdt).contiguous();
+  const bool native16 = q0.device().type == DeviceType::kCUDA && attention_tensor_core_ok(in_dtype, qs[3], vs[3]);
+  const DType kdt = native16 ? in_dtype : in_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor q = aligned16(q0.to(kdt).contiguous()), k = aligned16(k0.to(kdt).contiguous()),
+         v = aligned16(v0.to(kdt).contiguous());
   TensorOptions opts = q.options().with_grad(false);
   Tensor out = empty(Shape{qs[0], qs[1], qs[2], vs[3]}, opts);
-  Tensor lse = empty(Shape{qs[0], qs[1], qs[2]}, opts);
+  Tensor lse = empty(Shape{qs[0], qs[1], qs[2]}, native16 ? opts.with_dtype(DType::kF32) : opts);
   const bool is_causal = causal == Causal::kYes;
   AttentionParams p;
   p.q = q.view_info();
@@ -58,7 +71,7 @@ Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Te
     Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
     record("ScaledDotProductAttentionBackward", {q, k, v}, out,
            [qd, kd, vd, od, lse, scale, is_causal](const auto& g) {
-             Tensor go = g[0].to(od.dtype()).contiguous();
+             Tensor go = aligned16(g[0].to(od.dtype()).contiguous());
              Tensor gq = empty(qd.shape(), qd.options()), gk = empty(kd.shape(), kd.options()),
                     gv = empty(vd.shape(), vd.options());
              AttentionBwdParams b;

@@ -89,5 +89,12 @@ void record_kernel_cost(const RandomParams& p) { other(bytes_of(p.out)); }
 void record_kernel_cost(const AdamWParams& p) {
   other(bytes_of(p.param, p.grad, p.exp_avg, p.exp_avg_sq) + bytes_of(p.param, p.exp_avg, p.exp_avg_sq));
 }
+void record_kernel_cost(const AdamWMultiParams& p) {  // one call: the items' bytes
+  double bytes = 0;
+  for (const AdamWParams& i : p.items)
+    bytes += bytes_of(i.param, i.grad, i.exp_avg, i.exp_avg_sq) + bytes_of(i.param, i.exp_avg, i.exp_avg_sq);
+  other(bytes);
+}
+void record_kernel_cost(const SumSqParams& p) { other(bytes_of(p.x)); }
 
 }  // namespace mt

@@ -70,5 +70,7 @@ void record_kernel_cost(const AttentionParams& p);
 void record_kernel_cost(const AttentionBwdParams& p);
 void record_kernel_cost(const RandomParams& p);
 void record_kernel_cost(const AdamWParams& p);
+void record_kernel_cost(const AdamWMultiParams& p);
+void record_kernel_cost(const SumSqParams& p);
 
 }  // namespace mt

@@ -19,6 +19,7 @@
 // FlashAttention-2); sums, the softmax statistics and every accumulator are f32.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -38,6 +39,17 @@ struct Dims {
   Dims(const KView& q, const KView& v)
       : B(q.sizes[0]), Hq(q.sizes[1]), Hkv(v.sizes[1]), T(q.sizes[2]), S(v.sizes[2]), group(q.sizes[1] / v.sizes[1]),
         off(v.sizes[2] - q.sizes[2]), D(static_cast<int>(q.sizes[3])), Dv(static_cast<int>(v.sizes[3])) {}
+};
+
+// Strides (elements) of a [B, H, T, D] operand over B, H and T; D has stride 1. Contiguous
+// [B, H, T, D] and the [B, T, H, D] storage that models transpose into it are both read in place.
+struct Lay {
+  int64_t b, h, t;
+  explicit Lay(const KView& x) : b(x.strides[0]), h(x.strides[1]), t(x.strides[2]) {}
+  template <class T>
+  __device__ __forceinline__ T* head(T* base, int64_t bi, int64_t hi) const {
+    return base + bi * b + hi * h;
+  }
 };
 
 // ---- warp-level building blocks ------------------------------------------------------------------
@@ -186,24 +198,24 @@ __device__ __forceinline__ void to_a(uint32_t (&a)[NT / 2][4], const float (&c)[
   }
 }
 
-// dst[r][c] (pitch DM + 8) = src[(row0 + r) * ncols + c] for c < ncols (a multiple of 8), zero for
-// other columns below DM and for rows >= nrows; 16-byte cp.async chunks.
+// dst[r][c] (pitch DM + 8) = src[(row0 + r) * rs + c] for c < ncols (a multiple of 8), zero for
+// other columns below DM and for rows >= nrows; 16-byte cp.async chunks (rs a multiple of 8).
 template <class T, int ROWS, int DM>
 __device__ __forceinline__ void load_async(T* dst, const T* __restrict__ src, int64_t row0, int64_t nrows,
-                                           int ncols) {
+                                           int ncols, int64_t rs) {
   constexpr int CH = DM / 8;
   for (int e = threadIdx.x; e < ROWS * CH; e += kThreads) {
     const int r = e / CH, c = (e % CH) * 8;
     const bool ok = row0 + r < nrows && c < ncols;
-    cp_async16(dst + r * (DM + 8) + c, ok ? src + (row0 + r) * ncols + c : src, ok ? 16 : 0);
+    cp_async16(dst + r * (DM + 8) + c, ok ? src + (row0 + r) * rs + c : src, ok ? 16 : 0);
   }
 }
 
 // Writes rows of a 16 x DM accumulator (warp rows r0 + g, r0 + g + 8 of a tile starting at
-// global row row0) times mul as T, for rows < nrows and cols < ncols.
+// global row row0, row stride rs) times mul as T, for rows < nrows and cols < ncols.
 template <class T, int DM>
 __device__ __forceinline__ void store_rows(T* __restrict__ dst, const float (&acc)[DM / 8][4], int64_t row0,
-                                           int64_t nrows, int ncols, const float (&mul)[2], int lane) {
+                                           int64_t nrows, int ncols, int64_t rs, const float (&mul)[2], int lane) {
   const int g = lane / 4, q = lane % 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -213,7 +225,7 @@ __device__ __forceinline__ void store_rows(T* __restrict__ dst, const float (&ac
     for (int d = 0; d < DM / 8; ++d) {
       const int c = d * 8 + 2 * q;
       if (c < ncols)
-        *reinterpret_cast<uint32_t*>(dst + r * ncols + c) = pack2<T>(acc[d][2 * i] * mul[i], acc[d][2 * i + 1] * mul[i]);
+        *reinterpret_cast<uint32_t*>(dst + r * rs + c) = pack2<T>(acc[d][2 * i] * mul[i], acc[d][2 * i + 1] * mul[i]);
     }
   }
 }
@@ -225,8 +237,8 @@ constexpr int kFwdBr = 64, kFwdBc = 64;
 template <class T, int DM>
 __global__ void __launch_bounds__(kThreads) tc_fwd(const T* __restrict__ q, const T* __restrict__ k,
                                                    const T* __restrict__ v, T* __restrict__ out,
-                                                   float* __restrict__ lse, Dims dm, int64_t ntiles,
-                                                   float scale_log2, bool causal) {
+                                                   float* __restrict__ lse, Dims dm, Lay lq, Lay lk, Lay lv,
+                                                   Lay lo, int64_t ntiles, float scale_log2, bool causal) {
   constexpr int BR = kFwdBr, BC = kFwdBc, P = DM + 8, KS = DM / 16, NS = BC / 8, NO = DM / 8;
   extern __shared__ __align__(16) unsigned char tc_smem[];
   T* Qs = reinterpret_cast<T*>(tc_smem);  // [BR][P]
@@ -236,17 +248,17 @@ __global__ void __launch_bounds__(kThreads) tc_fwd(const T* __restrict__ q, cons
   // Heaviest (last, for causal) query tiles of every head first.
   const int64_t nbh = dm.B * dm.Hq;
   const int64_t tile = ntiles - 1 - blockIdx.x / nbh, bh = blockIdx.x % nbh;
-  const int64_t kvh = (bh / dm.Hq) * dm.Hkv + (bh % dm.Hq) / dm.group;
+  const int64_t b = bh / dm.Hq, h = bh % dm.Hq, hk = h / dm.group;
   const int64_t t0 = tile * BR;
-  const T* kh = k + kvh * dm.S * dm.D;
-  const T* vh = v + kvh * dm.S * dm.Dv;
+  const T* kh = lk.head(k, b, hk);
+  const T* vh = lv.head(v, b, hk);
   const int64_t kend = causal ? std::min(dm.S, t0 + BR + dm.off) : dm.S;
   const int64_t nkt = kend > 0 ? (kend + BC - 1) / BC : 0;
 
-  load_async<T, BR, DM>(Qs, q + bh * dm.T * dm.D, t0, dm.T, dm.D);
+  load_async<T, BR, DM>(Qs, lq.head(q, b, h), t0, dm.T, dm.D, lq.t);
   if (nkt > 0) {
-    load_async<T, BC, DM>(Ks, kh, 0, dm.S, dm.D);
-    load_async<T, BC, DM>(Vs, vh, 0, dm.S, dm.Dv);
+    load_async<T, BC, DM>(Ks, kh, 0, dm.S, dm.D, lk.t);
+    load_async<T, BC, DM>(Vs, vh, 0, dm.S, dm.Dv, lv.t);
   }
   cp_async_commit();
 
@@ -260,8 +272,8 @@ __global__ void __launch_bounds__(kThreads) tc_fwd(const T* __restrict__ q, cons
   for (int64_t j = 0; j < nkt; ++j) {
     const int buf = static_cast<int>(j & 1);
     if (j + 1 < nkt) {
-      load_async<T, BC, DM>(Ks + (buf ^ 1) * BC * P, kh, (j + 1) * BC, dm.S, dm.D);
-      load_async<T, BC, DM>(Vs + (buf ^ 1) * BC * P, vh, (j + 1) * BC, dm.S, dm.Dv);
+      load_async<T, BC, DM>(Ks + (buf ^ 1) * BC * P, kh, (j + 1) * BC, dm.S, dm.D, lk.t);
+      load_async<T, BC, DM>(Vs + (buf ^ 1) * BC * P, vh, (j + 1) * BC, dm.S, dm.Dv, lv.t);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -342,20 +354,24 @@ __global__ void __launch_bounds__(kThreads) tc_fwd(const T* __restrict__ q, cons
     if (tq == 0 && trow[i] < dm.T)
       lse[bh * dm.T + trow[i]] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2 : -INFINITY;
   }
-  store_rows<T, DM>(out + bh * dm.T * dm.Dv, o, t0 + r0, dm.T, dm.Dv, inv, lane);
+  store_rows<T, DM>(lo.head(out, b, h), o, t0 + r0, dm.T, dm.Dv, lo.t, inv, lane);
 }
 
 // ---- backward ---------------------------------------------------------------------------------
 
 // di[row] = sum_c gout[row, c] * out[row, c] in f32; one warp per row.
 template <class T>
-__global__ void tc_bwd_di(const T* __restrict__ gout, const T* __restrict__ out, float* __restrict__ di,
-                          int64_t rows, int Dv) {
+__global__ void tc_bwd_di(const T* __restrict__ gout, const T* __restrict__ out, float* __restrict__ di, Dims dm,
+                          Lay lg, Lay lo) {
   const int lane = threadIdx.x & 31;
+  const int64_t rows = dm.B * dm.Hq * dm.T;
   for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5; r < rows;
        r += (int64_t{gridDim.x} * blockDim.x) >> 5) {
+    const int64_t t = r % dm.T, bh = r / dm.T, b = bh / dm.Hq, h = bh % dm.Hq;
+    const T* gr = lg.head(gout, b, h) + t * lg.t;
+    const T* orow = lo.head(out, b, h) + t * lo.t;
     float s = 0.f;
-    for (int c = lane; c < Dv; c += 32) s += to_acc(gout[r * Dv + c]) * to_acc(out[r * Dv + c]);
+    for (int c = lane; c < dm.Dv; c += 32) s += to_acc(gr[c]) * to_acc(orow[c]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) di[r] = s;
@@ -372,8 +388,9 @@ template <class T, int DM>
 __global__ void __launch_bounds__(kThreads) tc_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
                                                         const T* __restrict__ v, const float* __restrict__ lse,
                                                         const T* __restrict__ gout, const float* __restrict__ di,
-                                                        T* __restrict__ gk, T* __restrict__ gv, Dims dm,
-                                                        float scale_log2, float scale, bool causal) {
+                                                        T* __restrict__ gk, T* __restrict__ gv, Dims dm, Lay lq,
+                                                        Lay lk, Lay lv, Lay lg, Lay lgk, Lay lgv, float scale_log2,
+                                                        float scale, bool causal) {
   constexpr int BC = kKvBc, BQ = kv_bq<DM>(), P = DM + 8, NQ = BQ / 8, NO = DM / 8;
   extern __shared__ __align__(16) unsigned char tc_smem[];
   T* Ks = reinterpret_cast<T*>(tc_smem);  // [BC][P]
@@ -387,8 +404,8 @@ __global__ void __launch_bounds__(kThreads) tc_bwd_dkdv(const T* __restrict__ q,
   const int64_t kt = blockIdx.x / nbkv, bkv = blockIdx.x % nbkv;  // causal: most queries first
   const int64_t b = bkv / dm.Hkv, hk = bkv % dm.Hkv;
   const int64_t s0 = kt * BC;
-  load_async<T, BC, DM>(Ks, k + bkv * dm.S * dm.D, s0, dm.S, dm.D);
-  load_async<T, BC, DM>(Vs, v + bkv * dm.S * dm.Dv, s0, dm.S, dm.Dv);
+  load_async<T, BC, DM>(Ks, lk.head(k, b, hk), s0, dm.S, dm.D, lk.t);
+  load_async<T, BC, DM>(Vs, lv.head(v, b, hk), s0, dm.S, dm.Dv, lv.t);
 
   // Query tiles that see a key of this block: t >= s0 - off.
   const int64_t tfirst = causal ? std::max(int64_t{0}, s0 - dm.off) : int64_t{0};
@@ -396,9 +413,9 @@ __global__ void __launch_bounds__(kThreads) tc_bwd_dkdv(const T* __restrict__ q,
   const int64_t nqt = dm.T > tstart ? (dm.T - tstart + BQ - 1) / BQ : 0;
   const int64_t steps = dm.group * nqt;
   auto issue = [&](int64_t st, int buf) {
-    const int64_t bh = b * dm.Hq + hk * dm.group + st / nqt, t0 = tstart + (st % nqt) * BQ;
-    load_async<T, BQ, DM>(Qs + buf * BQ * P, q + bh * dm.T * dm.D, t0, dm.T, dm.D);
-    load_async<T, BQ, DM>(dOs + buf * BQ * P, gout + bh * dm.T * dm.Dv, t0, dm.T, dm.Dv);
+    const int64_t h = hk * dm.group + st / nqt, bh = b * dm.Hq + h, t0 = tstart + (st % nqt) * BQ;
+    load_async<T, BQ, DM>(Qs + buf * BQ * P, lq.head(q, b, h), t0, dm.T, dm.D, lq.t);
+    load_async<T, BQ, DM>(dOs + buf * BQ * P, lg.head(gout, b, h), t0, dm.T, dm.Dv, lg.t);
     for (int r = threadIdx.x; r < BQ; r += kThreads) {
       const int64_t t = t0 + r;
       const float lv = t < dm.T ? lse[bh * dm.T + t] : INFINITY;
@@ -459,8 +476,8 @@ __global__ void __launch_bounds__(kThreads) tc_bwd_dkdv(const T* __restrict__ q,
   }
   cp_async_wait<0>();
   const float one[2] = {1.f, 1.f}, sc[2] = {scale, scale};
-  store_rows<T, DM>(gk + bkv * dm.S * dm.D, dk, s0 + r0, dm.S, dm.D, sc, lane);
-  store_rows<T, DM>(gv + bkv * dm.S * dm.Dv, dv, s0 + r0, dm.S, dm.Dv, one, lane);
+  store_rows<T, DM>(lgk.head(gk, b, hk), dk, s0 + r0, dm.S, dm.D, lgk.t, sc, lane);
+  store_rows<T, DM>(lgv.head(gv, b, hk), dv, s0 + r0, dm.S, dm.Dv, lgv.t, one, lane);
 }
 
 constexpr int kQBr = 64;  // query rows per dQ block
@@ -473,8 +490,9 @@ template <class T, int DM>
 __global__ void __launch_bounds__(kThreads) tc_bwd_dq(const T* __restrict__ q, const T* __restrict__ k,
                                                       const T* __restrict__ v, const float* __restrict__ lse,
                                                       const T* __restrict__ gout, const float* __restrict__ di,
-                                                      T* __restrict__ gq, Dims dm, int64_t ntiles, float scale_log2,
-                                                      float scale, bool causal) {
+                                                      T* __restrict__ gq, Dims dm, Lay lq, Lay lk, Lay lv, Lay lg,
+                                                      Lay lgq, int64_t ntiles, float scale_log2, float scale,
+                                                      bool causal) {
   constexpr int BR = kQBr, BK = q_bk<DM>(), P = DM + 8, NK = BK / 8, NO = DM / 8;
   extern __shared__ __align__(16) unsigned char tc_smem[];
   T* Qs = reinterpret_cast<T*>(tc_smem);  // [BR][P]
@@ -484,18 +502,18 @@ __global__ void __launch_bounds__(kThreads) tc_bwd_dq(const T* __restrict__ q, c
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int64_t nbh = dm.B * dm.Hq;
   const int64_t tile = ntiles - 1 - blockIdx.x / nbh, bh = blockIdx.x % nbh;
-  const int64_t kvh = (bh / dm.Hq) * dm.Hkv + (bh % dm.Hq) / dm.group;
+  const int64_t b = bh / dm.Hq, h = bh % dm.Hq, hk = h / dm.group;
   const int64_t t0 = tile * BR;
-  const T* kh = k + kvh * dm.S * dm.D;
-  const T* vh = v + kvh * dm.S * dm.Dv;
+  const T* kh = lk.head(k, b, hk);
+  const T* vh = lv.head(v, b, hk);
   const int64_t kend = causal ? std::min(dm.S, t0 + BR + dm.off) : dm.S;
   const int64_t nkt = kend > 0 ? (kend + BK - 1) / BK : 0;
 
-  load_async<T, BR, DM>(Qs, q + bh * dm.T * dm.D, t0, dm.T, dm.D);
-  load_async<T, BR, DM>(dOs, gout + bh * dm.T * dm.Dv, t0, dm.T, dm.Dv);
+  load_async<T, BR, DM>(Qs, lq.head(q, b, h), t0, dm.T, dm.D, lq.t);
+  load_async<T, BR, DM>(dOs, lg.head(gout, b, h), t0, dm.T, dm.Dv, lg.t);
   if (nkt > 0) {
-    load_async<T, BK, DM>(Ks, kh, 0, dm.S, dm.D);
-    load_async<T, BK, DM>(Vs, vh, 0, dm.S, dm.Dv);
+    load_async<T, BK, DM>(Ks, kh, 0, dm.S, dm.D, lk.t);
+    load_async<T, BK, DM>(Vs, vh, 0, dm.S, dm.Dv, lv.t);
   }
   cp_async_commit();
 
@@ -515,8 +533,8 @@ __global__ void __launch_bounds__(kThreads) tc_bwd_dq(const T* __restrict__ q, c
   for (int64_t j = 0; j < nkt; ++j) {
     const int buf = static_cast<int>(j & 1);
     if (j + 1 < nkt) {
-      load_async<T, BK, DM>(Ks + (buf ^ 1) * BK * P, kh, (j + 1) * BK, dm.S, dm.D);
-      load_async<T, BK, DM>(Vs + (buf ^ 1) * BK * P, vh, (j + 1) * BK, dm.S, dm.Dv);
+      load_async<T, BK, DM>(Ks + (buf ^ 1) * BK * P, kh, (j + 1) * BK, dm.S, dm.D, lk.t);
+      load_async<T, BK, DM>(Vs + (buf ^ 1) * BK * P, vh, (j + 1) * BK, dm.S, dm.Dv, lv.t);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -552,7 +570,7 @@ __global__ void __launch_bounds__(kThreads) tc_bwd_dq(const T* __restrict__ q, c
   }
   cp_async_wait<0>();
   const float sc[2] = {scale, scale};
-  store_rows<T, DM>(gq + bh * dm.T * dm.D, dq, t0 + r0, dm.T, dm.D, sc, lane);
+  store_rows<T, DM>(lgq.head(gq, b, h), dq, t0 + r0, dm.T, dm.D, lgq.t, sc, lane);
 }
 
 // ---- launch -------------------------------------------------------------------------------------
@@ -581,8 +599,8 @@ void fwd_launch(const AttentionParams& p, const Dims& dm) {
   smem_limit<tc_fwd<T, DM>>(smem);
   const float sl2 = static_cast<float>(p.scale) * kLog2e;
   tc_fwd<T, DM><<<grid_of(ntiles * dm.B * dm.Hq, "attention"), kThreads, smem, cuda::current_stream()>>>(
-      p.q.ptr<const T>(), p.k.ptr<const T>(), p.v.ptr<const T>(), p.out.ptr<T>(), p.lse.ptr<float>(), dm, ntiles, sl2,
-      p.causal);
+      p.q.ptr<const T>(), p.k.ptr<const T>(), p.v.ptr<const T>(), p.out.ptr<T>(), p.lse.ptr<float>(), dm, Lay(p.q),
+      Lay(p.k), Lay(p.v), Lay(p.out), ntiles, sl2, p.causal);
   MT_CUDA_LAUNCH_CHECK();
 }
 
@@ -594,7 +612,7 @@ void bwd_launch(const AttentionBwdParams& p, const Dims& dm) {
   StreamScratch di(static_cast<size_t>(std::max<int64_t>(rows, 1)) * sizeof(float), st);
   if (rows > 0) {
     tc_bwd_di<T><<<grid_for(rows * 32), 256, 0, st>>>(p.gout.ptr<const T>(), p.out.ptr<const T>(), di.as<float>(),
-                                                      rows, dm.Dv);
+                                                      dm, Lay(p.gout), Lay(p.out));
     MT_CUDA_LAUNCH_CHECK();
   }
   const float sl2 = static_cast<float>(p.scale) * kLog2e, scale = static_cast<float>(p.scale);
@@ -604,7 +622,8 @@ void bwd_launch(const AttentionBwdParams& p, const Dims& dm) {
     smem_limit<tc_bwd_dkdv<T, DM>>(smem);
     tc_bwd_dkdv<T, DM><<<grid_of(ceil_div(dm.S, kKvBc) * dm.B * dm.Hkv, "attention_bwd"), kThreads, smem, st>>>(
         p.q.ptr<const T>(), p.k.ptr<const T>(), p.v.ptr<const T>(), p.lse.ptr<const float>(), p.gout.ptr<const T>(),
-        di.as<const float>(), p.gk.ptr<T>(), p.gv.ptr<T>(), dm, sl2, scale, p.causal);
+        di.as<const float>(), p.gk.ptr<T>(), p.gv.ptr<T>(), dm, Lay(p.q), Lay(p.k), Lay(p.v), Lay(p.gout), Lay(p.gk),
+        Lay(p.gv), sl2, scale, p.causal);
     MT_CUDA_LAUNCH_CHECK();
   }
   if (rows > 0) {
@@ -614,20 +633,23 @@ void bwd_launch(const AttentionBwdParams& p, const Dims& dm) {
     smem_limit<tc_bwd_dq<T, DM>>(smem);
     tc_bwd_dq<T, DM><<<grid_of(ntiles * dm.B * dm.Hq, "attention_bwd"), kThreads, smem, st>>>(
         p.q.ptr<const T>(), p.k.ptr<const T>(), p.v.ptr<const T>(), p.lse.ptr<const float>(), p.gout.ptr<const T>(),
-        di.as<const float>(), p.gq.ptr<T>(), dm, ntiles, sl2, scale, p.causal);
+        di.as<const float>(), p.gq.ptr<T>(), dm, Lay(p.q), Lay(p.k), Lay(p.v), Lay(p.gout), Lay(p.gq), ntiles, sl2,
+        scale, p.causal);
     MT_CUDA_LAUNCH_CHECK();
   }
 }
 
-void check_tc(const char* op, const KView& q, const KView& k, const KView& v, const KView& lse) {
+void check_tc(const char* op, std::initializer_list<const KView*> operands, const KView& lse) {
+  const KView& q = **operands.begin();
+  const KView& v = *operands.begin()[2];
   MT_CHECK(attention_tensor_core_ok(q.dtype, q.sizes[3], v.sizes[3]),
            "{}: the tensor-core kernel takes bf16/f16 with head dims multiples of 8 up to 128; got {} D = {}, Dv = {}",
            op, dtype_name(q.dtype), q.sizes[3], v.sizes[3]);
   MT_CHECK(lse.dtype == DType::kF32, "{}: lse must be f32 for {} inputs, got {}", op, dtype_name(q.dtype),
            dtype_name(lse.dtype));
-  for (const KView* t : {&q, &k, &v})
-    MT_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0, "{}: {} data must be 16-byte aligned", op,
-             dtype_name(t->dtype));
+  for (const KView* t : operands)
+    MT_CHECK(attention_tc_layout_ok(*t), "{}: operand {} (strides {}) needs unit stride in D, 16-byte aligned rows", op,
+             t->sizes, t->strides);
   static const bool sm80 = [] {
     int dev = 0, major = 0;
     MT_CUDA_CHECK(cudaGetDevice(&dev));
@@ -656,7 +678,7 @@ void bwd_typed(const AttentionBwdParams& p, const Dims& dm) {
 }  // namespace
 
 void attention_tc(const AttentionParams& p) {
-  check_tc("attention", p.q, p.k, p.v, p.lse);
+  check_tc("attention", {&p.q, &p.k, &p.v, &p.out}, p.lse);
   const Dims dm(p.q, p.v);
   if (dm.B * dm.Hq * dm.T == 0) return;
   if (p.q.dtype == DType::kBF16)
@@ -666,7 +688,7 @@ void attention_tc(const AttentionParams& p) {
 }
 
 void attention_tc_bwd(const AttentionBwdParams& p) {
-  check_tc("attention_bwd", p.q, p.k, p.v, p.lse);
+  check_tc("attention_bwd", {&p.q, &p.k, &p.v, &p.out, &p.gout, &p.gq, &p.gk, &p.gv}, p.lse);
   const Dims dm(p.q, p.v);
   if (p.q.dtype == DType::kBF16)
     bwd_typed<__nv_bfloat16>(p, dm);

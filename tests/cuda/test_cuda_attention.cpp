@@ -58,8 +58,9 @@ TEST_CASE("cuda 16-bit tensor-core attention matches an f64 reference", "[cuda]"
   };
   for (DType dt : {DType::kBF16, DType::kF16}) {
     // Rounding P and dS to the input dtype before their second product bounds the error: a few
-    // ulps of the dtype, relative to the tensor's largest magnitude.
-    const double tol = dt == DType::kBF16 ? 2e-2 : 4e-3;
+    // ulps of the dtype, relative to the tensor's largest magnitude (measured on an H200: bf16
+    // 1.7e-3 to 4.6e-3, f16 2.3e-4 to 6.4e-4).
+    const double tol = dt == DType::kBF16 ? 1e-2 : 2e-3;
     for (const Case& c : cases) {
       INFO(fmt::format("{} B {} Hq {} Hkv {} T {} S {} D {} Dv {} causal {}", dt, c.B, c.Hq, c.Hkv, c.T, c.S, c.D,
                        c.Dv, c.causal == Causal::kYes));
@@ -109,4 +110,31 @@ TEST_CASE("cuda 16-bit attention with odd head dims takes the f32 path", "[cuda]
   REQUIRE(got.out.dtype() == DType::kBF16);
   CHECK(rel_err(got.out, ref.out) < 1e-2);
   CHECK(rel_err(got.gk, ref.gk) < 1e-2);
+}
+
+TEST_CASE("cuda 16-bit attention reads [B, T, H, D] views in place and writes that layout", "[cuda]") {
+  mt::testing::require_cuda();
+  // Models pass q/k/v as transpose(1, 2) views of [B, T, H, D] projections; the kernel reads them
+  // with their strides, writes the output in [B, T, H, D] memory and the gradients in their
+  // input's layout. Values against the f64 reference from contiguous copies.
+  const int64_t B = 2, T = 150, Hq = 4, Hkv = 2, D = 64;
+  const Tensor xq = rand({B, T, Hq, D}, DType::kBF16, 71, -2, 2), xk = rand({B, T, Hkv, D}, DType::kBF16, 72, -2, 2);
+  const Tensor xv = rand({B, T, Hkv, D}, DType::kBF16, 73), g = rand({B, Hq, T, D}, DType::kBF16, 74);
+  const Result ref = run(xq.transpose(1, 2).to(DType::kF64), xk.transpose(1, 2).to(DType::kF64),
+                         xv.transpose(1, 2).to(DType::kF64), g.to(DType::kF64), Causal::kYes);
+  Tensor q = on_cuda(xq).requires_grad_(true), k = on_cuda(xk).requires_grad_(true),
+         v = on_cuda(xv).requires_grad_(true);
+  Tensor out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), Causal::kYes);
+  CHECK(out.transpose(1, 2).is_contiguous());  // [B, T, H, D] memory
+  out.backward(on_cuda(g));
+  CHECK(rel_err(out, ref.out) < 1e-2);
+  CHECK(rel_err(q.grad().transpose(1, 2), ref.gq) < 1e-2);
+  CHECK(rel_err(k.grad().transpose(1, 2), ref.gk) < 1e-2);
+  CHECK(rel_err(v.grad().transpose(1, 2), ref.gv) < 1e-2);
+  // A view whose rows are not 16-byte aligned (D sliced from 72 to 64 at offset 4) is copied first.
+  Tensor wide = on_cuda(rand({B, Hq, T, 72}, DType::kBF16, 75, -2, 2));
+  Tensor qn = wide.narrow(3, 4, 64);
+  const Tensor o1 = scaled_dot_product_attention(qn, k.detach().transpose(1, 2), v.detach().transpose(1, 2));
+  const Tensor o2 = scaled_dot_product_attention(qn.contiguous(), k.detach().transpose(1, 2), v.detach().transpose(1, 2));
+  CHECK(max(abs(o1.to(DType::kF32) - o2.to(DType::kF32))).item() == 0.0);
 }

@@ -141,5 +141,17 @@ KernelWork kernel_work(const AdamWParams& p) {
   w.other_bytes = bytes_of(p.param, p.grad, p.exp_avg, p.exp_avg_sq) + bytes_of(p.param, p.exp_avg, p.exp_avg_sq);
   return w;
 }
+KernelWork kernel_work(const AdamWMultiParams& p) {  // one call: the items' bytes (views: the first item's)
+  KernelWork w;
+  if (!p.items.empty()) w = with_views(p.items[0].param, p.items[0].grad, p.items[0].exp_avg, p.items[0].exp_avg_sq);
+  for (const AdamWParams& i : p.items)
+    w.other_bytes += bytes_of(i.param, i.grad, i.exp_avg, i.exp_avg_sq) + bytes_of(i.param, i.exp_avg, i.exp_avg_sq);
+  return w;
+}
+KernelWork kernel_work(const SumSqParams& p) {
+  KernelWork w = with_views(p.x, p.out);
+  w.other_bytes = bytes_of(p.x);
+  return w;
+}
 
 }  // namespace mt

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/view.h"
 
@@ -168,6 +169,23 @@ struct AttentionBwdParams {
   bool causal = true;
 };
 
+// Does the CUDA backend run this attention in the 16-bit input dtype on tensor cores? bf16/f16
+// with head dims multiples of 8 up to 128 (lse then f32); otherwise the front end computes in f32.
+inline bool attention_tensor_core_ok(DType dt, int64_t D, int64_t Dv) {
+  return (dt == DType::kBF16 || dt == DType::kF16) && D > 0 && Dv > 0 && D % 8 == 0 && Dv % 8 == 0 && D <= 128 &&
+         Dv <= 128;
+}
+// Can that kernel read (or write) this [B, H, T, D] operand in place? Unit stride in D, the other
+// strides multiples of 8 elements and the data 16-byte aligned: every row starts on 16 bytes.
+// Contiguous [B, H, T, D] and [B, T, H, D] storage seen through transpose(1, 2) both qualify.
+inline bool attention_tc_layout_ok(const KView& x) {
+  if (x.sizes.size() != 4 || reinterpret_cast<uintptr_t>(x.data) % 16 != 0) return false;
+  if (x.sizes[3] > 1 && x.strides[3] != 1) return false;
+  for (int d = 0; d < 3; ++d)
+    if (x.sizes[d] > 1 && (x.strides[d] % 8 != 0 || x.strides[d] < 0)) return false;
+  return true;
+}
+
 // ---- random -----------------------------------------------------------------------------------
 // Counter-based Philox4x32-10 (docs/rng.md). Element at local index i has global row-major index
 // j = global_base + sum_d i_d * global_strides[d]; its value depends only on (seed, offset, j,
@@ -195,6 +213,18 @@ struct AdamWParams {
   KView param, grad, exp_avg, exp_avg_sq;
   double decay = 1, beta1 = 0.9, beta2 = 0.999, step_size = 0, bc2_sqrt = 1, eps = 1e-8;
 };
+// Several AdamW steps in one call, each item exactly one `adamw` (the CUDA backend runs up to 48
+// f32 tensors per launch: one launch per group of parameters, not one per tensor).
+struct AdamWMultiParams {
+  std::vector<AdamWParams> items;
+};
+
+// out[0] += sum_i x_i^2 over the dense floating tensor x, squared and summed in f64 (out: one f64
+// element on x's device). Fixed-size blocks added in a fixed order: the result does not depend on
+// the thread count (gradient clipping's global norm).
+struct SumSqParams {
+  KView x, out;
+};
 
 }  // namespace mt
 
@@ -210,4 +240,5 @@ struct AdamWParams {
   X(gather, GatherParams) X(scatter_add, ScatterAddParams) X(topk, TopkParams)         \
   X(cross_entropy, CrossEntropyParams) X(cross_entropy_bwd, CrossEntropyBwdParams)     \
   X(attention, AttentionParams) X(attention_bwd, AttentionBwdParams)                   \
-  X(random, RandomParams) X(adamw, AdamWParams)
+  X(random, RandomParams) X(adamw, AdamWParams) X(adamw_multi, AdamWMultiParams)        \
+  X(sum_sq, SumSqParams)

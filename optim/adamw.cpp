@@ -1,5 +1,7 @@
-// AdamW update: one fused kernel for contiguous f32/f64 tensors on the CPU or CUDA (one pass, no
-// temporaries: the `adamw` kernel family), tensor ops otherwise (other dtypes, strided parameters).
+// AdamW update: contiguous f32/f64 tensors on the CPU or CUDA are queued during the step and
+// updated by one fused kernel call at its end (one pass, no temporaries; on CUDA up to 48 f32
+// tensors per launch: the `adamw_multi` kernel family); tensor ops otherwise (other dtypes,
+// strided parameters).
 #include "optim/adamw.h"
 
 #include <cmath>
@@ -36,15 +38,12 @@ void AdamW::update(Slot& slot, const Tensor& grad, double lr, double weight_deca
   c.step_size = lr / (1 - std::pow(opts_.beta1, t));
   c.bc2_sqrt = std::sqrt(1 - std::pow(opts_.beta2, t));
   c.eps = opts_.eps;
-  if (detail::fused_ok(p, {grad, m, v})) {  // one kernel (kernels/cpu/optim.cpp, kernels/cuda/optim.cu)
+  if (detail::fused_ok(p, {grad, m, v})) {  // queued for adamw_multi (kernels/{cpu,cuda}/optim.*)
     c.param = p.view_info();
     c.grad = grad.view_info();
     c.exp_avg = m.view_info();
     c.exp_avg_sq = v.view_info();
-    MT_KERNEL(p.device().type, adamw, c);
-    bump_version(p);
-    bump_version(m);
-    bump_version(v);
+    queued_.push_back({c, p, grad, m, v});
     return;
   }
   if (weight_decay != 0) p.mul_(c.decay);
@@ -54,6 +53,25 @@ void AdamW::update(Slot& slot, const Tensor& grad, double lr, double weight_deca
   v.add_(mul(grad, grad), 1 - c.beta2);
   Tensor denom = add(div(sqrt(v), c.bc2_sqrt), c.eps);
   p.add_(div(m, denom), -c.step_size);
+}
+
+void AdamW::finish_step(bool apply) {
+  std::vector<Queued> q;
+  q.swap(queued_);
+  if (!apply) return;
+  // One call per device in queue order (a step's parameters normally share one device).
+  for (size_t i = 0; i < q.size();) {
+    const Device dev = q[i].p.device();
+    AdamWMultiParams batch;
+    size_t j = i;
+    for (; j < q.size() && q[j].p.device() == dev; ++j) batch.items.push_back(q[j].params);
+    MT_KERNEL(dev.type, adamw_multi, batch);
+    for (; i < j; ++i) {
+      bump_version(q[i].p);
+      bump_version(q[i].m);
+      bump_version(q[i].v);
+    }
+  }
 }
 
 }  // namespace mt

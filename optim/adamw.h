@@ -4,6 +4,9 @@
 // "exp_avg.<name>", "exp_avg_sq.<name>" (formulas in docs/optim.md).
 #pragma once
 
+#include <vector>
+
+#include "kernels/params.h"
 #include "optim/optimizer.h"
 
 namespace mt {
@@ -22,9 +25,17 @@ class AdamW : public Optimizer {
 
  protected:
   void update(Slot& slot, const Tensor& grad, double lr, double weight_decay) override;
+  void finish_step(bool apply) override;
 
  private:
   AdamWOptions opts_;
+  // Updates that the fused kernel runs at the end of the step, per device, with their tensors
+  // (kept alive, versions bumped once run).
+  struct Queued {
+    AdamWParams params;
+    Tensor p, grad, m, v;
+  };
+  std::vector<Queued> queued_;
 };
 
 }  // namespace mt

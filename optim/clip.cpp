@@ -1,9 +1,14 @@
 // Global-norm gradient clipping. Sums of squares are accumulated in double over fixed-size blocks
-// (the block partials are added in order), so the result does not depend on the thread count.
+// (the block partials are added in order: the sum_sq kernel family), so the result does not
+// depend on the thread count.
 #include "optim/clip.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
+#include "kernels/registry.h"
 #include "mesh/dtensor.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"
@@ -12,26 +17,18 @@ namespace mt {
 
 namespace {
 
-constexpr int64_t kBlock = 8192;
-
-template <class T>
-double sum_sq_host(const T* x, int64_t n) {
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
-#pragma omp parallel for if (n > 4 * kBlock) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t end = std::min(n, (b + 1) * kBlock);
-    double s = 0;
-    for (int64_t i = b * kBlock; i < end; ++i) {
-      const double v = static_cast<double>(static_cast<compute_t<T>>(x[i]));
-      s += v * v;
-    }
-    partial[static_cast<size_t>(b)] = s;
-  }
-  double total = 0;
-  for (double s : partial) total += s;
-  return total;
+// acc[0] += sum of squares of the plain (non-distributed) floating tensor t, on t's device.
+void add_sum_sq(const Tensor& t, const Tensor& acc) {
+  MT_CHECK(is_floating(t.dtype()) && !t.is_meta(), "clip_grad_norm: gradient {} is not a floating tensor with storage",
+           t.desc());
+  const Tensor x = t.contiguous();
+  SumSqParams p;
+  p.x = x.view_info();
+  p.out = acc.view_info();
+  MT_KERNEL(x.device().type, sum_sq, p);
 }
+
+Tensor sum_sq_acc(const Device& d) { return zeros({}, TensorOptions(DType::kF64).with_device(d)); }
 
 }  // namespace
 
@@ -43,36 +40,32 @@ double l2_norm_sq(const Tensor& t) {
     Tensor x = t.to(DType::kF64);
     return full_tensor(sum(mul(x, x))).item();
   }
-  MT_CHECK(is_floating(t.dtype()) && !t.is_meta(), "clip_grad_norm: gradient {} is not a floating tensor with storage",
-           t.desc());
-  if (t.device().is_cpu() && t.is_contiguous()) {
-    double s = 0;
-    MT_DISPATCH_FLOAT(t.dtype(), "clip_grad_norm", s = sum_sq_host<scalar_t>(t.data<scalar_t>(), t.numel()));
-    return s;
-  }
-  Tensor x = t.to(DType::kF64);
-  return sum(mul(x, x)).item();
+  Tensor acc = sum_sq_acc(t.device());
+  add_sum_sq(t, acc);
+  return acc.item();
 }
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   NoGradGuard no_grad;
   std::vector<Tensor> grads;
   double total_sq = 0;
-  Tensor device_sq;  // plain CUDA gradients: summed on the device in order, one host sync at the end
+  // Plain gradients add their squares into one f64 accumulator per device, in parameter order
+  // (the sum_sq kernel family): one host sync per device at the end.
+  std::vector<std::pair<Device, Tensor>> acc;
   for (const Tensor& p : params) {
     MT_CHECK(p.defined(), "clip_grad_norm: parameter {} is an undefined tensor", grads.size());
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    if (g.device().is_cuda() && !g.is_distributed() && g.numel() > 0) {
-      Tensor x = g.to(DType::kF64);
-      Tensor sq = sum(mul(x, x));
-      device_sq = device_sq.defined() ? add(device_sq, sq) : sq;
+    if (!g.is_distributed() && g.numel() > 0) {
+      auto it = std::find_if(acc.begin(), acc.end(), [&](const auto& a) { return a.first == g.device(); });
+      if (it == acc.end()) it = acc.insert(acc.end(), {g.device(), sum_sq_acc(g.device())});
+      add_sum_sq(g, it->second);
     } else {
       total_sq += l2_norm_sq(g);
     }
     grads.push_back(g);
   }
-  if (device_sq.defined()) total_sq += device_sq.item();
+  for (const auto& a : acc) total_sq += a.second.item();
   const double norm = std::sqrt(total_sq);
   if (max_norm <= 0 || !std::isfinite(norm)) return norm;
   const double coef = max_norm / (norm + 1e-6);

@@ -3,6 +3,7 @@
 #include "optim/optimizer.h"
 
 #include <cmath>
+#include <exception>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -79,6 +80,10 @@ void Optimizer::set_lr(double lr) {
 void Optimizer::step() {
   NoGradGuard no_grad;
   ++step_;
+  struct Finish {  // runs the queued updates, or drops them when a check below throws
+    Optimizer* o;
+    ~Finish() noexcept(false) { o->finish_step(std::uncaught_exceptions() == 0); }
+  } finish{this};
   for (Slot& slot : slots_) {
     Tensor g = slot.param.grad();
     if (!g.defined()) continue;

@@ -67,6 +67,9 @@ class Optimizer {
   // Updates slot.param in place from grad (same shape as the parameter); slot.steps has already
   // been incremented. lr and weight_decay are the group's.
   virtual void update(Slot& slot, const Tensor& grad, double lr, double weight_decay) = 0;
+  // Called once after the update() calls of a step: an optimizer that queued work in update()
+  // (AdamW's multi-tensor kernel) runs it here, or drops it (apply = false) when step() throws.
+  virtual void finish_step(bool apply) { (void)apply; }
   const char* name() const { return name_; }
 
  private:

@@ -1,7 +1,10 @@
 // Scaled dot-product attention front end: validates the [B, H, T, D] layouts and the grouped
-// kv heads, casts 16-bit inputs to f32 (the kernel computes in f32/f64), makes q/k/v contiguous
-// and runs the fused forward, which saves only the per-row log-sum-exp [B, Hq, T]. The backward
-// is the fused attention_bwd kernel (not itself differentiable: no double backward).
+// kv heads, and runs the fused forward, which saves only the per-row
+// log-sum-exp [B, Hq, T]. 16-bit inputs stay 16-bit where the device has a tensor-core kernel
+// for them (CUDA, attention_tensor_core_ok: lse f32), read in place when their strides allow it
+// (no transposing copies for the [B, T, H, D] views models pass), with the output and the
+// gradients written in [B, T, H, D] memory; elsewhere they are cast to f32 and the result cast
+// back. The backward is the fused attention_bwd kernel (no double backward).
 #include <cmath>
 
 #include "kernels/registry.h"
@@ -12,6 +15,30 @@
 #include "tensor/pointwise_util.h"
 
 namespace mt {
+namespace {
+
+// An operand of the tensor-core kernel: read in place when its layout qualifies (unit stride in D,
+// 16-byte aligned rows: contiguous [B, H, T, D], or [B, T, H, D] memory seen through
+// transpose(1, 2) as models make it), else a fresh contiguous copy.
+Tensor tc_operand(const Tensor& t) {
+  if (t.numel() == 0 || attention_tc_layout_ok(t.view_info())) return t;
+  Tensor c = t.contiguous();
+  return attention_tc_layout_ok(c.view_info()) ? c : c.clone();
+}
+
+// [B, H, T, D] with [B, T, H, D] memory: the layout models transpose back into [B, T, H * D]
+// for free.
+Tensor empty_bthd(const Shape& s, const TensorOptions& opts) {
+  return empty(Shape{s[0], s[2], s[1], s[3]}, opts).transpose(1, 2);
+}
+
+// A gradient laid out like its input (so that the input's transpose / view backward is free).
+Tensor empty_grad_like(const Tensor& x) {
+  const bool bthd = !x.is_contiguous() && x.transpose(1, 2).is_contiguous();
+  return bthd ? empty_bthd(x.shape(), x.options()) : empty(x.shape(), x.options());
+}
+
+}  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Tensor& v0, Causal causal,
                                     double scale) {
@@ -38,11 +65,24 @@ Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Te
   if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(qs[3]));
 
   const DType in_dtype = q0.dtype();
-  const DType kdt = in_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-  Tensor q = q0.to(kdt).contiguous(), k = k0.to(kdt).contiguous(), v = v0.to(kdt).contiguous();
-  TensorOptions opts = q.options().with_grad(false);
-  Tensor out = empty(Shape{qs[0], qs[1], qs[2], vs[3]}, opts);
-  Tensor lse = empty(Shape{qs[0], qs[1], qs[2]}, opts);
+  const bool native16 = q0.device().type == DeviceType::kCUDA && attention_tensor_core_ok(in_dtype, qs[3], vs[3]);
+  Tensor q, k, v, out, lse;
+  if (native16) {  // 16-bit in place on tensor cores; out in [B, T, H, D] memory, lse f32
+    q = tc_operand(q0);
+    k = tc_operand(k0);
+    v = tc_operand(v0);
+    const TensorOptions opts = q.options().with_grad(false);
+    out = empty_bthd(Shape{qs[0], qs[1], qs[2], vs[3]}, opts);
+    lse = empty(Shape{qs[0], qs[1], qs[2]}, opts.with_dtype(DType::kF32));
+  } else {  // f32 (f64 for f64), contiguous
+    const DType kdt = in_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+    q = q0.to(kdt).contiguous();
+    k = k0.to(kdt).contiguous();
+    v = v0.to(kdt).contiguous();
+    const TensorOptions opts = q.options().with_grad(false);
+    out = empty(Shape{qs[0], qs[1], qs[2], vs[3]}, opts);
+    lse = empty(Shape{qs[0], qs[1], qs[2]}, opts);
+  }
   const bool is_causal = causal == Causal::kYes;
   AttentionParams p;
   p.q = q.view_info();
@@ -57,10 +97,12 @@ Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Te
   if (needs_grad({&q, &k, &v})) {
     Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
     record("ScaledDotProductAttentionBackward", {q, k, v}, out,
-           [qd, kd, vd, od, lse, scale, is_causal](const auto& g) {
-             Tensor go = g[0].to(od.dtype()).contiguous();
-             Tensor gq = empty(qd.shape(), qd.options()), gk = empty(kd.shape(), kd.options()),
-                    gv = empty(vd.shape(), vd.options());
+           [qd, kd, vd, od, lse, scale, is_causal, native16](const auto& g) {
+             Tensor go = g[0].to(od.dtype());
+             go = native16 ? tc_operand(go) : go.contiguous();
+             Tensor gq = native16 ? empty_grad_like(qd) : empty(qd.shape(), qd.options()),
+                    gk = native16 ? empty_grad_like(kd) : empty(kd.shape(), kd.options()),
+                    gv = native16 ? empty_grad_like(vd) : empty(vd.shape(), vd.options());
              AttentionBwdParams b;
              b.q = qd.view_info();
              b.k = kd.view_info();

@@ -35,7 +35,8 @@ if [ ! -f "$BUILD/build.ninja" ]; then
 fi
 grep -E "NCCL|MPI|CUDA" "$BUILD/config.h" | sed 's/^/config: /' | tee -a "$SUMMARY"
 # The targets the check runs (MT_GPU_FULL_BUILD=1: everything, the CPU tests too).
-targets=(tools/meshtrain tools/bench/bench_cuda tests/cuda/test_cuda_core tests/cuda/test_cuda_nn tests/cuda/test_cuda_nogpu)
+targets=(tools/meshtrain tools/bench/bench_cuda tests/cuda/test_cuda_core tests/cuda/test_cuda_nn tests/cuda/test_cuda_attention tests/cuda/test_cuda_optim
+         tests/cuda/test_cuda_nogpu)
 [ -f "$BUILD/build.ninja" ] && grep -q "^build tests/test_nccl:" "$BUILD/build.ninja" && targets+=(tests/test_nccl)
 [ "${MT_GPU_FULL_BUILD:-0}" = 1 ] && targets=()
 if ! ninja -C "$BUILD" ${MT_JOBS:+-j "$MT_JOBS"} "${targets[@]}" >>"$OUT/build.log" 2>&1; then

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/registry.h"
 
@@ -524,14 +525,19 @@ void attention(const AttentionParams& p) {
   switch (p.q.dtype) {
     case DType::kF64: attention_typed<double>(p); break;
     case DType::kF32: attention_typed<float>(p); break;
-    default: MT_FAIL("attention: cuda kernel dtype {} is not supported (f32 or f64)", dtype_name(p.q.dtype));
+    case DType::kBF16:
+    case DType::kF16: attention_tc(p); break;
+    default: MT_FAIL("attention: cuda kernel dtype {} is not supported (f32, f64, bf16, f16)", dtype_name(p.q.dtype));
   }
 }
 void attention_bwd(const AttentionBwdParams& p) {
   switch (p.q.dtype) {
     case DType::kF64: attention_bwd_typed<double>(p); break;
     case DType::kF32: attention_bwd_typed<float>(p); break;
-    default: MT_FAIL("attention_bwd: cuda kernel dtype {} is not supported (f32 or f64)", dtype_name(p.q.dtype));
+    case DType::kBF16:
+    case DType::kF16: attention_tc_bwd(p); break;
+    default:
+      MT_FAIL("attention_bwd: cuda kernel dtype {} is not supported (f32, f64, bf16, f16)", dtype_name(p.q.dtype));
   }
 }
 

@@ -125,24 +125,40 @@ Chunks chunks_of(int64_t rows, bool partials) {
 // the kernel's static reduction buffer).
 constexpr size_t kSharedAccBytes = 46 * 1024;
 
-// Pass 2: out_k[j] = sum over chunks c (in order) of partial[c][k][j].
+// Pass 2: out_k[j] = sum over chunks c of partial[c][k][j]. A block owns 32 columns (one
+// coalesced warp row); warp w sums chunks w, w + 8, ... in order, then warp 0 adds the 8 partial
+// sums in order: a fixed order for given shapes, with 8x the parallelism of one thread per column.
+constexpr int kColWarps = 8;
 template <class T, int NAcc>
-__global__ void column_sums(const acc_t<T>* __restrict__ partial, int64_t nchunks, int64_t h, T* out0, T* out1) {
+__global__ void __launch_bounds__(32 * kColWarps) column_sums(const acc_t<T>* __restrict__ partial, int64_t nchunks,
+                                                              int64_t h, T* out0, T* out1) {
   using A = acc_t<T>;
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < h; j += int64_t{gridDim.x} * blockDim.x) {
-    A s[NAcc] = {};
-    for (int64_t c = 0; c < nchunks; ++c)
+  __shared__ A sh[kColWarps][NAcc][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t j = blockIdx.x * int64_t{32} + lane;
+  A s[NAcc] = {};
+  if (j < h)
+    for (int64_t c = warp; c < nchunks; c += kColWarps)
 #pragma unroll
       for (int k = 0; k < NAcc; ++k) s[k] += partial[(c * NAcc + k) * h + j];
-    if (out0) out0[j] = from_acc<T>(s[0]);
-    if constexpr (NAcc > 1)
-      if (out1) out1[j] = from_acc<T>(s[1]);
-  }
+#pragma unroll
+  for (int k = 0; k < NAcc; ++k) sh[warp][k][lane] = s[k];
+  __syncthreads();
+  if (warp != 0 || j >= h) return;
+  A t[NAcc] = {};
+  for (int w = 0; w < kColWarps; ++w)
+#pragma unroll
+    for (int k = 0; k < NAcc; ++k) t[k] += sh[w][k][lane];
+  if (out0) out0[j] = from_acc<T>(t[0]);
+  if constexpr (NAcc > 1)
+    if (out1) out1[j] = from_acc<T>(t[1]);
 }
 
 template <class T, int NAcc>
 void launch_column_sums(const acc_t<T>* partial, int64_t nchunks, int64_t h, T* out0, T* out1, cudaStream_t st) {
-  column_sums<T, NAcc><<<grid_for(h), 256, 0, st>>>(partial, nchunks, h, out0, out1);
+  const int64_t blocks = ceil_div(h, int64_t{32});
+  MT_CHECK(blocks < (int64_t{1} << 31), "column sums: {} columns are too many for one launch", h);
+  column_sums<T, NAcc><<<static_cast<unsigned>(blocks), 32 * kColWarps, 0, st>>>(partial, nchunks, h, out0, out1);
   MT_CUDA_LAUNCH_CHECK();
 }
 

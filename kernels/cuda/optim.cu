@@ -1,6 +1,7 @@
-// Optimizer kernels on CUDA: AdamW in one pass over dense tensors (one launch per tensor instead
-// of about ten elementwise ops), the formula of kernels/cpu/optim.cpp, products and sums unfused
-// like the CPU loop so that results differ from it only through sqrt and division rounding.
+// Optimizer kernels on CUDA: AdamW in one pass over dense tensors, f32 tensors in groups of up to
+// 48 per launch (multi-tensor), the formula of kernels/cpu/optim.cpp with products and sums
+// unfused like the CPU loop so that results differ from it only through sqrt and division
+// rounding; and the f64 sum of squares of gradient clipping.
 #include "kernels/cuda/common.cuh"
 #include "kernels/registry.h"
 
@@ -16,43 +17,183 @@ template <class T> __device__ __forceinline__ T fadd(T a, T b) {
   else return __dadd_rn(a, b);
 }
 
+// One AdamW element update (the formula of kernels/cpu/optim.cpp, unfused).
 template <class T>
-__global__ void adamw_kernel(T* __restrict__ w, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
-                             int64_t n, T decay, T b1, T b2, T one_b1, T one_b2, T step_size, T bc2_sqrt, T eps) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const T gi = g[i];
-    const T mi = fadd(fmul(b1, m[i]), fmul(one_b1, gi));
-    const T vi = fadd(fmul(b2, v[i]), fmul(fmul(one_b2, gi), gi));
-    m[i] = mi;
-    v[i] = vi;
-    const T denom = fadd(sqrt(vi) / bc2_sqrt, eps);
-    w[i] = fadd(fmul(w[i], decay), -fmul(step_size, mi / denom));
-  }
+struct AdamWCoef {
+  T decay, b1, b2, one_b1, one_b2, step_size, bc2_sqrt, eps;
+};
+template <class T>
+__device__ __forceinline__ void adamw_elem(T& w, T g, T& m, T& v, const AdamWCoef<T>& c) {
+  const T mi = fadd(fmul(c.b1, m), fmul(c.one_b1, g));
+  const T vi = fadd(fmul(c.b2, v), fmul(fmul(c.one_b2, g), g));
+  m = mi;
+  v = vi;
+  const T denom = fadd(sqrt(vi) / c.bc2_sqrt, c.eps);
+  w = fadd(fmul(w, c.decay), -fmul(c.step_size, mi / denom));
 }
 
 template <class T>
-void adamw_typed(const AdamWParams& p) {
-  const int64_t n = p.param.numel();
-  if (n == 0) return;
-  adamw_kernel<T><<<grid_for(n), 256, 0, cuda::current_stream()>>>(
-      p.param.ptr<T>(), p.grad.ptr<const T>(), p.exp_avg.ptr<T>(), p.exp_avg_sq.ptr<T>(), n, static_cast<T>(p.decay),
-      static_cast<T>(p.beta1), static_cast<T>(p.beta2), static_cast<T>(1 - p.beta1), static_cast<T>(1 - p.beta2),
-      static_cast<T>(p.step_size), static_cast<T>(p.bc2_sqrt), static_cast<T>(p.eps));
-  MT_CUDA_LAUNCH_CHECK();
+AdamWCoef<T> coef_of(const AdamWParams& p) {
+  return {static_cast<T>(p.decay),         static_cast<T>(p.beta1),     static_cast<T>(p.beta2),
+          static_cast<T>(1 - p.beta1),     static_cast<T>(1 - p.beta2), static_cast<T>(p.step_size),
+          static_cast<T>(p.bc2_sqrt),      static_cast<T>(p.eps)};
+}
+
+// f64: one grid-stride launch per tensor.
+__global__ void adamw_kernel_f64(double* __restrict__ w, const double* __restrict__ g, double* __restrict__ m,
+                                 double* __restrict__ v, int64_t n, AdamWCoef<double> c) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
+    adamw_elem(w[i], g[i], m[i], v[i], c);
+}
+
+// f32: up to kMulti tensors per launch; block b works on kChunk elements of the tensor whose block
+// range holds b, with 16-byte accesses where the four arrays are aligned.
+constexpr int kMulti = 48, kChunk = 8192, kMultiThreads = 256;
+struct MultiItem {
+  float* w;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  AdamWCoef<float> c;
+};
+struct MultiBatch {
+  MultiItem t[kMulti];
+  int64_t first_block[kMulti + 1];
+  int count;
+};
+
+__global__ void __launch_bounds__(kMultiThreads) adamw_multi_kernel(const __grid_constant__ MultiBatch b) {
+  int i = 0;
+  while (i + 1 < b.count && blockIdx.x >= b.first_block[i + 1]) ++i;
+  const MultiItem& t = b.t[i];
+  const int64_t begin = (blockIdx.x - b.first_block[i]) * int64_t{kChunk};
+  const int64_t end = min(t.n, begin + kChunk);
+  const bool vec = ((reinterpret_cast<uintptr_t>(t.w) | reinterpret_cast<uintptr_t>(t.g) |
+                     reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v)) & 15) == 0;
+  int64_t tail = begin;
+  if (vec) {
+    const int64_t packs_end = begin + (end - begin) / 4 * 4;
+    for (int64_t j = begin + 4 * threadIdx.x; j < packs_end; j += 4 * kMultiThreads) {
+      float4 w = *reinterpret_cast<const float4*>(t.w + j), m = *reinterpret_cast<const float4*>(t.m + j);
+      float4 v = *reinterpret_cast<const float4*>(t.v + j);
+      const float4 g = *reinterpret_cast<const float4*>(t.g + j);
+      adamw_elem(w.x, g.x, m.x, v.x, t.c);
+      adamw_elem(w.y, g.y, m.y, v.y, t.c);
+      adamw_elem(w.z, g.z, m.z, v.z, t.c);
+      adamw_elem(w.w, g.w, m.w, v.w, t.c);
+      *reinterpret_cast<float4*>(t.w + j) = w;
+      *reinterpret_cast<float4*>(t.m + j) = m;
+      *reinterpret_cast<float4*>(t.v + j) = v;
+    }
+    tail = packs_end;
+  }
+  for (int64_t j = tail + threadIdx.x; j < end; j += kMultiThreads) adamw_elem(t.w[j], t.g[j], t.m[j], t.v[j], t.c);
+}
+
+void adamw_multi(const AdamWMultiParams& p) {
+  MultiBatch b{};
+  auto flush = [&] {
+    if (b.count == 0) return;
+    const int64_t blocks = b.first_block[b.count];
+    MT_CHECK(blocks < (int64_t{1} << 31), "adamw: {} blocks are too many for one launch", blocks);
+    adamw_multi_kernel<<<static_cast<unsigned>(blocks), kMultiThreads, 0, cuda::current_stream()>>>(b);
+    MT_CUDA_LAUNCH_CHECK();
+    b = MultiBatch{};
+  };
+  for (const AdamWParams& item : p.items) {
+    const int64_t n = item.param.numel();
+    if (n == 0) continue;
+    if (item.param.dtype == DType::kF64) {
+      adamw_kernel_f64<<<grid_for(n), 256, 0, cuda::current_stream()>>>(
+          item.param.ptr<double>(), item.grad.ptr<const double>(), item.exp_avg.ptr<double>(),
+          item.exp_avg_sq.ptr<double>(), n, coef_of<double>(item));
+      MT_CUDA_LAUNCH_CHECK();
+      continue;
+    }
+    MT_CHECK(item.param.dtype == DType::kF32, "adamw kernel: {} tensors are not supported on CUDA (f32 or f64)",
+             dtype_name(item.param.dtype));
+    b.t[b.count] = {item.param.ptr<float>(), item.grad.ptr<const float>(), item.exp_avg.ptr<float>(),
+                    item.exp_avg_sq.ptr<float>(), n, coef_of<float>(item)};
+    b.first_block[b.count + 1] = b.first_block[b.count] + ceil_div(n, int64_t{kChunk});
+    if (++b.count == kMulti) flush();
+  }
+  flush();
 }
 
 void adamw(const AdamWParams& p) {
-  if (p.param.dtype == DType::kF64)
-    adamw_typed<double>(p);
-  else if (p.param.dtype == DType::kF32)
-    adamw_typed<float>(p);
-  else
-    MT_FAIL("adamw kernel: {} tensors are not supported on CUDA (f32 or f64)", dtype_name(p.param.dtype));
+  AdamWMultiParams one;
+  one.items.push_back(p);
+  adamw_multi(one);
+}
+
+// ---- sum of squares (gradient clipping) ----------------------------------------------------------
+
+// Pass 1: block b writes the f64 sum of squares of elements [b * kSqChunk, (b + 1) * kSqChunk)
+// (a fixed tree over a fixed assignment of elements to threads); pass 2: one block adds the
+// partials in a fixed tree and adds the total to out[0]. Deterministic for a given size.
+constexpr int kSqThreads = 256, kSqChunk = 16 * 1024;
+
+template <int N>
+__device__ __forceinline__ double block_sum(double s, double* sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x / 32] = s;
+  __syncthreads();
+  s = threadIdx.x < N / 32 ? sh[threadIdx.x] : 0.0;
+  if (threadIdx.x < 32) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  }
+  return s;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kSqThreads) sum_sq_partial(const T* __restrict__ x, int64_t n,
+                                                            double* __restrict__ partial) {
+  __shared__ double sh[kSqThreads / 32];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSqChunk, end = min(n, begin + kSqChunk);
+  double s = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kSqThreads) {
+    const double v = static_cast<double>(to_acc(x[i]));
+    s += v * v;
+  }
+  s = block_sum<kSqThreads>(s, sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void __launch_bounds__(kSqThreads) sum_sq_final(const double* __restrict__ partial, int64_t nblocks,
+                                                          double* __restrict__ out) {
+  __shared__ double sh[kSqThreads / 32];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < nblocks; i += kSqThreads) s += partial[i];
+  s = block_sum<kSqThreads>(s, sh);
+  if (threadIdx.x == 0) out[0] += s;
+}
+
+void sum_sq(const SumSqParams& p) {
+  const int64_t n = p.x.numel();
+  if (n == 0) return;
+  cudaStream_t st = cuda::current_stream();
+  const int64_t blocks = ceil_div(n, int64_t{kSqChunk});
+  MT_CHECK(blocks < (int64_t{1} << 31), "sum_sq: {} elements are too many for one launch", n);
+  StreamScratch partial(static_cast<size_t>(blocks) * sizeof(double), st);
+  MT_CUDA_DISPATCH_FLOAT(p.x.dtype, "sum_sq", {
+    sum_sq_partial<scalar_t><<<static_cast<unsigned>(blocks), kSqThreads, 0, st>>>(p.x.ptr<const scalar_t>(), n,
+                                                                                   partial.as<double>());
+  });
+  MT_CUDA_LAUNCH_CHECK();
+  sum_sq_final<<<1, kSqThreads, 0, st>>>(partial.as<const double>(), blocks, p.out.ptr<double>());
+  MT_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-void register_cuda_optim(KernelTable& t) { t.adamw = adamw; }
+void register_cuda_optim(KernelTable& t) {
+  t.adamw = adamw;
+  t.adamw_multi = adamw_multi;
+  t.sum_sq = sum_sq;
+}
 
 }  // namespace mt

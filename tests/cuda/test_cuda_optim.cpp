@@ -1,0 +1,111 @@
+// The optimizer path on CUDA against the CPU: AdamW through the multi-tensor kernel (more tensors
+// than one launch takes, sizes across its block size, a misaligned contiguous view, f64 beside
+// f32), gradient clipping's f64 sum of squares, and the dense 16-byte cast path that moves f32
+// master weights to bf16 and gradients back. Skips (exit 77) without a GPU.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda_testing.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "testing.h"
+
+using namespace mt;
+using mt::testing::rand;
+
+namespace {
+
+Tensor on_cuda(const Tensor& t) { return t.to(Device::cuda()); }
+Tensor on_cpu(const Tensor& t) { return t.to(Device::cpu()); }
+
+// One parameter per size: more than 48 (one launch), sizes around the 8192-element block and the
+// 4-wide vector.
+std::vector<Tensor> make_params(DType dt) {
+  std::vector<Tensor> ps;
+  const int64_t sizes[] = {1, 3, 4, 5, 127, 8191, 8192, 8193, 20000, 65537};
+  uint64_t seed = 100;
+  for (int rep = 0; rep < 6; ++rep)
+    for (int64_t n : sizes) ps.push_back(rand({n}, dt, seed++));
+  ps.push_back(rand({3, 1001}, dt, seed++));
+  return ps;
+}
+
+}  // namespace
+
+TEST_CASE("cuda AdamW (multi-tensor) and clip_grad_norm match the CPU over several steps", "[cuda]") {
+  mt::testing::require_cuda();
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    INFO(fmt::format("dtype {}", dt));
+    std::vector<Tensor> init = make_params(dt);
+    NamedTensors cpu_params, gpu_params;
+    for (size_t i = 0; i < init.size(); ++i) {
+      Tensor a = init[i].clone().requires_grad_(true);
+      Tensor b = on_cuda(init[i]).requires_grad_(true);
+      REQUIRE(a.is_contiguous());
+      cpu_params.emplace_back(fmt::format("p{}", i), a);
+      gpu_params.emplace_back(fmt::format("p{}", i), b);
+    }
+    {  // a CUDA parameter that is a contiguous view at an odd offset: the kernel's scalar path
+      const Tensor base = rand({4096}, dt, 999);
+      init.push_back(base.narrow(0, 1, 4095).clone());
+      cpu_params.emplace_back("view", init.back().clone().requires_grad_(true));
+      gpu_params.emplace_back("view", on_cuda(base).narrow(0, 1, 4095).detach().requires_grad_(true));
+    }
+    AdamWOptions o;
+    o.lr = 1e-2;
+    AdamW cpu_opt(make_param_groups(cpu_params, 0.1), o), gpu_opt(make_param_groups(gpu_params, 0.1), o);
+    for (int step = 0; step < 4; ++step) {
+      for (size_t i = 0; i < init.size(); ++i) {
+        // Parameter 7 has no gradient in step 1: it keeps its own step count.
+        if (step == 1 && i == 7) {
+          cpu_params[i].second.set_grad(Tensor());
+          gpu_params[i].second.set_grad(Tensor());
+          continue;
+        }
+        Tensor g = rand(init[i].shape(), dt, 1000 + 100 * step + i, -3, 3);
+        cpu_params[i].second.set_grad(g);
+        gpu_params[i].second.set_grad(on_cuda(g));
+      }
+      const double na = clip_grad_norm(cpu_params, 5.0), nb = clip_grad_norm(gpu_params, 5.0);
+      CHECK(std::abs(na - nb) <= 1e-12 * na);
+      cpu_opt.step();
+      gpu_opt.step();
+    }
+    // sqrt and division are correctly rounded on both sides: equal up to one rounding step.
+    const double rtol = dt == DType::kF32 ? 1e-6 : 1e-14;
+    for (size_t i = 0; i < init.size(); ++i) {
+      INFO(cpu_params[i].first << " " << init[i].desc());
+      REQUIRE_CLOSE(on_cpu(gpu_params[i].second.detach()), cpu_params[i].second.detach(), rtol, rtol * 1e-3);
+    }
+    const NamedTensors sa = cpu_opt.state_dict(), sb = gpu_opt.state_dict();
+    REQUIRE(sa.size() == sb.size());
+    for (size_t i = 0; i < sa.size(); ++i) {
+      INFO(sa[i].first);
+      REQUIRE_CLOSE(on_cpu(sb[i].second), sa[i].second, rtol, rtol * 1e-3);
+    }
+  }
+}
+
+TEST_CASE("cuda dense casts f32 <-> bf16/f16 and same-dtype copies give the CPU's bits", "[cuda]") {
+  mt::testing::require_cuda();
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{4096}, int64_t{1000003}}) {
+    const Tensor x = rand({n}, DType::kF32, 7, -1e3, 1e3);
+    const Tensor xg = on_cuda(x);
+    for (DType to : {DType::kBF16, DType::kF16, DType::kF64}) {
+      INFO(fmt::format("n {} to {}", n, to));
+      const Tensor a = x.to(to), b = xg.to(to);
+      REQUIRE_CLOSE(on_cpu(b), a, 0, 0);
+      REQUIRE_CLOSE(on_cpu(b.to(DType::kF32)), a.to(DType::kF32), 0, 0);  // and back
+    }
+    // copy_ into an existing buffer, dense, and from a misaligned contiguous view.
+    Tensor dst = empty({n}, TensorOptions(DType::kBF16).with_device(Device::cuda()));
+    dst.copy_(xg);
+    REQUIRE_CLOSE(on_cpu(dst), x.to(DType::kBF16), 0, 0);
+    if (n > 1) {
+      Tensor view = xg.narrow(0, 1, n - 1), d2 = empty({n - 1}, TensorOptions(DType::kF32).with_device(Device::cuda()));
+      d2.copy_(view);
+      REQUIRE_CLOSE(on_cpu(d2), x.narrow(0, 1, n - 1), 0, 0);
+    }
+  }
+}

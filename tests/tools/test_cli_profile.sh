@@ -43,7 +43,7 @@ mm = [e for e in ops if e["name"] == "matmul"]
 assert mm and all(e["args"]["flops"] > 0 and e["args"]["bytes"] > 0 for e in mm), "matmul without FLOPs/bytes"
 assert all(e["args"]["dtype"] == "f32" and e["args"]["device"] == "cpu" for e in mm)
 assert any(e["args"]["shapes"].startswith("[64,128] [128,") for e in mm)  # B*T rows, hidden 128, [e["args"]["shapes"] for e in mm[:5]]
-assert any(e["name"] == "adamw" for e in ops), "no optimizer ops"
+assert any(e["name"] in ("adamw", "adamw_multi") for e in ops), "no optimizer ops"
 for s in steps:
     inside = [e for e in ops if s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 1e-3]
     total = sum(e["dur"] for e in inside)

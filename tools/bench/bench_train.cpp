@@ -10,7 +10,7 @@
 //               [--gemm N]
 // Model names are built-in configs or config.json paths; llama-30m and llama-100m are the files
 // in plans/models/ (found from the source tree). Defaults keep the whole run to a few minutes on
-// two cores: 2 timed steps after 1 warm-up step, batch 1.
+// two cores: 1 timed step after 1 warm-up step (which is also the one whose FLOPs are counted), batch 1.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -120,7 +120,7 @@ Result time_steps(const ModelConfig& cfg, int64_t batch, int64_t seq, DType comp
 
 int main(int argc, char** argv) {
   std::string models = "llama-tiny,llama-30m,llama-100m", seqs = "256,1024", precisions = "f32,bf16";
-  int steps = 2, gemm_n = 1024;
+  int steps = 1, gemm_n = 1024;
   int64_t batch = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

@@ -10,7 +10,8 @@
 //               [--gemm N]
 // Model names are built-in configs or config.json paths; llama-30m and llama-100m are the files
 // in plans/models/ (found from the source tree). Defaults keep the whole run to about 5 minutes on
-// two cores (OMP_NUM_THREADS=1; figures in docs/decisions.md, "bench_train"): 1 timed step after 1 warm-up step (which is also the one whose FLOPs are counted), batch 1.
+// two cores (OMP_NUM_THREADS=1; figures in docs/decisions.md, "bench_train"): 1 timed step after
+// 1 warm-up step (the one whose FLOPs are counted), batch 1.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>

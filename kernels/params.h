@@ -209,11 +209,16 @@ struct RandomParams {
 // One AdamW step in place over dense tensors of one floating dtype (f32 or f64) and shape:
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p = p decay - step_size m / (sqrt(v) / bc2_sqrt + eps)
 // with decay = 1 - lr wd, step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t) (optim/adamw.h).
+// Mixed precision: an f32 param may take a bf16/f16 grad (read exactly as f32), scaled by
+// grad_scale (in the param's type) before the update, and, when param_copy has data, the new value
+// is also stored into param_copy (bf16/f16, the model's compute copy, rounded like copy_).
 struct AdamWParams {
   KView param, grad, exp_avg, exp_avg_sq;
+  KView param_copy;  // optional
   double decay = 1, beta1 = 0.9, beta2 = 0.999, step_size = 0, bc2_sqrt = 1, eps = 1e-8;
+  double grad_scale = 1;
 };
-// Several AdamW steps in one call, each item exactly one `adamw` (the CUDA backend runs up to 48
+// Several AdamW steps in one call, each item exactly one `adamw` (the CUDA backend runs up to 40
 // f32 tensors per launch: one launch per group of parameters, not one per tensor).
 struct AdamWMultiParams {
   std::vector<AdamWParams> items;

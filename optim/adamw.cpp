@@ -1,5 +1,5 @@
 // AdamW update: contiguous f32/f64 tensors on the CPU or CUDA are queued during the step and
-// updated by one fused kernel call at its end (one pass, no temporaries; on CUDA up to 48 f32
+// updated by one fused kernel call at its end (one pass, no temporaries; on CUDA up to 40 f32
 // tensors per launch: the `adamw_multi` kernel family); tensor ops otherwise (other dtypes,
 // strided parameters).
 #include "optim/adamw.h"
@@ -38,26 +38,60 @@ void AdamW::update(Slot& slot, const Tensor& grad, double lr, double weight_deca
   c.step_size = lr / (1 - std::pow(opts_.beta1, t));
   c.bc2_sqrt = std::sqrt(1 - std::pow(opts_.beta2, t));
   c.eps = opts_.eps;
-  if (detail::fused_ok(p, {grad, m, v})) {  // queued for adamw_multi (kernels/{cpu,cuda}/optim.*)
+  c.grad_scale = grad_scale_;
+  Tensor copy;
+  if (auto it = copies_.find(slot.name); it != copies_.end())
+    copy = it->second.is_distributed() ? local_view(it->second) : it->second;
+  const bool mixed = grad.dtype() != p.dtype();
+  const auto same_place = [&](const Tensor& x) {
+    return x.device() == p.device() && x.is_contiguous() && x.shape() == p.shape();
+  };
+  if (detail::fused_ok(p, {m, v}) && same_place(grad) && (!copy.defined() || same_place(copy))) {
+    // queued for adamw_multi (kernels/{cpu,cuda}/optim.*)
     c.param = p.view_info();
     c.grad = grad.view_info();
     c.exp_avg = m.view_info();
     c.exp_avg_sq = v.view_info();
-    queued_.push_back({c, p, grad, m, v});
+    if (copy.defined()) c.param_copy = copy.view_info();
+    queued_.push_back({c, p, grad, m, v, copy});
     return;
   }
+  Tensor g = mixed ? grad.to(p.dtype()) : grad;
+  if (grad_scale_ != 1) g = mul(g, grad_scale_);
   if (weight_decay != 0) p.mul_(c.decay);
   m.mul_(c.beta1);
-  m.add_(grad, 1 - c.beta1);
+  m.add_(g, 1 - c.beta1);
   v.mul_(c.beta2);
-  v.add_(mul(grad, grad), 1 - c.beta2);
+  v.add_(mul(g, g), 1 - c.beta2);
   Tensor denom = add(div(sqrt(v), c.bc2_sqrt), c.eps);
   p.add_(div(m, denom), -c.step_size);
+  if (copy.defined()) copy.copy_(p);
+}
+
+bool AdamW::accepts_grad(const Tensor& param, const Tensor& grad) const {
+  return grad.dtype() == param.dtype() ||
+         (param.dtype() == DType::kF32 && (grad.dtype() == DType::kBF16 || grad.dtype() == DType::kF16));
+}
+
+void AdamW::set_grad_scale(double scale) {
+  MT_CHECK(std::isfinite(scale) && scale > 0, "AdamW: gradient scale {} must be finite and > 0", scale);
+  grad_scale_ = scale;
+}
+
+void AdamW::set_param_copies(const NamedTensors& copies) {
+  copies_.clear();
+  for (const auto& [name, t] : copies) {
+    MT_CHECK(t.defined() && (t.dtype() == DType::kBF16 || t.dtype() == DType::kF16),
+             "AdamW.set_param_copies: '{}' must be a bf16 or f16 tensor, got {}", name,
+             t.defined() ? t.desc() : std::string("undefined"));
+    copies_.emplace(name, t);
+  }
 }
 
 void AdamW::finish_step(bool apply) {
   std::vector<Queued> q;
   q.swap(queued_);
+  grad_scale_ = 1;
   if (!apply) return;
   // One call per device in queue order (a step's parameters normally share one device).
   for (size_t i = 0; i < q.size();) {
@@ -70,6 +104,7 @@ void AdamW::finish_step(bool apply) {
       bump_version(q[i].p);
       bump_version(q[i].m);
       bump_version(q[i].v);
+      if (q[i].copy.defined()) bump_version(q[i].copy);
     }
   }
 }

@@ -4,6 +4,8 @@
 // "exp_avg.<name>", "exp_avg_sq.<name>" (formulas in docs/optim.md).
 #pragma once
 
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/params.h"
@@ -23,9 +25,17 @@ class AdamW : public Optimizer {
   AdamW(std::vector<ParamGroup> groups, const AdamWOptions& opts);
   const AdamWOptions& options() const { return opts_; }
 
+  // Mixed precision in one pass (the trainer's bf16 path, docs/optim.md): the next step() scales
+  // every gradient by `scale` (clipping's coefficient) as it reads it; reset to 1 after the step.
+  void set_grad_scale(double scale);
+  // Compute copies of the parameters: after each update of the parameter named `name`, its new
+  // value is also stored into `copy` (bf16/f16, same shape: the model's weights behind f32 masters).
+  void set_param_copies(const NamedTensors& copies);
+
  protected:
   void update(Slot& slot, const Tensor& grad, double lr, double weight_decay) override;
   void finish_step(bool apply) override;
+  bool accepts_grad(const Tensor& param, const Tensor& grad) const override;
 
  private:
   AdamWOptions opts_;
@@ -33,9 +43,11 @@ class AdamW : public Optimizer {
   // (kept alive, versions bumped once run).
   struct Queued {
     AdamWParams params;
-    Tensor p, grad, m, v;
+    Tensor p, grad, m, v, copy;
   };
   std::vector<Queued> queued_;
+  double grad_scale_ = 1;
+  std::unordered_map<std::string, Tensor> copies_;
 };
 
 }  // namespace mt

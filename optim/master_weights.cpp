@@ -54,6 +54,18 @@ void MasterWeights::grads_to_master() {
   }
 }
 
+void MasterWeights::attach_model_grads() {
+  for (Entry& e : entries_)
+    if (e.copy) e.master.set_grad(e.model.grad());
+}
+
+NamedTensors MasterWeights::model_copies() const {
+  NamedTensors out;
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].copy) out.emplace_back(masters_[i].first, entries_[i].model);
+  return out;
+}
+
 void MasterWeights::master_to_model() {
   NoGradGuard no_grad;
   for (Entry& e : entries_)

@@ -31,6 +31,14 @@ class MasterWeights {
   // Rounds each master into its model parameter in place (round to nearest even).
   void master_to_model();
 
+  // The one-pass alternative to grads_to_master + master_to_model (docs/optim.md, "Mixed
+  // precision in one pass"): each master's grad becomes its model parameter's 16-bit grad itself
+  // (no f32 copy), and an optimizer given model_copies() (AdamW::set_param_copies) writes the
+  // rounded new weights into the model as it updates the masters.
+  void attach_model_grads();
+  // (master name, model parameter) for every 16-bit parameter.
+  NamedTensors model_copies() const;
+
   // The master copies of the 16-bit parameters (pass-through ones are omitted: they are the
   // model's own tensors), for checkpoints: resuming from the rounded model weights alone would
   // lose the bits below the 16-bit ulp.

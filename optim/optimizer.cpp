@@ -87,7 +87,7 @@ void Optimizer::step() {
   for (Slot& slot : slots_) {
     Tensor g = slot.param.grad();
     if (!g.defined()) continue;
-    MT_CHECK(g.dtype() == slot.param.dtype() && g.device() == slot.param.device(),
+    MT_CHECK(accepts_grad(slot.param, g) && g.device() == slot.param.device(),
              "{}.step: parameter '{}' is {} but its gradient is {}", name_, slot.name,
              slot.param.desc(), g.desc());
     ++slot.steps;

@@ -70,6 +70,9 @@ class Optimizer {
   // Called once after the update() calls of a step: an optimizer that queued work in update()
   // (AdamW's multi-tensor kernel) runs it here, or drops it (apply = false) when step() throws.
   virtual void finish_step(bool apply) { (void)apply; }
+  // May `grad` (a defined gradient of `param`) be given to update()? By default only a gradient of
+  // the parameter's dtype; AdamW also takes 16-bit gradients of f32 (master) parameters.
+  virtual bool accepts_grad(const Tensor& param, const Tensor& grad) const { return grad.dtype() == param.dtype(); }
   const char* name() const { return name_; }
 
  private:

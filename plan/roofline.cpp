@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -70,6 +71,17 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   hw.devices_per_node = static_cast<int64_t>(dpn);
   hw.intra = link(j, "intra", source);
   hw.inter = link(j, "inter", source);
+  if (j.contains("kernel_overhead_us")) {
+    MT_CHECK(j["kernel_overhead_us"].is_number() && j["kernel_overhead_us"].get<double>() >= 0 &&
+                 std::isfinite(j["kernel_overhead_us"].get<double>()),
+             "{}: hardware profile field \"kernel_overhead_us\" must be a number >= 0", source);
+    hw.kernel_overhead_s = j["kernel_overhead_us"].get<double>() * 1e-6;
+  }
+  if (j.contains("compute_slots")) {
+    const double cs = positive(j, "compute_slots", 1, source);
+    MT_CHECK(cs == std::floor(cs), "{}: compute_slots must be an integer, got {}", source, cs);
+    hw.compute_slots = static_cast<int64_t>(cs);
+  }
   return hw;
 }
 
@@ -111,6 +123,8 @@ std::string hardware_profile_json(const HardwareProfile& hw) {
   j["devices_per_node"] = hw.devices_per_node;
   j["links"]["intra"] = {{"alpha_us", hw.intra.alpha_s * 1e6}, {"bandwidth_gbs", hw.intra.bandwidth / 1e9}};
   j["links"]["inter"] = {{"alpha_us", hw.inter.alpha_s * 1e6}, {"bandwidth_gbs", hw.inter.bandwidth / 1e9}};
+  if (hw.kernel_overhead_s > 0) j["kernel_overhead_us"] = hw.kernel_overhead_s * 1e6;
+  if (hw.compute_slots > 0) j["compute_slots"] = hw.compute_slots;
   return j.dump(2) + "\n";
 }
 
@@ -148,13 +162,17 @@ StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareP
   const double gemm = precision == DType::kF32 ? hw.gemm_flops_f32 : hw.gemm_flops_bf16;
   t.matmul_s = est.cost.matmul_flops / gemm;
   t.memory_s = est.cost.other_bytes / hw.memory_bandwidth;
+  t.overhead_s = static_cast<double>(est.cost.kernels) * hw.kernel_overhead_s;
+  const int64_t per_node = std::min(mesh.size(), hw.devices_per_node);
+  const int64_t slots = hw.compute_slots > 0 ? hw.compute_slots : hw.devices_per_node;
+  t.sharing = std::max(1.0, static_cast<double>(per_node) / static_cast<double>(slots));
   for (const auto& [key, tally] : est.comm) {
     CollectiveTime c{key, tally, crosses_nodes(mesh, key.dims, hw.devices_per_node), 0};
     c.seconds = collective_seconds(key.kind, tally.calls, tally.bytes, tally.group_size, c.inter_node ? hw.inter : hw.intra);
     t.comm_s += c.seconds;
     t.collectives.push_back(c);
   }
-  t.total_s = t.matmul_s + t.memory_s + t.comm_s;
+  t.total_s = (t.matmul_s + t.memory_s + t.overhead_s) * t.sharing + t.comm_s;
   return t;
 }
 

@@ -29,6 +29,12 @@ struct HardwareProfile {
   double memory_bytes = 0;     // device memory (bytes)
   int64_t devices_per_node = 1;  // ranks that share the intra-node link
   LinkProfile intra, inter;
+  // Host time per kernel call (op dispatch, autograd, allocation) that is not hidden behind the
+  // device's work: measured by --calibrate on a CPU host; 0 for GPU profiles (launches overlap).
+  double kernel_overhead_s = 0;
+  // Ranks of one node that compute at full speed at once (cores / threads per rank on a CPU host;
+  // default devices_per_node). More ranks than that on a node share the compute.
+  int64_t compute_slots = 0;  // 0: devices_per_node
 };
 
 // `name_or_path`: a file (ends in .json or contains '/'), or a stock profile's name looked up as
@@ -46,9 +52,11 @@ struct CollectiveTime {
 };
 
 struct StepTime {
-  double matmul_s = 0;   // matmul/attention FLOPs / GEMM rate
-  double memory_s = 0;   // other kernels' bytes / memory bandwidth
-  double comm_s = 0;     // sum of the collectives
+  double matmul_s = 0;    // matmul/attention FLOPs / GEMM rate
+  double memory_s = 0;    // other kernels' bytes / memory bandwidth
+  double overhead_s = 0;  // kernel calls x the profile's per-call overhead
+  double sharing = 1;     // compute stretched by ranks per node / compute slots (>= 1)
+  double comm_s = 0;      // sum of the collectives
   double total_s = 0;
   std::vector<CollectiveTime> collectives;
 };
@@ -58,6 +66,7 @@ struct StepTime {
 bool crosses_nodes(const PlanMesh& mesh, const std::string& dims, int64_t devices_per_node);
 // Seconds of `calls` collectives of `kind` moving `bytes` in all over groups of `k` ranks.
 double collective_seconds(const std::string& kind, int64_t calls, int64_t bytes, int64_t k, const LinkProfile& link);
+// total = (matmul + memory + overhead) x sharing + comm.
 StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareProfile& hw, DType precision);
 
 }  // namespace mt

@@ -4,44 +4,72 @@
 // blocks added in order (also independent of the thread count).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/loops.h"
 #include "kernels/registry.h"
 #include "runtime/error.h"
 
 namespace mt {
 namespace {
 
-template <class T>
+// G: the grad's storage type (T, or BFloat16/Float16 for an f32 param); C: param_copy's storage
+// type (void: none).
+template <class T, class G, class C>
 void adamw_typed(const AdamWParams& p) {
   T* w = p.param.ptr<T>();
-  const T* g = p.grad.ptr<const T>();
+  const G* g = p.grad.ptr<const G>();
   T* m = p.exp_avg.ptr<T>();
   T* v = p.exp_avg_sq.ptr<T>();
+  [[maybe_unused]] C* copy = nullptr;
+  if constexpr (!std::is_void_v<C>) copy = p.param_copy.ptr<C>();
   const int64_t n = p.param.numel();
   const T decay = static_cast<T>(p.decay), b1 = static_cast<T>(p.beta1), b2 = static_cast<T>(p.beta2);
   const T one_b1 = static_cast<T>(1 - p.beta1), one_b2 = static_cast<T>(1 - p.beta2);
   const T step_size = static_cast<T>(p.step_size), bc2_sqrt = static_cast<T>(p.bc2_sqrt);
-  const T eps = static_cast<T>(p.eps);
+  const T eps = static_cast<T>(p.eps), scale = static_cast<T>(p.grad_scale);
+  const bool scaled = p.grad_scale != 1;
 #pragma omp parallel for if (n > 32768) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const T gi = g[i];
+    T gi = static_cast<T>(static_cast<compute_t<G>>(g[i]));
+    if (scaled) gi = gi * scale;
     const T mi = b1 * m[i] + one_b1 * gi;
     const T vi = b2 * v[i] + one_b2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
     const T denom = std::sqrt(vi) / bc2_sqrt + eps;
     w[i] = w[i] * decay - step_size * (mi / denom);
+    if constexpr (!std::is_void_v<C>) copy[i] = cpu::convert<C>(w[i]);
   }
 }
 
-void adamw(const AdamWParams& p) {
-  if (p.param.dtype == DType::kF64)
-    adamw_typed<double>(p);
-  else if (p.param.dtype == DType::kF32)
-    adamw_typed<float>(p);
+template <class G>
+void adamw_f32(const AdamWParams& p) {
+  if (!p.param_copy.data)
+    adamw_typed<float, G, void>(p);
+  else if (p.param_copy.dtype == DType::kBF16)
+    adamw_typed<float, G, BFloat16>(p);
+  else if (p.param_copy.dtype == DType::kF16)
+    adamw_typed<float, G, Float16>(p);
   else
+    MT_FAIL("adamw kernel: param_copy must be bf16 or f16, got {}", dtype_name(p.param_copy.dtype));
+}
+
+void adamw(const AdamWParams& p) {
+  if (p.param.dtype == DType::kF64) {
+    MT_CHECK(p.grad.dtype == DType::kF64 && !p.param_copy.data, "adamw kernel: f64 params take f64 grads, no copy");
+    adamw_typed<double, double, void>(p);
+  } else if (p.param.dtype == DType::kF32) {
+    switch (p.grad.dtype) {
+      case DType::kF32: adamw_f32<float>(p); break;
+      case DType::kBF16: adamw_f32<BFloat16>(p); break;
+      case DType::kF16: adamw_f32<Float16>(p); break;
+      default: MT_FAIL("adamw kernel: grad dtype {} for an f32 param (f32, bf16, f16)", dtype_name(p.grad.dtype));
+    }
+  } else {
     MT_FAIL("adamw kernel: {} tensors are not supported (f32 or f64)", dtype_name(p.param.dtype));
+  }
 }
 
 void adamw_multi(const AdamWMultiParams& p) {

@@ -1,8 +1,11 @@
 // Optimizer kernels on CUDA: AdamW in one pass over dense tensors, f32 tensors in groups of up to
-// 48 per launch (multi-tensor), the formula of kernels/cpu/optim.cpp with products and sums
-// unfused like the CPU loop so that results differ from it only through sqrt and division
-// rounding; and the f64 sum of squares of gradient clipping.
+// 40 per launch (multi-tensor; for mixed precision a bf16/f16 grad read as f32, scaled by the
+// clipping coefficient, and a bf16/f16 copy of the new weights written in the same pass), the
+// formula of kernels/cpu/optim.cpp with products and sums unfused like the CPU loop so that
+// results differ from it only through sqrt and division rounding; and the f64 sum of squares of
+// gradient clipping.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/loops.cuh"
 #include "kernels/registry.h"
 
 namespace mt {
@@ -48,15 +51,20 @@ __global__ void adamw_kernel_f64(double* __restrict__ w, const double* __restric
 }
 
 // f32: up to kMulti tensors per launch; block b works on kChunk elements of the tensor whose block
-// range holds b, with 16-byte accesses where the four arrays are aligned.
-constexpr int kMulti = 48, kChunk = 8192, kMultiThreads = 256;
+// range holds b, with 16-byte accesses (8 for 16-bit grads and copies) where every array is
+// aligned. G: the grad's type (float, or 16-bit read exactly as f32), C: the model copy's type
+// (void: none). One launch holds items of one (G, C) kind.
+constexpr int kMulti = 40, kChunk = 8192, kMultiThreads = 256;
 struct MultiItem {
   float* w;
-  const float* g;
+  const void* g;
   float* m;
   float* v;
+  void* copy;
   int64_t n;
   AdamWCoef<float> c;
+  float scale;
+  bool scaled;
 };
 struct MultiBatch {
   MultiItem t[kMulti];
@@ -64,41 +72,97 @@ struct MultiBatch {
   int count;
 };
 
+template <class G>
+__device__ __forceinline__ float4 load4(const G* p) {
+  if constexpr (std::is_same_v<G, float>) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    const cuda::Pack<G, 4> a = *reinterpret_cast<const cuda::Pack<G, 4>*>(p);
+    return make_float4(to_acc(a.v[0]), to_acc(a.v[1]), to_acc(a.v[2]), to_acc(a.v[3]));
+  }
+}
+
+template <class G, class C>
 __global__ void __launch_bounds__(kMultiThreads) adamw_multi_kernel(const __grid_constant__ MultiBatch b) {
   int i = 0;
   while (i + 1 < b.count && blockIdx.x >= b.first_block[i + 1]) ++i;
   const MultiItem& t = b.t[i];
+  const G* g = static_cast<const G*>(t.g);
+  [[maybe_unused]] C* copy = nullptr;
+  if constexpr (!std::is_void_v<C>) copy = static_cast<C*>(t.copy);
   const int64_t begin = (blockIdx.x - b.first_block[i]) * int64_t{kChunk};
   const int64_t end = min(t.n, begin + kChunk);
-  const bool vec = ((reinterpret_cast<uintptr_t>(t.w) | reinterpret_cast<uintptr_t>(t.g) |
-                     reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v)) & 15) == 0;
+  auto grad = [&](float x) { return t.scaled ? fmul(x, t.scale) : x; };
+  uintptr_t addr = reinterpret_cast<uintptr_t>(t.w) | reinterpret_cast<uintptr_t>(t.m) |
+                   reinterpret_cast<uintptr_t>(t.v);
+  bool vec = (addr & 15) == 0 && (reinterpret_cast<uintptr_t>(g) & (4 * sizeof(G) - 1)) == 0;
+  if constexpr (!std::is_void_v<C>) vec = vec && (reinterpret_cast<uintptr_t>(copy) & (4 * sizeof(C) - 1)) == 0;
   int64_t tail = begin;
   if (vec) {
     const int64_t packs_end = begin + (end - begin) / 4 * 4;
     for (int64_t j = begin + 4 * threadIdx.x; j < packs_end; j += 4 * kMultiThreads) {
       float4 w = *reinterpret_cast<const float4*>(t.w + j), m = *reinterpret_cast<const float4*>(t.m + j);
       float4 v = *reinterpret_cast<const float4*>(t.v + j);
-      const float4 g = *reinterpret_cast<const float4*>(t.g + j);
-      adamw_elem(w.x, g.x, m.x, v.x, t.c);
-      adamw_elem(w.y, g.y, m.y, v.y, t.c);
-      adamw_elem(w.z, g.z, m.z, v.z, t.c);
-      adamw_elem(w.w, g.w, m.w, v.w, t.c);
+      const float4 gv = load4(g + j);
+      adamw_elem(w.x, grad(gv.x), m.x, v.x, t.c);
+      adamw_elem(w.y, grad(gv.y), m.y, v.y, t.c);
+      adamw_elem(w.z, grad(gv.z), m.z, v.z, t.c);
+      adamw_elem(w.w, grad(gv.w), m.w, v.w, t.c);
       *reinterpret_cast<float4*>(t.w + j) = w;
       *reinterpret_cast<float4*>(t.m + j) = m;
       *reinterpret_cast<float4*>(t.v + j) = v;
+      if constexpr (!std::is_void_v<C>) {
+        cuda::Pack<C, 4> o;
+        o.v[0] = cvt<C>(w.x);
+        o.v[1] = cvt<C>(w.y);
+        o.v[2] = cvt<C>(w.z);
+        o.v[3] = cvt<C>(w.w);
+        *reinterpret_cast<cuda::Pack<C, 4>*>(copy + j) = o;
+      }
     }
     tail = packs_end;
   }
-  for (int64_t j = tail + threadIdx.x; j < end; j += kMultiThreads) adamw_elem(t.w[j], t.g[j], t.m[j], t.v[j], t.c);
+  for (int64_t j = tail + threadIdx.x; j < end; j += kMultiThreads) {
+    adamw_elem(t.w[j], grad(to_acc(g[j])), t.m[j], t.v[j], t.c);
+    if constexpr (!std::is_void_v<C>) copy[j] = cvt<C>(t.w[j]);
+  }
+}
+
+// Kind of an item: grad type x copy type, 3 x 3.
+int kind_of(const AdamWParams& p) {
+  const auto code = [](DType d) { return d == DType::kBF16 ? 1 : d == DType::kF16 ? 2 : 0; };
+  MT_CHECK(p.grad.dtype == DType::kF32 || p.grad.dtype == DType::kBF16 || p.grad.dtype == DType::kF16,
+           "adamw kernel: grad dtype {} for an f32 param (f32, bf16, f16)", dtype_name(p.grad.dtype));
+  MT_CHECK(!p.param_copy.data || p.param_copy.dtype == DType::kBF16 || p.param_copy.dtype == DType::kF16,
+           "adamw kernel: param_copy must be bf16 or f16, got {}", dtype_name(p.param_copy.dtype));
+  return code(p.grad.dtype) * 3 + (p.param_copy.data ? code(p.param_copy.dtype) : 0);
+}
+
+template <class G>
+void launch_multi_g(int copy_kind, unsigned blocks, const MultiBatch& b) {
+  cudaStream_t st = cuda::current_stream();
+  if (copy_kind == 0)
+    adamw_multi_kernel<G, void><<<blocks, kMultiThreads, 0, st>>>(b);
+  else if (copy_kind == 1)
+    adamw_multi_kernel<G, __nv_bfloat16><<<blocks, kMultiThreads, 0, st>>>(b);
+  else
+    adamw_multi_kernel<G, __half><<<blocks, kMultiThreads, 0, st>>>(b);
 }
 
 void adamw_multi(const AdamWMultiParams& p) {
   MultiBatch b{};
+  int kind = -1;
   auto flush = [&] {
     if (b.count == 0) return;
     const int64_t blocks = b.first_block[b.count];
     MT_CHECK(blocks < (int64_t{1} << 31), "adamw: {} blocks are too many for one launch", blocks);
-    adamw_multi_kernel<<<static_cast<unsigned>(blocks), kMultiThreads, 0, cuda::current_stream()>>>(b);
+    const unsigned nb = static_cast<unsigned>(blocks);
+    if (kind / 3 == 0)
+      launch_multi_g<float>(kind % 3, nb, b);
+    else if (kind / 3 == 1)
+      launch_multi_g<__nv_bfloat16>(kind % 3, nb, b);
+    else
+      launch_multi_g<__half>(kind % 3, nb, b);
     MT_CUDA_LAUNCH_CHECK();
     b = MultiBatch{};
   };
@@ -106,16 +170,32 @@ void adamw_multi(const AdamWMultiParams& p) {
     const int64_t n = item.param.numel();
     if (n == 0) continue;
     if (item.param.dtype == DType::kF64) {
+      MT_CHECK(item.grad.dtype == DType::kF64 && !item.param_copy.data,
+               "adamw kernel: f64 params take f64 grads, no copy");
+      AdamWCoef<double> c = coef_of<double>(item);
+      MT_CHECK(item.grad_scale == 1, "adamw kernel: grad_scale is for f32 params");
       adamw_kernel_f64<<<grid_for(n), 256, 0, cuda::current_stream()>>>(
           item.param.ptr<double>(), item.grad.ptr<const double>(), item.exp_avg.ptr<double>(),
-          item.exp_avg_sq.ptr<double>(), n, coef_of<double>(item));
+          item.exp_avg_sq.ptr<double>(), n, c);
       MT_CUDA_LAUNCH_CHECK();
       continue;
     }
     MT_CHECK(item.param.dtype == DType::kF32, "adamw kernel: {} tensors are not supported on CUDA (f32 or f64)",
              dtype_name(item.param.dtype));
-    b.t[b.count] = {item.param.ptr<float>(), item.grad.ptr<const float>(), item.exp_avg.ptr<float>(),
-                    item.exp_avg_sq.ptr<float>(), n, coef_of<float>(item)};
+    const int k = kind_of(item);
+    if (k != kind) {
+      flush();
+      kind = k;
+    }
+    b.t[b.count] = {item.param.ptr<float>(),
+                    item.grad.data,
+                    item.exp_avg.ptr<float>(),
+                    item.exp_avg_sq.ptr<float>(),
+                    item.param_copy.data,
+                    n,
+                    coef_of<float>(item),
+                    static_cast<float>(item.grad_scale),
+                    item.grad_scale != 1};
     b.first_block[b.count + 1] = b.first_block[b.count] + ceil_div(n, int64_t{kChunk});
     if (++b.count == kMulti) flush();
   }

@@ -109,3 +109,37 @@ TEST_CASE("cuda dense casts f32 <-> bf16/f16 and same-dtype copies give the CPU'
     }
   }
 }
+
+TEST_CASE("cuda mixed-precision AdamW in one pass (bf16 grads, scale, bf16 copies) matches the CPU", "[cuda]") {
+  mt::testing::require_cuda();
+  std::vector<Tensor> init = make_params(DType::kF32);
+  NamedTensors ca, cb, copies_a, copies_b;
+  for (size_t i = 0; i < init.size(); ++i) {
+    const std::string name = fmt::format("p{}", i);
+    ca.emplace_back(name, init[i].clone().requires_grad_(true));
+    cb.emplace_back(name, on_cuda(init[i]).requires_grad_(true));
+    copies_a.emplace_back(name, init[i].to(DType::kBF16));
+    copies_b.emplace_back(name, on_cuda(init[i].to(DType::kBF16)));
+  }
+  AdamWOptions o;
+  o.lr = 1e-2;
+  AdamW oa(make_param_groups(ca, 0.1), o), ob(make_param_groups(cb, 0.1), o);
+  oa.set_param_copies(copies_a);
+  ob.set_param_copies(copies_b);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < init.size(); ++i) {
+      const Tensor g = rand(init[i].shape(), DType::kBF16, 5000 + 100 * step + i, -3, 3);
+      ca[i].second.set_grad(g);
+      cb[i].second.set_grad(on_cuda(g));
+    }
+    oa.set_grad_scale(0.37);
+    ob.set_grad_scale(0.37);
+    oa.step();
+    ob.step();
+  }
+  for (size_t i = 0; i < init.size(); ++i) {
+    INFO(ca[i].first << " " << init[i].desc());
+    REQUIRE_CLOSE(on_cpu(cb[i].second.detach()), ca[i].second.detach(), 1e-6, 1e-9);
+    REQUIRE_CLOSE(on_cpu(copies_b[i].second), cb[i].second.detach().to(Device::cpu()).to(DType::kBF16), 0, 0);
+  }
+}

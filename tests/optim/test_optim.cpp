@@ -565,3 +565,66 @@ TEST_CASE("cast_parameters converts in place, keeping the tensor objects", "[cpu
   Tensor meta = empty({2}, TensorOptions(DType::kF32).with_device(Device::meta()));
   REQUIRE_THROWS_WITH(cast_tensor_in_place(meta, DType::kBF16), Catch::Contains("meta"));
 }
+
+TEST_CASE("Mixed precision in one pass matches the copy path: 16-bit grads, clipping scale, model copies",
+          "[cpu]") {
+  // Path A: grads_to_master, clip_grad_norm (scales the f32 grads), AdamW, master_to_model.
+  // Path B: attach_model_grads, the norm alone, AdamW::set_grad_scale and set_param_copies (one
+  // fused pass). The same weights up to the rounding of the scaled gradient (f32 either way).
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    INFO(dtype_name(dt));
+    auto model = [&] {
+      NamedTensors ps = make_params(DType::kF32, Layout::kContiguous);
+      for (auto& [name, p] : ps) p = p.detach().to(dt).requires_grad_();
+      return ps;
+    };
+    NamedTensors ma = model(), mb = model();
+    MasterWeights wa(ma), wb(mb);
+    AdamWOptions o;
+    o.lr = 0.05;
+    AdamW oa(make_param_groups(wa.master_params(), 0.1), o), ob(make_param_groups(wb.master_params(), 0.1), o);
+    ob.set_param_copies(wb.model_copies());
+    for (int step = 0; step < 5; ++step) {
+      for (size_t k = 0; k < ma.size(); ++k) {
+        Tensor g = mul(grad_for(ma[k].second, k, step), 30).to(dt);  // large: clipping scales
+        ma[k].second.set_grad(g);
+        mb[k].second.set_grad(g.clone());
+      }
+      wa.grads_to_master();
+      const double na = clip_grad_norm(wa.master_params(), 1.0);
+      oa.step();
+      oa.zero_grad();
+      wa.master_to_model();
+
+      wb.attach_model_grads();
+      REQUIRE(wb.master_params()[0].second.grad().dtype() == dt);  // the model's grad, no copy
+      const double nb = clip_grad_norm(wb.master_params(), 0);
+      REQUIRE(nb == na);  // 16-bit to f32 is exact: the same squares
+      REQUIRE(nb > 1);
+      ob.set_grad_scale(1.0 / (nb + 1e-6));
+      ob.step();
+      ob.zero_grad();
+    }
+    for (size_t k = 0; k < ma.size(); ++k) {
+      INFO(ma[k].first);
+      REQUIRE_CLOSE(wb.master_params()[k].second, wa.master_params()[k].second, 1e-6, 1e-7);
+      // The model copies are the rounded masters.
+      REQUIRE_CLOSE(mb[k].second, wb.master_params()[k].second.to(dt), 0, 0);
+    }
+  }
+  // A strided model parameter takes the tensor-op fallback, with the same results.
+  Tensor w = noncontig(mt::testing::rand({4, 6}, DType::kF32, 3));
+  Tensor w16 = w.to(DType::kBF16);
+  NamedTensors master{{"w", w.clone().requires_grad_()}};
+  AdamWOptions o;
+  o.lr = 0.05;
+  AdamW fused(make_param_groups(master, 0.0), o);
+  Tensor strided_copy = noncontig(w16);
+  fused.set_param_copies({{"w", strided_copy}});
+  master[0].second.set_grad(mt::testing::rand({4, 6}, DType::kBF16, 4));
+  fused.set_grad_scale(0.5);
+  fused.step();
+  REQUIRE_CLOSE(strided_copy, master[0].second.to(DType::kBF16), 0, 0);
+  REQUIRE_THROWS_WITH(fused.set_grad_scale(0), Catch::Contains("gradient scale"));
+  REQUIRE_THROWS_WITH(fused.set_param_copies({{"w", w}}), Catch::Contains("bf16 or f16"));
+}

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <string>
 
 #include "kernels/registry.h"
 #include "runtime/cuda/check.h"
@@ -46,14 +47,17 @@ double time_ms(const std::function<void()>& f) {
   return start.elapsed_ms(stop) / g_reps;
 }
 
-// Bare cuBLASLt bf16 GEMM, row-major C[n, n] = A[n, n] @ B[n, n] as C^T = B^T A^T.
-double bare_cublaslt_ms(int64_t n, const void* a, const void* b, void* c) {
+// Bare cuBLASLt bf16 GEMM, row-major C[m, n] = A[m, k] @ B[k, n] as the column-major product
+// C^T[n, m] = B^T[n, k] A^T[k, m] (the same buffers, no copies).
+double bare_cublaslt_ms(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c) {
   cublasLtHandle_t h;
   BENCH_CUBLAS(cublasLtCreate(&h));
   cublasLtMatmulDesc_t desc;
   BENCH_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasLtMatrixLayout_t l;
-  BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, n, n, n));
+  cublasLtMatrixLayout_t lb, la, lc;
+  BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n, k, n));
+  BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k));
+  BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, m, n));
   const size_t ws_bytes = size_t{32} << 20;
   void* ws = nullptr;
   MT_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
@@ -63,16 +67,18 @@ double bare_cublaslt_ms(int64_t n, const void* a, const void* b, void* c) {
                                                     sizeof(ws_bytes)));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  BENCH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(h, desc, l, l, l, l, pref, 1, &res, &found));
-  MT_CHECK(found > 0, "cuBLASLt found no bf16 algorithm for {}^3", n);
+  BENCH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(h, desc, lb, la, lc, lc, pref, 1, &res, &found));
+  MT_CHECK(found > 0, "cuBLASLt found no bf16 algorithm for {} x {} x {}", m, n, k);
   const float alpha = 1, beta = 0;
   cudaStream_t s = cuda::Stream::compute(0).handle();
   double ms = time_ms([&] {
-    BENCH_CUBLAS(cublasLtMatmul(h, desc, &alpha, b, l, a, l, &beta, c, l, c, l, &res.algo, ws, ws_bytes, s));
+    BENCH_CUBLAS(cublasLtMatmul(h, desc, &alpha, b, lb, a, la, &beta, c, lc, c, lc, &res.algo, ws, ws_bytes, s));
   });
   MT_CUDA_CHECK(cudaFree(ws));
   (void)cublasLtMatmulPreferenceDestroy(pref);
-  (void)cublasLtMatrixLayoutDestroy(l);
+  (void)cublasLtMatrixLayoutDestroy(lc);
+  (void)cublasLtMatrixLayoutDestroy(la);
+  (void)cublasLtMatrixLayoutDestroy(lb);
   (void)cublasLtMatmulDescDestroy(desc);
   (void)cublasLtDestroy(h);
   return ms;
@@ -80,12 +86,13 @@ double bare_cublaslt_ms(int64_t n, const void* a, const void* b, void* c) {
 
 const char* verdict(double ratio, double goal) { return ratio >= goal ? "met" : "NOT met"; }
 
-void bench_gemm(int64_t n) {
+// C[m, n] = A[m, k] @ B[k, n] in bf16: the meshtrain kernel and mt::matmul against bare cuBLASLt.
+void bench_gemm(int64_t m, int64_t n, int64_t k, const std::string& what) {
   const auto opts = TensorOptions(DType::kBF16).with_device(Device::cuda(0));
-  Tensor a = uniform({n, n}, -1, 1, opts), b = uniform({n, n}, -1, 1, opts);
-  Tensor c = empty({n, n}, opts);
-  const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
-  const double bare = bare_cublaslt_ms(n, a.data_ptr(), b.data_ptr(), c.data_ptr());
+  Tensor a = uniform({m, k}, -1, 1, opts), b = uniform({k, n}, -1, 1, opts);
+  Tensor c = empty({m, n}, opts);
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const double bare = bare_cublaslt_ms(m, n, k, a.data_ptr(), b.data_ptr(), c.data_ptr());
   MatmulParams p;
   p.a = a.view_info();
   p.b = b.view_info();
@@ -93,10 +100,11 @@ void bench_gemm(int64_t n) {
   const double kernel = time_ms([&] { MT_KERNEL(DeviceType::kCUDA, matmul, p); });
   const double front = time_ms([&] { c = matmul(a, b); });
   auto tf = [&](double ms) { return flops / (ms * 1e-3) * 1e-12; };
-  fmt::print("gemm bf16 {}^3: bare cuBLASLt {:.1f} TFLOP/s | meshtrain kernel {:.1f} TFLOP/s, ratio {:.3f} (goal >= 0.95): {} "
-             "| mt::matmul {:.1f} TFLOP/s, ratio {:.3f}\n",
-             n, tf(bare), tf(kernel), bare / kernel, verdict(bare / kernel, 0.95), tf(front), bare / front);
+  fmt::print("gemm bf16 {}: bare cuBLASLt {:.1f} TFLOP/s | meshtrain kernel {:.1f} TFLOP/s, ratio {:.3f} (goal >= "
+             "0.95): {} | mt::matmul {:.1f} TFLOP/s, ratio {:.3f}\n",
+             what, tf(bare), tf(kernel), bare / kernel, verdict(bare / kernel, 0.95), tf(front), bare / front);
 }
+void bench_gemm(int64_t n) { bench_gemm(n, n, n, fmt::format("{}^3", n)); }
 
 // GB/s of f moving `bytes` per call; "n/a" with the reason when the op has no CUDA kernel yet.
 void bench_bandwidth(const char* name, double bytes, double copy_gbs, const std::function<void()>& f) {
@@ -159,6 +167,13 @@ int main(int argc, char** argv) {
     manual_seed(0);
     bench_gemm(4096);
     bench_gemm(8192);
+    // llama-1b (Llama 3.2 1B) at batch 4 x 2048 = 8192 tokens: [tokens, in] @ [in, out].
+    const int64_t tok = 8192;
+    bench_gemm(tok, 2048, 2048, "llama-1b q/o proj 8192x2048x2048");
+    bench_gemm(tok, 512, 2048, "llama-1b k/v proj 8192x512x2048");
+    bench_gemm(tok, 8192, 2048, "llama-1b gate/up 8192x8192x2048");
+    bench_gemm(tok, 2048, 8192, "llama-1b down 8192x2048x8192");
+    bench_gemm(tok, 128256, 2048, "llama-1b lm_head 8192x128256x2048");
     bench_attention(4, 16, 8, 2048, 128);
     bench_attention(4, 32, 8, 2048, 64);
 

@@ -157,10 +157,16 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
                fmt::format("{:.4g}", e.cost.matmul_flops), kShapes, e.cost.matmuls, seconds_str(t.matmul_s), kModel);
     fmt::print("  {:<28} {:>14}  {}  ({} kernels, optimizer {}) -> {} {}\n", "memory-bound bytes",
                human(e.cost.other_bytes), kShapes, e.cost.kernels - e.cost.matmuls, kModel, seconds_str(t.memory_s), kModel);
-    fmt::print("  {:<28} {:>14}  {}  (compute {} + communication {}, no overlap; {:.0f} tokens/s per model replica "
-               "group)\n",
-               "step time", seconds_str(t.total_s), kModel, seconds_str(t.matmul_s + t.memory_s), seconds_str(t.comm_s),
-               tokens / t.total_s);
+    if (t.overhead_s > 0)
+      fmt::print("  {:<28} {:>14}  {}  ({} kernel calls) -> {} {}\n", "per-kernel overhead",
+                 seconds_str(t.overhead_s / static_cast<double>(std::max<int64_t>(e.cost.kernels, 1))), kModel,
+                 e.cost.kernels, seconds_str(t.overhead_s), kModel);
+    const std::string sharing =
+        t.sharing > 1 ? fmt::format(" x {:.2g} (ranks sharing a node's compute)", t.sharing) : std::string();
+    fmt::print("  {:<28} {:>14}  {}  (compute {}{} + communication {}, no overlap; {:.0f} tokens/s per model "
+               "replica group)\n",
+               "step time", seconds_str(t.total_s), kModel, seconds_str(t.matmul_s + t.memory_s + t.overhead_s),
+               sharing, seconds_str(t.comm_s), tokens / t.total_s);
   }
   fmt::print("# estimated {} coordinate(s) in {:.3f} s\n", r.ranks.size(), r.elapsed_s);
 }
@@ -186,7 +192,8 @@ nlohmann::ordered_json rank_json(const RankEstimate& e, const StepTime& t, const
   j["matmul_flops"] = e.cost.matmul_flops;
   j["memory_bound_bytes"] = e.cost.other_bytes;
   j["kernels"] = e.cost.kernels;
-  j["step_time"] = {{"matmul_s", t.matmul_s}, {"memory_s", t.memory_s}, {"comm_s", t.comm_s}, {"total_s", t.total_s},
+  j["step_time"] = {{"matmul_s", t.matmul_s}, {"memory_s", t.memory_s}, {"overhead_s", t.overhead_s},
+                    {"sharing", t.sharing},  {"comm_s", t.comm_s},     {"total_s", t.total_s},
                     {"source", kModel}};
   j["memory_source"] = kShapes;
   return j;

@@ -136,6 +136,10 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
   adam.beta2 = args.real("beta2");
   adam.eps = 1e-8;
   opt_ = std::make_unique<AdamW>(make_param_groups(master_->master_params(), args.real("weight-decay")), adam);
+  // 16-bit compute: the optimizer reads the model's 16-bit grads and writes its 16-bit weights in
+  // the same pass that updates the f32 masters (no f32 grad copies, no separate cast).
+  one_pass_ = !master_->pass_through();
+  if (one_pass_) opt_->set_param_copies(master_->model_copies());
 }
 
 StepResult Trainer::gradients(int64_t step, const std::function<TokenBatch()>& next) {
@@ -153,12 +157,20 @@ StepResult Trainer::gradients(int64_t step, const std::function<TokenBatch()>& n
     (accum_ > 1 ? div(loss, static_cast<double>(accum_)) : loss).backward();
   }
   if (reducer_) reducer_->finish();
-  master_->grads_to_master();
+  if (one_pass_)
+    master_->attach_model_grads();
+  else
+    master_->grads_to_master();
   return {loss_sum / static_cast<double>(accum_), 0};
 }
 
 double Trainer::clip(int64_t step, double loss) {
-  const double norm = clip_grad_norm(master_->master_params(), grad_clip_);
+  // One pass: the norm here, the scaling inside the optimizer's read of each gradient.
+  const double norm = clip_grad_norm(master_->master_params(), one_pass_ ? 0 : grad_clip_);
+  if (one_pass_ && grad_clip_ > 0 && std::isfinite(norm)) {
+    const double coef = grad_clip_ / (norm + 1e-6);
+    if (coef < 1) opt_->set_grad_scale(coef);
+  }
   // A non-finite loss or gradient stops the run before the optimizer step applies it: the weights
   // stay those of the previous step, and this step is never saved (docs/cli.md, "Bad input and
   // non-finite values").
@@ -173,7 +185,7 @@ void Trainer::apply() {
   opt_->step();
   opt_->zero_grad();
   model_.zero_grad();
-  master_->master_to_model();
+  if (!one_pass_) master_->master_to_model();
 }
 
 }  // namespace mt::cli

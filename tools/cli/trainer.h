@@ -69,7 +69,8 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // Sets step `step`'s learning rate and runs --accum forward/backward passes on next(), reduced
-  // once at the end. The gradients are on master().master_params(), not clipped yet.
+  // once at the end. The gradients are on master().master_params() (for 16-bit compute the
+  // model's own 16-bit grads), not clipped yet.
   StepResult gradients(int64_t step, const std::function<TokenBatch()>& next);
   // Global gradient norm (before clipping), clipping by --grad-clip. A non-finite loss or norm is
   // an error naming the step (stopped before the optimizer step applies it).
@@ -92,6 +93,7 @@ class Trainer {
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<MasterWeights> master_;
   std::unique_ptr<AdamW> opt_;
+  bool one_pass_ = false;  // 16-bit compute: AdamW reads 16-bit grads and writes the 16-bit weights
 };
 
 }  // namespace mt::cli

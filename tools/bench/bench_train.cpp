@@ -14,6 +14,7 @@
 // 1 warm-up step (the one whose FLOPs are counted), batch 1.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -92,18 +93,26 @@ Result time_steps(const ModelConfig& cfg, int64_t batch, int64_t seq, DType comp
   AdamWOptions adam;
   adam.lr = 1e-4;
   AdamW opt(make_param_groups(master.master_params(), 0.1), adam);
+  // 16-bit compute runs the trainer's one pass (tools/cli/trainer.cpp): AdamW reads the model's
+  // 16-bit grads, scaled by clipping's coefficient, and writes the 16-bit weights.
+  const bool one_pass = !master.pass_through();
+  if (one_pass) opt.set_param_copies(master.model_copies());
   Tensor tokens = randint(0, cfg.vocab_size, {batch, seq + 1});
   Tensor inputs = tokens.narrow(1, 0, seq).contiguous(), targets = tokens.narrow(1, 1, seq).contiguous();
 
   auto step = [&] {
     Tensor loss = model->loss(inputs, targets);
     loss.backward();
-    master.grads_to_master();
-    clip_grad_norm(master_tensors, 1.0);
+    if (one_pass)
+      master.attach_model_grads();
+    else
+      master.grads_to_master();
+    const double norm = clip_grad_norm(master_tensors, one_pass ? 0 : 1.0);
+    if (one_pass && std::isfinite(norm) && 1.0 / (norm + 1e-6) < 1) opt.set_grad_scale(1.0 / (norm + 1e-6));
     opt.step();
     opt.zero_grad();
     model->zero_grad();
-    master.master_to_model();
+    if (!one_pass) master.master_to_model();
   };
   Result r;
   r.params = static_cast<double>(cfg.num_parameters());

@@ -44,8 +44,10 @@ struct UnaryParams {
   double alpha = 0, beta = 0;
 };
 
+// kSiluMul: silu(a), rounded to the dtype, times b (SwiGLU's product in one pass, the bits of
+// mul(silu(a), b)); kSiluGradMul: silu'(a), rounded, times b (its backward). Floating only.
 enum class BinaryOp : uint8_t {
-  kAdd, kSub, kMul, kDiv, kMaximum, kMinimum, kPow,
+  kAdd, kSub, kMul, kDiv, kMaximum, kMinimum, kPow, kSiluMul, kSiluGradMul,
   kEq, kNe, kLt, kLe, kGt, kGe,  // out is bool
   kLogicalAnd, kLogicalOr,       // out is bool
 };

@@ -185,7 +185,7 @@ LlamaMLP::LlamaMLP(const ModelConfig& c, DType dtype) {
 std::vector<Tensor> LlamaMLP::forward(const std::vector<Tensor>& inputs) {
   MT_CHECK(inputs.size() == 1, "LlamaMLP '{}': expected 1 input, got {}", path(), inputs.size());
   const Tensor& x = inputs[0];
-  return {(*down_proj_)(mul(silu((*gate_proj_)(x)), (*up_proj_)(x)))};
+  return {(*down_proj_)(silu_mul((*gate_proj_)(x), (*up_proj_)(x)))};
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, DType dtype)

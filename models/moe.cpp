@@ -23,7 +23,7 @@ MixtralExpert::MixtralExpert(const ModelConfig& c, DType dtype) {
 std::vector<Tensor> MixtralExpert::forward(const std::vector<Tensor>& inputs) {
   MT_CHECK(inputs.size() == 1, "MixtralExpert '{}': expected 1 input, got {}", path(), inputs.size());
   const Tensor& x = inputs[0];
-  return {(*w2_)(mul(silu((*w1_)(x)), (*w3_)(x)))};
+  return {(*w2_)(silu_mul((*w1_)(x), (*w3_)(x)))};
 }
 
 MixtralSparseMoeBlock::MixtralSparseMoeBlock(const ModelConfig& c, DType dtype)

@@ -31,8 +31,9 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
 namespace {
 
 const char* binary_name(BinaryOp op) {
-  static const char* kNames[] = {"add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq",
-                                 "ne",  "lt",  "le",  "gt",  "ge",      "logical_and", "logical_or"};
+  static const char* kNames[] = {"add", "sub", "mul", "div", "maximum", "minimum", "pow", "silu_mul",
+                                 "silu_grad_mul", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
+                                 "logical_or"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -118,6 +119,19 @@ Tensor binary(BinaryOp op, const Tensor& a0, const Tensor& b0) {
       });
       break;
     }
+    case BinaryOp::kSiluMul:
+      // The gradients of mul(silu(a), b) with the same roundings (and bits): dA = silu'(a) (g b),
+      // dB = silu(a) g, two fused passes and one mul instead of four kernels.
+      record("SiluMulBackward", {a, b}, out, [a, b](const auto& g) {
+        return std::vector<Tensor>{
+            a.requires_grad() ? sum_to(binary(BinaryOp::kSiluGradMul, a, mul(g[0], b)), a.shape()) : Tensor(),
+            b.requires_grad() ? sum_to(binary(BinaryOp::kSiluMul, a, g[0]), b.shape()) : Tensor()};
+      });
+      break;
+    case BinaryOp::kSiluGradMul:
+      MT_FAIL("silu_mul: double backward is not supported (silu_grad_mul of {} and {} needs a gradient)", a.desc(),
+              b.desc());
+      break;
     case BinaryOp::kPow: {
       Tensor y = out.detach();
       record("PowBackward", {a, b}, out, [a, b, y](const auto& g) {
@@ -195,6 +209,11 @@ Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kDiv, a, 
 Tensor maximum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kMaximum, a, b); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kMinimum, a, b); }
 Tensor pow(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kPow, a, b); }
+Tensor silu_mul(const Tensor& gate, const Tensor& up) {
+  MT_CHECK(is_floating(gate.dtype()) && is_floating(up.dtype()), "silu_mul: floating tensors only, got {} and {}",
+           gate.desc(), up.desc());
+  return binary(BinaryOp::kSiluMul, gate, up);
+}
 Tensor add(const Tensor& a, double s) { return affine(a, 1.0, s); }
 Tensor sub(const Tensor& a, double s) { return affine(a, 1.0, -s); }
 Tensor rsub(double s, const Tensor& a) { return affine(a, -1.0, s); }

@@ -44,6 +44,8 @@ enum class GeluApprox { kNone, kTanh };
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::kNone);
 Tensor silu(const Tensor& x);
+// silu(gate) * up in one pass (SwiGLU), with the bits of mul(silu(gate), up) and its gradients.
+Tensor silu_mul(const Tensor& gate, const Tensor& up);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
 

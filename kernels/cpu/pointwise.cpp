@@ -189,6 +189,26 @@ void binary(const BinaryParams& p) {
       case BinaryOp::kPow:
         arith<T>(p, [](auto x, auto y) { return static_cast<decltype(x)>(std::pow(x, y)); });
         break;
+      case BinaryOp::kSiluMul:
+      case BinaryOp::kSiluGradMul:
+        if constexpr (std::is_floating_point_v<compute_t<T>>) {
+          // The unary silu / silu_grad formulas, rounded to T as those ops store them, then mul.
+          if (p.op == BinaryOp::kSiluMul)
+            arith<T>(p, [](auto x, auto y) {
+              using C = decltype(x);
+              return C(T(x / (C(1) + std::exp(-x)))) * y;
+            });
+          else
+            arith<T>(p, [](auto x, auto y) {
+              using C = decltype(x);
+              const C s = C(1) / (C(1) + std::exp(-x));
+              return C(T(s * (C(1) + x * (C(1) - s)))) * y;
+            });
+        } else {
+          MT_FAIL("{}: floating dtypes only, got {}", p.op == BinaryOp::kSiluMul ? "silu_mul" : "silu_grad_mul",
+                  dtype_name(p.a.dtype));
+        }
+        break;
       case BinaryOp::kEq: compare<T>(p, [](auto x, auto y) { return x == y; }); break;
       case BinaryOp::kNe: compare<T>(p, [](auto x, auto y) { return x != y; }); break;
       case BinaryOp::kLt: compare<T>(p, [](auto x, auto y) { return x < y; }); break;

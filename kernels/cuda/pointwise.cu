@@ -190,6 +190,21 @@ struct Pow {
     else return pow(x, y);
   }
 };
+// silu(x) / silu'(x) as the unary ops compute them, rounded to T as they store them, times y.
+template <class T>
+struct SiluMul {
+  template <class C> __device__ C operator()(C x, C y) const {
+    if constexpr (std::is_floating_point_v<C>) return mul(static_cast<C>(to_acc(cvt<T>(Silu{}(x)))), y);
+    else return C(0);
+  }
+};
+template <class T>
+struct SiluGradMul {
+  template <class C> __device__ C operator()(C x, C y) const {
+    if constexpr (std::is_floating_point_v<C>) return mul(static_cast<C>(to_acc(cvt<T>(SiluGrad{}(x)))), y);
+    else return C(0);
+  }
+};
 struct Eq { template <class C> __device__ bool operator()(C x, C y) const { return x == y; } };
 struct Ne { template <class C> __device__ bool operator()(C x, C y) const { return x != y; } };
 struct Lt { template <class C> __device__ bool operator()(C x, C y) const { return x < y; } };
@@ -224,6 +239,15 @@ void binary(const BinaryParams& p) {
       case BinaryOp::kMaximum: arith<T>(p, Maximum{}); break;
       case BinaryOp::kMinimum: arith<T>(p, Minimum{}); break;
       case BinaryOp::kPow: arith<T>(p, Pow{}); break;
+      case BinaryOp::kSiluMul:
+      case BinaryOp::kSiluGradMul:
+        MT_CHECK(is_floating(p.a.dtype), "{}: floating dtypes only, got {}",
+                 p.op == BinaryOp::kSiluMul ? "silu_mul" : "silu_grad_mul", dtype_name(p.a.dtype));
+        if (p.op == BinaryOp::kSiluMul)
+          arith<T>(p, SiluMul<T>{});
+        else
+          arith<T>(p, SiluGradMul<T>{});
+        break;
       case BinaryOp::kEq: compare<T>(p, Eq{}); break;
       case BinaryOp::kNe: compare<T>(p, Ne{}); break;
       case BinaryOp::kLt: compare<T>(p, Lt{}); break;

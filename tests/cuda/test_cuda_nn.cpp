@@ -387,3 +387,17 @@ TEST_CASE("cuda scaled_dot_product_attention matches cpu: GQA, causal offsets, t
   Tensor big = on_cuda(rand({1, 1, 4, 160}, DType::kF32, 37));
   REQUIRE_THROWS_WITH(scaled_dot_product_attention(big, big, big), Catch::Contains("attention"));
 }
+
+// ---- silu_mul (SwiGLU) ------------------------------------------------------------------------
+
+TEST_CASE("cuda silu_mul matches cpu, gradients too", "[cuda]") {
+  require_gpu();
+  for (DType dt : {DType::kF32, DType::kF64, DType::kBF16, DType::kF16}) {
+    INFO(fmt::format("{}", dt));
+    Tensor a = with_grad(rand({33, 1000}, dt, 81, -6, 6)), b = with_grad(rand({33, 1000}, dt, 82, -2, 2));
+    const Tol t = tol(dt);
+    check_vs_cpu([](const auto& in) { return silu_mul(in[0], in[1]); }, {a, b}, t, loose(t, 2));
+    check_vs_cpu([](const auto& in) { return silu_mul(in[0], in[1]); }, {a, b}, t, loose(t, 2),
+                 Layout::kNonContiguous);
+  }
+}

@@ -498,3 +498,27 @@ TEST_CASE("double backward through every differentiable unary op", "[cpu]") {
     }, {a, b});
   }
 }
+
+TEST_CASE("silu_mul gives the bits of mul(silu(a), b) and of its gradients", "[cpu]") {
+  for (DType dt : {DType::kF64, DType::kF32, DType::kBF16, DType::kF16}) {
+    INFO(dtype_name(dt));
+    for (const Shape& sb : {Shape{6, 37}, Shape{37}}) {  // same shape, and b broadcast over rows
+      const Tensor a0 = rand({6, 37}, dt, 11, -6, 6), b0 = rand(sb, dt, 12, -2, 2), g = rand({6, 37}, dt, 13);
+      Tensor a1 = a0.clone().requires_grad_(), b1 = b0.clone().requires_grad_();
+      Tensor a2 = a0.clone().requires_grad_(), b2 = b0.clone().requires_grad_();
+      Tensor fused = silu_mul(a1, b1), plain = mul(silu(a2), b2);
+      REQUIRE(fused.dtype() == dt);
+      REQUIRE_CLOSE(fused, plain, 0, 0);
+      fused.backward(g);
+      plain.backward(g);
+      REQUIRE_CLOSE(a1.grad(), a2.grad(), 0, 0);
+      REQUIRE_CLOSE(b1.grad(), b2.grad(), 0, 0);
+    }
+  }
+  // Non-contiguous operands, and gradients checked against finite differences in f64.
+  const Tensor a = noncontig(rand({5, 8}, DType::kF64, 14, -3, 3)), b = noncontig(rand({5, 8}, DType::kF64, 15));
+  REQUIRE_CLOSE(silu_mul(a, b), mul(silu(a), b), 0, 0);
+  REQUIRE_GRADCHECK([](const V& in) { return silu_mul(in[0], in[1]); },
+                    {a.clone().requires_grad_(), b.clone().requires_grad_()});
+  REQUIRE_THROWS_WITH(silu_mul(ones({3}, DType::kI64), ones({3}, DType::kI64)), Catch::Contains("silu_mul"));
+}

@@ -46,8 +46,7 @@ std::vector<Tensor> MixtralSparseMoeBlock::forward(const std::vector<Tensor>& in
   Tensor probs = softmax(router_logits.to(sdt), 1);
   auto [weights, selected] = topk(probs, top_k_, -1);  // [N, k] each
   weights = div(weights, sum(weights, {-1}, KeepDim::kYes)).to(x.dtype());
-  Tensor out = run_experts({xf, selected, weights});
-  return {out.view(x.shape()), router_logits};
+  return {run_experts({xf, selected, weights, x}), router_logits};
 }
 
 std::vector<Module*> MixtralSparseMoeBlock::expert_modules() {

@@ -54,19 +54,23 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   const auto E = static_cast<int64_t>(experts.size());
   MT_CHECK(E == static_cast<int64_t>(owners_.size()), "{}: {} experts, but the dispatcher knows owners of {}",
            where, E, owners_.size());
-  MT_CHECK(r.x.is_distributed(),
+  // The tokens' placements are the layer input's (x is its [N, H] view, whose placement a view of
+  // an uneven split may have turned ragged); the output gets them back.
+  const Tensor& in = r.input.defined() ? r.input : r.x;
+  const std::string dim_name = mesh_.names()[static_cast<size_t>(dim_)];
+  MT_CHECK(in.is_distributed(),
            "{}: all_to_all dispatch needs the tokens as a DTensor split over '{}' (place the model's input "
            "there, e.g. 'place model <in>:0 {}=S(0)'), got a local tensor {}",
-           where, mesh_.names()[static_cast<size_t>(dim_)], mesh_.names()[static_cast<size_t>(dim_)], r.x.desc());
-  const DTensorSpec& xs = dtensor_spec(r.x, "all_to_all dispatch");
+           where, dim_name, dim_name, in.desc());
+  const DTensorSpec& xs = dtensor_spec(in, "all_to_all dispatch");
   const Placement& xp = xs.placements()[static_cast<size_t>(dim_)];
-  MT_CHECK(xp.splits() && xp.dim() == 0,
-           "{}: all_to_all dispatch over '{}' needs the tokens split there (S(0)), got {}: with replicated "
-           "tokens every rank would send the same rows (place the batch on '{}')",
-           where, mesh_.names()[static_cast<size_t>(dim_)], xs.placements_str(), mesh_.names()[static_cast<size_t>(dim_)]);
+  MT_CHECK(xp.splits() && xp.dim() < in.dim() - 1,
+           "{}: all_to_all dispatch over '{}' needs the tokens split there (e.g. the batch, S(0)), got {}: with "
+           "replicated tokens every rank would send the same rows (place the batch on '{}')",
+           where, dim_name, xs.placements_str(), dim_name);
   for (size_t d = 0; d < xs.placements().size(); ++d)
-    MT_CHECK(static_cast<int>(d) == dim_ || !xs.placements()[d].is_partial(),
-             "{}: the tokens are Partial ({}); expected them summed before the MoE layer", where, xs.placements_str());
+    MT_CHECK(!xs.placements()[d].is_partial(), "{}: the tokens are Partial ({}); expected them summed before the "
+             "MoE layer", where, xs.placements_str());
   Tensor x = to_local(r.x), w = to_local(r.weights);
   Tensor sel_t = r.selected.is_distributed() ? to_local(r.selected) : r.selected;
   const int64_t n = x.size(0), H = x.size(1), k = sel_t.size(1);
@@ -168,7 +172,10 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   // Likewise a rank whose tokens picked no expert (it had no tokens): its output still depends on
   // what came back, so that its backward joins the exchanges.
   if (!out.requires_grad() && back.requires_grad()) out = add(out, mul(sum(back), 0.0));
-  return from_local(out, xs.mesh(), xs.placements(), xs.global_shape());
+  const Shape local_in = xs.local_shape();
+  MT_CHECK(local_in.numel() == out.numel(), "{}: the layer input's local shard {} does not hold the {} x {} tokens "
+           "routed here", where, local_in, n, H);
+  return from_local(out.view(local_in), xs.mesh(), xs.placements(), xs.global_shape());
 }
 
 std::vector<int64_t> expert_owners(MoeModule& layer, const Shape& mesh_shape, const Shape& coord, int dim,

@@ -52,7 +52,7 @@ Tensor run_experts_locally(const ExpertRouting& r, const std::vector<Module*>& e
     cur = mul(cur, index_select(flat_weights, 0, wix).unsqueeze(1));
     out = index_add(out, 0, tix, cur.to(x.dtype()));
   }
-  return out;
+  return r.input.defined() ? out.view(r.input.shape()) : out;
 }
 
 Tensor MoeModule::run_experts(const ExpertRouting& routing) {

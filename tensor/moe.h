@@ -21,6 +21,9 @@ struct ExpertRouting {
   Tensor x;         // [N, H] the tokens
   Tensor selected;  // [N, k] int64: the experts of each token, by slot
   Tensor weights;   // [N, k] x's dtype: the weight of each (token, slot)
+  // The layer's input ([B, T, H], x is its [N, H] view): the output takes its shape (and, for a
+  // DTensor, its placements). Undefined: the output is [N, H].
+  Tensor input;
 };
 
 // The tokens of each expert in the order one device processes them: slot-major (all tokens of
@@ -37,8 +40,9 @@ ExpertLists expert_lists(const std::vector<int64_t>& selected, int64_t n_tokens,
 class ExpertDispatcher {
  public:
   virtual ~ExpertDispatcher() = default;
-  // out [N, H] (x's dtype): out[n] = sum over slots j of weights[n, j] * expert_{selected[n, j]}(x[n]),
-  // the experts' terms added in expert order. `experts` are the layer's expert modules by index.
+  // out [N, H] (x's dtype; viewed as `input` when given): out[n] = sum over slots j of
+  // weights[n, j] * expert_{selected[n, j]}(x[n]), the experts' terms added in expert order.
+  // `experts` are the layer's expert modules by index.
   virtual Tensor run(const ExpertRouting& routing, const std::vector<Module*>& experts, const std::string& where) = 0;
   virtual std::string describe() const = 0;  // "all_to_all over ep (4 ranks)"
   // Tokens routed to each expert in the last run, over every rank that shares the experts.

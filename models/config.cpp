@@ -106,6 +106,7 @@ void ModelConfig::validate(const std::string& source) const {
              "{}: mixtral needs 0 < num_experts_per_tok ({}) <= num_local_experts ({})", source,
              num_experts_per_tok, num_local_experts);
     f.non_negative("router_aux_loss_coef", router_aux_loss_coef);
+    f.non_negative("mt_router_z_loss_coef", router_z_loss_coef);
   }
   f.probability("attention_dropout", attention_dropout);
   f.probability("mt_residual_dropout", residual_dropout);

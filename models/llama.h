@@ -130,7 +130,8 @@ class CausalLM : public Module {
   CausalLM(const ModelConfig& config, DType dtype);
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
   // Mean cross-entropy of logits(input_ids) against targets [B, T] (ignore_index -100), plus
-  // router_aux_loss_coef * load_balancing_loss for mixtral when config.output_router_logits.
+  // router_aux_loss_coef * load_balancing_loss for mixtral when config.output_router_logits, plus
+  // router_z_loss_coef * router_z_loss when that is not 0.
   Tensor loss(const Tensor& input_ids, const Tensor& targets);
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }

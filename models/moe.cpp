@@ -55,6 +55,17 @@ std::vector<Module*> MixtralSparseMoeBlock::expert_modules() {
   return out;
 }
 
+Tensor router_z_loss(const std::vector<Tensor>& router_logits) {
+  MT_CHECK(!router_logits.empty(), "router_z_loss: no router logits given");
+  Tensor logits = router_logits.size() == 1 ? router_logits[0] : cat(router_logits, 0);  // [N, E]
+  MT_CHECK(logits.dim() == 2, "router_z_loss: router logits must be [tokens, experts], got {}", logits.desc());
+  const DType dt = logits.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor z = logits.to(dt);
+  // logsumexp per token, stably: z_0 - log_softmax(z)_0 (any column gives it).
+  Tensor lse = sub(z.narrow(1, 0, 1), log_softmax(z, 1).narrow(1, 0, 1));
+  return mean(square(lse));
+}
+
 Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k) {
   MT_CHECK(!router_logits.empty(), "load_balancing_loss: no router logits given");
   for (size_t i = 0; i < router_logits.size(); ++i)

@@ -45,4 +45,8 @@ class MixtralSparseMoeBlock : public MoeModule {
 // the logits are f64).
 Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k);
 
+// The router z-loss of ST-MoE (Zoph et al. 2022, eq. 5): the mean over every token of every layer
+// of logsumexp(router logits)^2, in f32 (f64 for f64 logits). Keeps the router's logits small.
+Tensor router_z_loss(const std::vector<Tensor>& router_logits);
+
 }  // namespace mt

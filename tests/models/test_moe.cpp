@@ -203,6 +203,36 @@ TEST_CASE("mixtral: loss = cross entropy + coef * aux loss of the router logits"
   REQUIRE(m2->loss(ids, tg).item() == Approx(ce).epsilon(1e-13));
 }
 
+TEST_CASE("mixtral: router z-loss equals a naive computation and joins the loss", "[cpu]") {
+  std::vector<Tensor> rl = {testing::rand(Shape{6, 4}, DType::kF64, 1, -3, 3),
+                            testing::rand(Shape{5, 4}, DType::kF64, 2, -3, 3)};
+  double expect = 0;
+  for (auto& t : rl) {
+    Vec v = t.to_vector<double>();
+    for (size_t n = 0; n < v.size() / 4; ++n) {
+      double s = 0;
+      for (size_t e = 0; e < 4; ++e) s += std::exp(v[n * 4 + e]);
+      expect += std::log(s) * std::log(s) / 11.0;
+    }
+  }
+  REQUIRE(router_z_loss(rl).dtype() == DType::kF64);
+  REQUIRE(router_z_loss(rl).item() == Approx(expect).epsilon(1e-13));
+  // Large logits stay finite (logsumexp without overflow), in f32 for f32 logits.
+  Tensor big = full(Shape{3, 4}, 500.0, DType::kF32);
+  REQUIRE(router_z_loss({big}).dtype() == DType::kF32);
+  REQUIRE(router_z_loss({big}).item() == Approx(std::pow(500 + std::log(4.0), 2)).epsilon(1e-6));
+  REQUIRE_THROWS_WITH(router_z_loss({}), Contains("no router logits"));
+
+  ModelConfig c = tiny_mixtral();
+  c.router_z_loss_coef = 0.01;
+  auto m = build_causal_lm(c, DType::kF64);
+  randomize(*m, 3);
+  Tensor ids = ids_tensor(kIds, 2, 5), tg = ids_tensor(kTargets, 2, 5);
+  auto out = m->forward({ids});
+  const double ce = cross_entropy(out[0], tg).item(), z = router_z_loss({out[1], out[2]}).item();
+  REQUIRE(m->loss(ids, tg).item() == Approx(ce + 0.01 * z).epsilon(1e-13));
+}
+
 TEST_CASE("mixtral: loss gradients match finite differences (f64)", "[cpu]") {
   ModelConfig c = tiny_mixtral();
   c.output_router_logits = GENERATE(false, true);

@@ -203,6 +203,7 @@ Setup prepare(int argc, char** argv) {
     s.cfg = resolve_config(args.str("config"));
   }
   s.cfg.attention_dropout = s.cfg.residual_dropout = args.real("dropout");
+  apply_moe_loss_flags(args, s.cfg, "parity");
   s.cfg.validate();
   s.cfg_source = hf.empty() ? args.str("config") : hf;
   validate_train_flags(args, s.cfg, s.cfg_source, "parity");

@@ -133,6 +133,7 @@ int run_train(int argc, char** argv) {
     cfg = resolve_config(args.str("config"));
   }
   cfg.attention_dropout = cfg.residual_dropout = args.real("dropout");
+  apply_moe_loss_flags(args, cfg, "train");
   cfg.validate();
   const std::string cfg_source = resume ? loaded.path : !args.str("hf").empty() ? args.str("hf") : args.str("config");
   validate_train_flags(args, cfg, cfg_source);

@@ -42,6 +42,9 @@ std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::st
       {"seed", "random seed (init, dropout)", "1337", false},
       {"no-fuse", "with --plan: one collective per gradient and mesh dim instead of fused buckets", "", true},
       {"bucket-mb", "with --plan: gradient bucket size in MiB", "25", false},
+      {"moe-aux-loss", "Mixtral: load-balancing loss coefficient in the training loss (0: off; default: the "
+                       "config's output_router_logits and router_aux_loss_coef)", "", false},
+      {"moe-z-loss", "Mixtral: router z-loss coefficient in the training loss (default: the config's, 0)", "", false},
   };
 }
 
@@ -119,6 +122,23 @@ std::optional<ExpertTokenRange> expert_token_range(Module& model) {
     }
   }
   return r;
+}
+
+void apply_moe_loss_flags(const Args& args, ModelConfig& cfg, const std::string& command) {
+  for (const char* flag : {"moe-aux-loss", "moe-z-loss"}) {
+    if (args.str(flag).empty()) continue;
+    MT_CHECK(cfg.is_moe(), "meshtrain {}: --{} applies to mixture-of-experts models (mixtral), not {}", command, flag,
+             cfg.model_type);
+    const double v = args.real(flag);
+    MT_CHECK(std::isfinite(v) && v >= 0, "meshtrain {}: --{} {} must be a finite coefficient >= 0", command, flag,
+             args.str(flag));
+    if (std::string(flag) == "moe-aux-loss") {
+      cfg.output_router_logits = v > 0;
+      cfg.router_aux_loss_coef = v;
+    } else {
+      cfg.router_z_loss_coef = v;
+    }
+  }
 }
 
 Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, int64_t total_steps, DType compute,

@@ -36,6 +36,10 @@ std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::st
 // Each step flag in its range (errors name `command` and the flag).
 void validate_step_flags(const Args& args, const std::string& command);
 
+// --moe-aux-loss / --moe-z-loss into a Mixtral config (given flags only; errors name `command`
+// and the flag). `eval` and `grad` never read them: their loss is the cross-entropy alone.
+void apply_moe_loss_flags(const Args& args, ModelConfig& cfg, const std::string& command);
+
 // --precision: f32 or bf16 (errors name `command`).
 DType parse_precision(const std::string& precision, const std::string& command);
 

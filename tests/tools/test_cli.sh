@@ -148,6 +148,20 @@ for x, y in zip(a, b):
     assert abs(x["loss"] - y["loss"]) < 1e-5 and abs(x["grad_norm"] - y["grad_norm"]) < 1e-4 * max(1, x["grad_norm"]), (x, y)
 PY
 
+# ---- Mixtral: expert rows in the step line and metrics, router-loss flags ------------------------
+"$BIN" train --config mixtral-tiny --steps 2 --batch 2 --seq 16 --moe-aux-loss 0.02 --moe-z-loss 0.001 \
+  --metrics "$WORK/moe.jsonl" >"$WORK/moe.out" || fail "mixtral train with router losses"
+grep -qE "expert rows [0-9]+-[0-9]+$" "$WORK/moe.out" && pass "mixtral step line ends with expert rows" || fail "no expert rows: $(tail -1 "$WORK/moe.out")"
+python3 - "$WORK/moe.jsonl" <<'PY' && pass "metrics hold expert_rows_min/max (2 x 16 tokens x top-2 over 4 experts)" || fail "expert rows in metrics"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 2
+for r in rows:
+    assert 0 <= r["expert_rows_min"] <= r["expert_rows_max"] <= 32, r
+PY
+expect_error "router loss flag on a dense model" "--moe-z-loss" "mixture-of-experts" -- "$BIN" train --config llama-tiny --steps 1 --moe-z-loss 0.1
+expect_error "negative router loss coefficient" "--moe-aux-loss" ">= 0" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-aux-loss -1
+
 # ---- train: llama-tiny on the embedded corpus learns more than unigram statistics -----------------
 # Skipped in the sanitizer build (MT_SANITIZER_RUN=1, tests/meson.build): 150 steps of pure compute
 # under ASan cost minutes and check learning, which the regular build checks; the shorter train,

@@ -158,18 +158,29 @@ const char* safetensors_dtype_name(DType t) {
   return "";
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
+namespace {
+
+struct ParsedHeader {
+  std::vector<Entry> entries;  // sorted by begin
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;
+};
+
+// The size of the regular file `path` (errors name it when it is missing or no regular file).
+uint64_t checked_file_size(const std::string& path) {
   std::error_code ec;
   auto status = fs::status(path, ec);
   MT_CHECK(fs::exists(status), "safetensors '{}': file does not exist", path);
   MT_CHECK(fs::is_regular_file(status), "safetensors '{}': not a regular file", path);
   const uint64_t file_size = fs::file_size(path, ec);
   MT_CHECK(!ec, "safetensors '{}': cannot get the file size: {}", path, ec.message());
-  std::ifstream in(path, std::ios::binary);
-  MT_CHECK(in.is_open(), "safetensors '{}': cannot open: {}", path, errno_text());
+  return file_size;
+}
+
+// Reads and validates the header of `path` through `in` (positioned at 0).
+ParsedHeader parse_header(const std::string& path, std::ifstream& in, uint64_t file_size) {
   MT_CHECK(file_size >= 8, "safetensors '{}': file is {} bytes, too short for the 8-byte header length", path,
            file_size);
-
   uint8_t len_bytes[8];
   read_exact(in, len_bytes, 8, path, "header length");
   uint64_t header_len = 0;
@@ -199,8 +210,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
   MT_CHECK(duplicate.empty(), "safetensors '{}': tensor '{}' appears twice in the header", path, duplicate);
   MT_CHECK(doc.is_object(), "safetensors '{}': header must be a JSON object, got {}", path, doc.type_name());
 
-  SafetensorsFile out;
-  std::vector<Entry> entries;
+  ParsedHeader out;
+  out.data_start = 8 + header_len;
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     if (it.key() == "__metadata__") {
       MT_CHECK(it->is_object(), "safetensors '{}': __metadata__ must be an object of strings", path);
@@ -211,11 +222,12 @@ SafetensorsFile read_safetensors(const std::string& path) {
       }
       continue;
     }
-    entries.push_back(parse_entry(path, it.key(), it.value()));
+    out.entries.push_back(parse_entry(path, it.key(), it.value()));
   }
 
   // The ranges must tile [0, buffer size) exactly, as the reference implementation requires.
   const uint64_t buffer_size = file_size - 8 - header_len;
+  std::vector<Entry>& entries = out.entries;
   std::stable_sort(entries.begin(), entries.end(),
                    [](const Entry& a, const Entry& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   uint64_t pos = 0;
@@ -233,9 +245,20 @@ SafetensorsFile read_safetensors(const std::string& path) {
   }
   MT_CHECK(pos == buffer_size, "safetensors '{}': the data buffer has {} bytes but the tensors cover only {}", path,
            buffer_size, pos);
+  return out;
+}
 
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  const uint64_t file_size = checked_file_size(path);
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.is_open(), "safetensors '{}': cannot open: {}", path, errno_text());
+  ParsedHeader h = parse_header(path, in, file_size);
+  SafetensorsFile out;
+  out.metadata = std::move(h.metadata);
   uint32_t crc = 0;
-  for (const auto& e : entries) {
+  for (const auto& e : h.entries) {
     Tensor t = empty(e.shape, e.dtype);
     const uint64_t n = e.end - e.begin;
     if (n > 0) {
@@ -254,6 +277,88 @@ SafetensorsFile read_safetensors(const std::string& path) {
     MT_CHECK(it->second == hex32(crc),
              "safetensors '{}': checksum mismatch: {} in the header is {} but the data buffer's CRC-32 is {} (the "
              "file is corrupt)", path, kCrcKey, it->second, hex32(crc));
+  return out;
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  const uint64_t file_size = checked_file_size(path);
+  ParsedHeader h;
+  {
+    std::ifstream in(path, std::ios::binary);
+    MT_CHECK(in.is_open(), "safetensors '{}': cannot open: {}", path, errno_text());
+    h = parse_header(path, in, file_size);
+  }
+  data_start_ = h.data_start;
+  metadata_ = std::move(h.metadata);
+  for (auto& e : h.entries) {
+    by_name_[e.name] = entries_.size();
+    entries_.push_back({e.name, e.dtype, e.shape, e.begin, e.end});
+  }
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MT_CHECK(fd_ >= 0, "safetensors '{}': cannot open: {}", path, errno_text());
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &entries_[it->second];
+}
+
+Tensor SafetensorsReader::read_block(const std::string& name, const Shape& offset, const Shape& sizes) {
+  const SafetensorsEntry* e = find(name);
+  MT_CHECK(e, "safetensors '{}': tensor '{}' is not in the file", path_, name);
+  const int nd = e->shape.size();
+  MT_CHECK(offset.size() == nd && sizes.size() == nd,
+           "safetensors '{}': tensor '{}' has {} dims but the requested box [{} + {}] has {}", path_, name, nd, offset,
+           sizes, offset.size());
+  for (int d = 0; d < nd; ++d)
+    MT_CHECK(offset[d] >= 0 && sizes[d] >= 0 && offset[d] + sizes[d] <= e->shape[d],
+             "safetensors '{}': tensor '{}' of shape {}: the box at {} of sizes {} leaves it", path_, name, e->shape,
+             offset, sizes);
+  Tensor out = empty(sizes, e->dtype);
+  if (out.numel() == 0) return out;
+  const int64_t esize = dtype_size(e->dtype);
+  // The innermost dims the box covers whole merge into one contiguous run with the first
+  // partial dim (from the right); the dims outside it are iterated.
+  int inner = nd;  // dims [inner, nd) form one run
+  int64_t run = 1;
+  while (inner > 0) {
+    run *= sizes[inner - 1];
+    --inner;
+    if (sizes[inner] != e->shape[inner]) break;
+  }
+  Shape strides = e->shape;  // row-major element strides of the stored tensor
+  {
+    int64_t s = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      strides[d] = s;
+      s *= e->shape[d];
+    }
+  }
+  auto* dst = static_cast<char*>(out.data_ptr());
+  const uint64_t run_bytes = static_cast<uint64_t>(run * esize);
+  std::vector<int64_t> idx(static_cast<size_t>(inner), 0);  // position in the outer dims of the box
+  while (true) {
+    int64_t elem = 0;
+    for (int d = 0; d < nd; ++d) elem += (offset[d] + (d < inner ? idx[d] : 0)) * strides[d];
+    uint64_t pos = data_start_ + e->begin + static_cast<uint64_t>(elem * esize);
+    uint64_t done = 0;
+    while (done < run_bytes) {
+      const ssize_t got = ::pread(fd_, dst + done, run_bytes - done, static_cast<off_t>(pos + done));
+      if (got < 0 && errno == EINTR) continue;
+      MT_CHECK(got > 0, "safetensors '{}': tensor '{}': read failed at byte {}: {}", path_, name, pos + done,
+               got < 0 ? errno_text() : std::string("unexpected end of file"));
+      done += static_cast<uint64_t>(got);
+    }
+    bytes_read_ += run_bytes;
+    dst += run_bytes;
+    int d = inner - 1;
+    while (d >= 0 && ++idx[d] == sizes[d]) idx[d--] = 0;
+    if (d < 0) break;
+  }
   return out;
 }
 

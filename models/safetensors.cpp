@@ -461,4 +461,59 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   });
 }
 
+void write_safetensors_streamed(const std::string& path, const std::vector<SafetensorsSpec>& specs,
+                                const std::function<Tensor(size_t)>& produce,
+                                const std::map<std::string, std::string>& metadata) {
+  std::set<std::string> names;
+  ordered_json header = ordered_json::object();
+  ordered_json meta = ordered_json::object();
+  for (const auto& [k, v] : metadata)
+    if (k != kCrcKey) meta[k] = v;
+  constexpr const char* kPlaceholder = "@@crc32@";  // 8 characters, replaced by the hex CRC
+  meta[kCrcKey] = kPlaceholder;
+  header["__metadata__"] = std::move(meta);
+  uint64_t offset = 0;
+  for (const auto& sp : specs) {
+    MT_CHECK(!sp.name.empty() && sp.name != "__metadata__" && names.insert(sp.name).second,
+             "write_safetensors '{}': invalid or repeated tensor name '{}'", path, sp.name);
+    const uint64_t n = static_cast<uint64_t>(sp.shape.numel() * dtype_size(sp.dtype));
+    ordered_json e;
+    e["dtype"] = safetensors_dtype_name(sp.dtype);
+    e["shape"] = sp.shape.vec();
+    e["data_offsets"] = {offset, offset + n};
+    header[sp.name] = std::move(e);
+    offset += n;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const size_t crc_at = text.find(kPlaceholder);
+  MT_ASSERT(crc_at != std::string::npos, "placeholder lost");
+  uint32_t crc = 0;
+  std::streampos header_start = 0;
+  write_file_atomically(path, [&](std::ostream& out) {
+    uint8_t len[8];
+    uint64_t n = text.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+    out.write(reinterpret_cast<const char*>(len), 8);
+    header_start = out.tellp();
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (size_t i = 0; i < specs.size(); ++i) {
+      Tensor t = produce(i);
+      MT_CHECK(t.dtype() == specs[i].dtype && t.shape() == specs[i].shape,
+               "write_safetensors '{}': tensor '{}' is {} {}, announced as {} {}", path, specs[i].name, t.dtype(),
+               t.shape(), specs[i].dtype, specs[i].shape);
+      Tensor c = (t.device().is_cpu() ? t : t.to(Device::cpu())).contiguous();
+      const auto bytes = static_cast<size_t>(c.numel() * dtype_size(c.dtype()));
+      if (bytes > 0) {
+        crc = crc32_update(crc, c.data_ptr(), bytes);
+        out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(bytes));
+      }
+    }
+    const std::string hex = hex32(crc);
+    out.seekp(header_start + static_cast<std::streamoff>(crc_at));
+    out.write(hex.data(), 8);
+    out.seekp(0, std::ios::end);
+  });
+}
+
 }  // namespace mt

@@ -76,6 +76,19 @@ class SafetensorsReader {
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// Writes a file of tensors produced one at a time (memory: one tensor), e.g. assembled from the
+// chunks of a sharded checkpoint: `produce(i)` returns tensor i of `specs` (name, dtype, shape;
+// checked). Same bytes as write_safetensors given the same tensors (the CRC-32 is written into the
+// header once the data is), atomic in the same way.
+struct SafetensorsSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+};
+void write_safetensors_streamed(const std::string& path, const std::vector<SafetensorsSpec>& specs,
+                                const std::function<Tensor(size_t)>& produce,
+                                const std::map<std::string, std::string>& metadata = {});
+
 // The safetensors dtype string ("F32", "BF16", ...) of a dtype.
 const char* safetensors_dtype_name(DType t);
 

@@ -9,6 +9,7 @@
 
 #include "checkpoint/chunk_index.h"
 #include "mesh/communicator.h"
+#include "models/safetensors.h"
 #include "runtime/error.h"
 
 namespace mt::cli {

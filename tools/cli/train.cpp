@@ -59,6 +59,8 @@ std::vector<FlagSpec> train_flags() {
       {"keep", "keep only the newest N checkpoints in --checkpoint-dir (0: all)", "0", false},
       {"sync-save", "--plan: write each sharded checkpoint before training goes on (default: in the background, "
                     "committed at the next save or the end; docs/checkpoints.md)", "", true},
+      {"gather-save", "--plan: gather full tensors and write the single-process layout on rank 0 instead of a "
+                      "sharded checkpoint (the former behaviour; for comparison)", "", true},
       {"resume", "continue from the latest checkpoint in --checkpoint-dir", "", true},
       {"overwrite", "replace checkpoints in --checkpoint-dir that this run did not write (docs/checkpoints.md)", "", true},
       {"metrics", "JSONL metrics file (empty: none)", "metrics.jsonl", false},
@@ -129,6 +131,7 @@ int run_train(int argc, char** argv) {
   HfCheckpoint start_weights;  // --hf
   ModelConfig cfg;
   uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
+  const auto load_t0 = std::chrono::steady_clock::now();
   if (resume) {
     // A sharded checkpoint under a plan: each rank reads its own boxes below, after parallelize().
     loaded = load_latest_checkpoint(ckpt_dir, /*full=*/args.str("plan").empty());
@@ -189,6 +192,10 @@ int run_train(int argc, char** argv) {
     default_generator().set_offset(loaded.state.rng_offset);
     start = loaded.state.step;
     fmt::print("resumed from {} at step {}\n", loaded.path, start);
+    fmt::print("checkpoint loaded in {:.3f} s ({}{})\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count(),
+               loaded.sharded ? "sharded" : "full tensors",
+               reader ? fmt::format(", {} bytes read by rank 0", reader->bytes_read()) : "");
   }
   master.master_to_model();
 
@@ -208,11 +215,13 @@ int run_train(int argc, char** argv) {
                args.flag("no-fuse") ? "unfused" : "fused buckets");
 
   std::unique_ptr<ShardedSaver> saver;
-  if (plan && !ckpt_dir.empty())
+  if (plan && !ckpt_dir.empty() && !args.flag("gather-save"))
     saver = std::make_unique<ShardedSaver>(
         ShardedSaveOptions{ckpt_dir, overwrite, !args.flag("sync-save"), args.integer("keep")}, *plan, cfg);
+  double gather_save_s = 0;  // --gather-save: the time spent in saves
   auto save = [&](int64_t done) {
     if (ckpt_dir.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
     TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum,
                  plan ? plan->world : 1, plan ? plan->path : ""};
     // Never a checkpoint with non-finite weights (the loop stops before such a step; this guards it).
@@ -225,6 +234,14 @@ int run_train(int argc, char** argv) {
       refuse_non_finite(master.master_params());
       fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s, overwrite));
       apply_retention(ckpt_dir, args.integer("keep"));
+      return;
+    }
+    if (!saver) {  // --gather-save: full tensors, gathered by every rank (collective); rank 0 writes
+      NamedTensors weights = cli::full_tensors(master.master_params()), moments = cli::full_tensors(opt.state_dict());
+      refuse_non_finite(weights);
+      if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s, overwrite));
+      if (root) apply_retention(ckpt_dir, args.integer("keep"));
+      gather_save_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return;
     }
     // Sharded: every rank checks and writes its own shards (sharded_save.h).
@@ -287,6 +304,8 @@ int run_train(int argc, char** argv) {
     saver->finish();
     if (root) fmt::print("checkpoint saves blocked training for {:.3f} s ({})\n", saver->blocked_seconds(),
                          args.flag("sync-save") ? "synchronous" : "asynchronous");
+  } else if (plan && !ckpt_dir.empty() && root) {
+    fmt::print("checkpoint saves blocked training for {:.3f} s (gathered on rank 0)\n", gather_save_s);
   }
   flush_stdout("train");
   return 0;

@@ -69,7 +69,10 @@ std::string shard_file_name(int64_t rank, int64_t world) {
 
 std::string chunk_key(const std::string& group, const std::string& name, const Shape& offsets) {
   std::string k = group + "/" + name + "@";
-  for (int d = 0; d < offsets.size(); ++d) k += (d ? "," : "") + std::to_string(offsets[d]);
+  for (int d = 0; d < offsets.size(); ++d) {
+    if (d > 0) k += ',';
+    k += std::to_string(offsets[d]);
+  }
   return k;
 }
 
@@ -189,20 +192,24 @@ ShardedIndex merge_indexes(const std::vector<ShardedIndex>& parts, const std::st
   ShardedIndex out;
   out.world_size = parts[0].world_size;
   out.mesh = parts[0].mesh;
-  std::map<std::pair<std::string, std::string>, IndexedTensor> by_name;
+  // In the order of the first list (every rank lists every tensor, in the order saved).
+  std::map<std::pair<std::string, std::string>, size_t> position;
   for (const auto& p : parts)
     for (const auto& t : p.tensors) {
-      auto [it, fresh] = by_name.try_emplace({t.group, t.name}, t);
-      if (fresh) continue;
-      MT_CHECK(it->second.shape == t.shape && it->second.dtype == t.dtype,
-               "{}: tensor '{}' is {} {} on one rank and {} {} on another", what, t.name, it->second.shape,
-               it->second.dtype, t.shape, t.dtype);
-      for (const auto& c : t.chunks) it->second.chunks.push_back(c);
+      auto [it, fresh] = position.try_emplace({t.group, t.name}, out.tensors.size());
+      if (fresh) {
+        out.tensors.push_back(t);
+        continue;
+      }
+      IndexedTensor& have = out.tensors[it->second];
+      MT_CHECK(have.shape == t.shape && have.dtype == t.dtype,
+               "{}: tensor '{}' is {} {} on one rank and {} {} on another", what, t.name, have.shape, have.dtype,
+               t.shape, t.dtype);
+      for (const auto& c : t.chunks) have.chunks.push_back(c);
     }
-  for (auto& [key, t] : by_name) {
+  for (auto& t : out.tensors) {
     std::sort(t.chunks.begin(), t.chunks.end(), box_less);
     check_tiling(t, what);
-    out.tensors.push_back(std::move(t));
   }
   return out;
 }

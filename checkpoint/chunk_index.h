@@ -38,7 +38,7 @@ struct IndexedTensor {
 struct ShardedIndex {
   int64_t world_size = 1;
   std::string mesh;  // the saving mesh, printed ("" without a plan)
-  std::vector<IndexedTensor> tensors;  // sorted by (group, name)
+  std::vector<IndexedTensor> tensors;  // in the order saved (model, then optimizer state)
   const IndexedTensor* find(const std::string& group, const std::string& name) const;
 };
 
@@ -54,7 +54,8 @@ std::string index_to_json(const ShardedIndex& index);
 ShardedIndex index_from_json(const std::string& text, const std::string& path, bool check = true);
 ShardedIndex read_sharded_index(const std::string& path, bool check = true);
 
-// Merges per-rank lists (same tensors; chunks appended, sorted by offsets) and checks the tiling.
+// Merges per-rank lists (same tensors, kept in the first list's order; chunks gathered and sorted
+// by offsets) and checks the tiling.
 ShardedIndex merge_indexes(const std::vector<ShardedIndex>& parts, const std::string& what);
 
 // Throws naming `path` and the tensor when the chunks of `t` leave it, overlap, or leave a hole.

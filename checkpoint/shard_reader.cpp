@@ -94,7 +94,10 @@ std::vector<std::pair<std::string, Tensor>> ShardedCheckpointReader::load_like(
       if (t.group == group && !wanted.count(t.name)) extra.push_back(t.name);
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
-    for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? ", " : "") + v[i];
+    for (size_t i = 0; i < v.size() && i < 8; ++i) {
+      if (i > 0) s += ", ";
+      s += v[i];
+    }
     if (v.size() > 8) s += fmt::format(", ... ({} more)", v.size() - 8);
     return s;
   };

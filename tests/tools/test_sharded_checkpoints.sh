@@ -8,7 +8,7 @@
 #   - across plans: saved under llama_tp at np 2, resumed without a plan and under llama_dp: losses
 #     within 1e-5 relative of the uninterrupted single-device run;
 #   - --keep 2 leaves the newest two step directories;
-#   - `meshtrain checkpoint inspect` and `meshtrain export` (export == the single-device weights).
+#   - `meshtrain checkpoint inspect` and `meshtrain export` (export == the gathered save, byte for byte).
 # mode `slow` adds llama_zero3 and llama_dp_tp at np 4.
 # usage: test_sharded_checkpoints.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
@@ -110,15 +110,19 @@ if "$BIN" checkpoint inspect "$WORK/llama_tp_np2.full" >"$WORK/inspect.out" 2>"$
 else
   fail "checkpoint inspect exit: $(tail -n 1 "$WORK/err")"
 fi
-"$BIN" $T --metrics "" --checkpoint-dir "$WORK/ref1" >/dev/null 2>&1 || fail "reference run exit"
 if "$BIN" export --checkpoint "$WORK/x" --hf "$WORK/exp" >/dev/null 2>"$WORK/err"; then
-  # step 3 of the llama_tp run against step 3 of the single-device run: same weights within 1e-5.
-  "$BIN" $T --metrics "" --checkpoint-dir "$WORK/ref3" --stop-at 3 >/dev/null 2>&1
-  r=$(python3 "$CMP" grads "$WORK/ref3/step-00000003/model.safetensors" "$WORK/exp/model.safetensors" 1e-5 2>&1) \
-    && [ -f "$WORK/exp/config.json" ] && pass "export --hf: the weights of the single-device run: $r" || fail "export: $r"
+  # The same llama_tp run saved the former way (--gather-save: full tensors on rank 0): the same bits.
+  mpi 2 "$BIN" $T --plan "$PLANS/llama_tp.plan" --metrics "" --checkpoint-dir "$WORK/g3" --stop-at 3 --gather-save >/dev/null 2>&1 \
+    || fail "--gather-save run exit"
+  cmp -s "$WORK/g3/step-00000003/model.safetensors" "$WORK/exp/model.safetensors" && [ -f "$WORK/exp/config.json" ] \
+    && pass "export --hf: model.safetensors byte-identical to the gathered save of the same run" || fail "export differs from the gathered save"
+  # Shards of at most 0.1 MiB: an HF index; eval gives the loss of the single-file export.
+  printf '1,2,3,4,5,6,7,8,9\n9,8,7,6,5,4,3,2,1\n' >"$WORK/tok.txt"
   "$BIN" export --checkpoint "$WORK/x" --hf "$WORK/exp2" --max-shard-mb 0.1 >/dev/null 2>"$WORK/err" \
-    && [ -f "$WORK/exp2/model.safetensors.index.json" ] && "$BIN" eval --hf "$WORK/exp2" --tokens /dev/null >/dev/null 2>&1; \
-    [ -f "$WORK/exp2/model.safetensors.index.json" ] && pass "export --max-shard-mb 0.1: sharded HF layout" || fail "export shards: $(tail -n 1 "$WORK/err")"
+    && [ -f "$WORK/exp2/model.safetensors.index.json" ] && [ "$(ls "$WORK/exp2" | grep -c '^model-.*-of-.*safetensors$')" -gt 1 ] \
+    && [ "$("$BIN" eval --hf "$WORK/exp2" --tokens "$WORK/tok.txt" 2>&1)" = "$("$BIN" eval --hf "$WORK/exp" --tokens "$WORK/tok.txt" 2>&1)" ] \
+    && pass "export --max-shard-mb 0.1: $(ls "$WORK/exp2" | grep -c '^model-') HF shards + index, the same eval loss" \
+    || fail "export shards: $(tail -n 1 "$WORK/err")"
 else
   fail "export exit: $(tail -n 1 "$WORK/err")"
 fi

@@ -32,20 +32,20 @@ json.dump(ix, open(p, "w"))
 PY
 }
 Q=model.layers.0.self_attn.q_proj.weight
-resume() { "$BIN" "${T[@]}" --steps 4 --resume --checkpoint-dir "$WORK/$1"; }
+R=("$BIN" "${T[@]}" --steps 4 --resume --checkpoint-dir)  # + the checkpoint directory
 
 copy_ck nokey; edit_index nokey 't["chunks"][0]["key"] = "model/nope@0,0"'
-bad_case "chunk missing from its file" --watch "$WORK/nokey" "index.json" "tensor '$Q'" "is not in" "shard-0000" -- resume nokey
+bad_case "chunk missing from its file" --watch "$WORK/nokey" "index.json" "tensor '$Q'" "is not in" "shard-0000" -- "${R[@]}" "$WORK/nokey"
 copy_ck dtype; edit_index dtype 't["dtype"] = "BF16"'
-bad_case "index dtype differs from the file" --watch "$WORK/dtype" "tensor '$Q'" "but the index says BF16" "shard-0000" -- resume dtype
+bad_case "index dtype differs from the file" --watch "$WORK/dtype" "tensor '$Q'" "but the index says bf16" "shard-0000" -- "${R[@]}" "$WORK/dtype"
 copy_ck nofile; rm "$WORK/nofile/$S/shard-00001-of-00002.safetensors"
-bad_case "missing shard file" --watch "$WORK/nofile" "shard-00001-of-00002.safetensors does not exist" "index.json: tensor '" -- resume nofile
+bad_case "missing shard file" --watch "$WORK/nofile" "shard-00001-of-00002.safetensors does not exist" "index.json: tensor '" -- "${R[@]}" "$WORK/nofile"
 copy_ck hole; edit_index hole 't["chunks"].pop()'
-bad_case "chunks leave a hole" --watch "$WORK/hole" "index.json: tensor '$Q'" "cover only" -- resume hole
+bad_case "chunks leave a hole" --watch "$WORK/hole" "index.json: tensor '$Q'" "cover only" -- "${R[@]}" "$WORK/hole"
 copy_ck overlap; edit_index overlap 't["chunks"][1]["offsets"] = t["chunks"][0]["offsets"]'
-bad_case "chunks overlap" --watch "$WORK/overlap" "index.json: tensor '$Q'" "overlaps chunk" -- resume overlap
+bad_case "chunks overlap" --watch "$WORK/overlap" "index.json: tensor '$Q'" "overlaps chunk" -- "${R[@]}" "$WORK/overlap"
 copy_ck outside; edit_index outside 't["chunks"][1]["offsets"][0] += 1'
-bad_case "chunk leaves the tensor" --watch "$WORK/outside" "index.json: tensor '$Q'" "leaves the tensor" -- resume outside
+bad_case "chunk leaves the tensor" --watch "$WORK/outside" "index.json: tensor '$Q'" "leaves the tensor" -- "${R[@]}" "$WORK/outside"
 copy_ck crc; python3 - "$WORK/crc/$S/shard-00000-of-00002.safetensors" <<'PY'
 import sys
 p = sys.argv[1]
@@ -53,7 +53,7 @@ b = bytearray(open(p, "rb").read())
 b[-3] ^= 0xFF
 open(p, "wb").write(b)
 PY
-bad_case "corrupt chunk (CRC-32)" --watch "$WORK/crc" "shard-00000-of-00002.safetensors" "has CRC-32" "the file is corrupt" -- resume crc
+bad_case "corrupt chunk (CRC-32)" --watch "$WORK/crc" "shard-00000-of-00002.safetensors" "has CRC-32" "the file is corrupt" -- "${R[@]}" "$WORK/crc"
 copy_ck model; python3 - "$WORK/model/$S/config.json" <<'PY'
 import json, sys
 p = sys.argv[1]
@@ -64,19 +64,21 @@ PY
 bad_case "checkpoint of another model (np 2)" --mpi --timeout 60 --watch "$WORK/model" "index.json: tensor '" "but this model's is" -- \
   "${MP[@]}" -np 2 "$BIN" "${T[@]}" "${P[@]}" --steps 4 --resume --checkpoint-dir "$WORK/model"
 copy_ck badjson; echo '{"format": "meshtrain-sharded-1", "world_size": 2' >"$WORK/badjson/$S/index.json"
-bad_case "index.json not JSON" --watch "$WORK/badjson" "index.json: not valid JSON" -- resume badjson
+bad_case "index.json not JSON" --watch "$WORK/badjson" "index.json: not valid JSON" -- "${R[@]}" "$WORK/badjson"
 
-# A disk that fills during an asynchronous save: the error names the file; latest still names the
+# A disk that fills during an asynchronous save (a 14 MiB tmpfs; a checkpoint of llama-tiny with its
+# moments is 9.5 MiB, so the second does not fit): the error names the file; latest still names the
 # previous checkpoint, which resumes.
-if mkdir -p "$WORK/full" && mount -t tmpfs -o size=1200k tmpfs "$WORK/full" 2>/dev/null; then
+if mkdir -p "$WORK/full" && mount -t tmpfs -o size=14m tmpfs "$WORK/full" 2>/dev/null; then
   "${MP[@]}" -np 2 "$BIN" "${T[@]}" "${P[@]}" --steps 6 --checkpoint-every 1 --checkpoint-dir "$WORK/full/ck" \
     >"$WORK/full.out" 2>"$WORK/full.err"
   rc=$?
   last=$(grep "\] error: .*No space left on device" "$WORK/full.err" | tail -n 1)  # the rank that saw it
   kept=$(cat "$WORK/full/ck/latest" 2>/dev/null)
   if [ $rc -ne 0 ] && grep -q "$WORK/full/ck/step-0000" <<<"$last" && [ -n "$kept" ]; then
-    "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/full/ck" --stop-at "$(( ${kept#step-} + 0 + 1 ))" \
-      >"$WORK/out" 2>"$WORK/err" && grep -q "resumed from $WORK/full/ck/$kept" "$WORK/out" \
+    cp -a "$WORK/full/ck" "$WORK/fullcopy"  # resumed elsewhere: its own save would not fit either
+    "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/fullcopy" --stop-at "$(( 10#${kept#step-} + 1 ))" \
+      >"$WORK/out" 2>"$WORK/err" && grep -q "resumed from $WORK/fullcopy/$kept" "$WORK/out" \
       && pass "disk full during a save: '$(sed 's/.*error: //' <<<"$last" | cut -c1-120)...'; latest ($kept) resumes" \
       || fail "disk full: the kept checkpoint $kept does not resume: $(tail -n 1 "$WORK/err")"
   else

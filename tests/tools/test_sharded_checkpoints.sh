@@ -3,13 +3,14 @@
 # real mpirun processes on llama-tiny:
 #   - layout: index.json + one shard file per rank; every tensor's chunks tile it; replicated
 #     tensors are written once, spread over the ranks;
-#   - same plan: 3 steps + save + resume 2 steps == 5 steps bit for bit (every shard file and the
-#     metrics losses), with asynchronous saves every step, and with --sync-save;
+#   - same plan (llama_tp and llama_zero3 at np 2): 3 steps + save + resume 2 steps == 5 steps bit for
+#     bit (every shard file, the index and the metrics losses), with asynchronous saves every step,
+#     and with --sync-save;
 #   - across plans: saved under llama_tp at np 2, resumed without a plan and under llama_dp: losses
 #     within 1e-5 relative of the uninterrupted single-device run;
 #   - --keep 2 leaves the newest two step directories;
 #   - `meshtrain checkpoint inspect` and `meshtrain export` (export == the gathered save, byte for byte).
-# mode `slow` adds llama_zero3 and llama_dp_tp at np 4.
+# mode `slow` adds llama_dp_tp at np 4 (bit for bit) and a resume under llama_dp at np 4.
 # usage: test_sharded_checkpoints.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
 BIN=$1
@@ -49,6 +50,7 @@ same_plan() {  # PLAN NP
     || fail "$plan np $np: resume differs"
 }
 same_plan llama_tp 2
+same_plan llama_zero3 2
 
 # The layout of llama_tp's checkpoint.
 python3 - "$WORK/llama_tp_np2.full/step-00000005" <<'PY' && pass "layout: index.json tiles every tensor; replicated tensors once, on both ranks" || fail "layout"
@@ -128,7 +130,6 @@ else
 fi
 
 if [ "$MODE" = slow ]; then
-  same_plan llama_zero3 2
   same_plan llama_dp_tp 4
   cp "$WORK/x.jsonl" "$WORK/x4.jsonl"; cp -a "$WORK/x" "$WORK/x4"
   mpi 4 "$BIN" $T --plan "$PLANS/llama_dp.plan" --metrics "$WORK/x4.jsonl" --checkpoint-dir "$WORK/x4" --resume >/dev/null 2>"$WORK/err" \

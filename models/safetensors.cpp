@@ -36,16 +36,21 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kCrcKey = "mt.crc32";
 
-constexpr std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> t{};
+// Slicing-by-8 tables: kCrcTables[0] is the byte-at-a-time table; kCrcTables[k][i] is the CRC of
+// byte i followed by k zero bytes, so eight bytes are folded per step (about 5x the one-table speed,
+// which matters for sharded checkpoints: every chunk and every file is checksummed).
+constexpr std::array<std::array<uint32_t, 256>, 8> make_crc_tables() {
+  std::array<std::array<uint32_t, 256>, 8> t{};
   for (uint32_t i = 0; i < 256; ++i) {
     uint32_t c = i;
     for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[i] = c;
+    t[0][i] = c;
   }
+  for (int k = 1; k < 8; ++k)
+    for (uint32_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xffu];
   return t;
 }
-constexpr std::array<uint32_t, 256> kCrcTable = make_crc_table();
+constexpr std::array<std::array<uint32_t, 256>, 8> kCrcTables = make_crc_tables();
 
 struct DTypeName {
   const char* name;
@@ -146,8 +151,17 @@ void read_exact(std::ifstream& in, void* dst, uint64_t n, const std::string& pat
 
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
+  const auto& t = kCrcTables;
   crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = kCrcTable[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
+  for (; n >= 8; n -= 8, p += 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);  // little-endian host (static_assert above)
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;
+    crc = t[7][lo & 0xffu] ^ t[6][(lo >> 8) & 0xffu] ^ t[5][(lo >> 16) & 0xffu] ^ t[4][lo >> 24] ^
+          t[3][hi & 0xffu] ^ t[2][(hi >> 8) & 0xffu] ^ t[1][(hi >> 16) & 0xffu] ^ t[0][hi >> 24];
+  }
+  for (; n > 0; --n, ++p) crc = t[0][(crc ^ *p) & 0xffu] ^ (crc >> 8);
   return ~crc;
 }
 

@@ -158,9 +158,15 @@ int run_train(int argc, char** argv) {
   // --plan: loaded weights are sliced to the shards, meta ones initialized shard-wise (equal to the
   // single-device init). The trainer's reducer hooks every parameter.
   std::unique_ptr<Parallelized> par;
-  if (plan) par = std::make_unique<Parallelized>(parallelize(*model, plan->plan, *plan->mesh));
+  if (plan) {
+    std::optional<SkipShardInitGuard> no_init;  // sharded resume: every shard is read below
+    if (sharded_resume) no_init.emplace();
+    par = std::make_unique<Parallelized>(parallelize(*model, plan->plan, *plan->mesh));
+  }
   std::unique_ptr<ShardedCheckpointReader> reader;
+  double read_s = 0;  // sharded resume: seconds spent reading this rank's boxes
   if (sharded_resume) {
+    const auto r0 = std::chrono::steady_clock::now();
     // Each rank reads only the boxes of its shards (docs/checkpoints.md, "Sharded checkpoints").
     reader = std::make_unique<ShardedCheckpointReader>(loaded.path);
     const NamedTensors params = model->named_parameters();
@@ -170,6 +176,7 @@ int run_train(int argc, char** argv) {
       Tensor dst = params[i].second.is_distributed() ? to_local(params[i].second).detach() : params[i].second.detach();
       dst.copy_(values[i].second.is_distributed() ? to_local(values[i].second) : values[i].second);
     }
+    read_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
   }
   // Built, loaded and sharded on the host exactly as a CPU run; then moved (the same bytes).
   if (!device.is_cpu()) model->to(device);
@@ -185,9 +192,11 @@ int run_train(int argc, char** argv) {
   if (resume) {
     // Checkpoints hold full tensors: with --plan, each rank takes its shards of the moments.
     // Sharded checkpoints: this rank's boxes of the moments only.
+    const auto r0 = std::chrono::steady_clock::now();
     opt.load_state_dict(reader ? reader->load_like("optimizer", opt.state_dict())
                         : plan ? shard_like(loaded.optimizer, opt.state_dict())
                                : loaded.optimizer);
+    if (reader) read_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     loader.set_position(loaded.state.data_position);
     default_generator().set_offset(loaded.state.rng_offset);
     start = loaded.state.step;
@@ -195,7 +204,7 @@ int run_train(int argc, char** argv) {
     fmt::print("checkpoint loaded in {:.3f} s ({}{})\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count(),
                loaded.sharded ? "sharded" : "full tensors",
-               reader ? fmt::format(", {} bytes read by rank 0", reader->bytes_read()) : "");
+               reader ? fmt::format(", rank 0 read {} bytes in {:.3f} s", reader->bytes_read(), read_s) : "");
   }
   master.master_to_model();
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sharded vs gathered (rank-0 full tensors) checkpoints of `meshtrain train --plan`, under mpirun at
-# np 2 and 4, for llama-tiny and a ~25M-parameter LLaMA (docs/checkpoints.md, "Sharded checkpoints",
+# np 2 and 4, for llama-tiny and plans/models/llama-30m.json (docs/checkpoints.md, "Sharded checkpoints",
 # measured figures):
 #   save   seconds the training loop was blocked by one save at the end ("checkpoint saves blocked
 #          training for"; sharded: --sync-save, i.e. the whole write and commit), and by asynchronous
@@ -15,10 +15,6 @@ MPIRUN=${3:-mpirun}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-cat >"$WORK/llama-25m.json" <<'JSON'
-{"model_type": "llama", "vocab_size": 256, "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 8,
- "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 256}
-JSON
 mpi() { local np=$1; shift; "$MPIRUN" -np "$np" --oversubscribe --mca btl self,vader "$@"; }
 num() { grep -o "$1 [0-9.]*" "$2" | tail -n 1 | awk '{print $NF}'; }
 rss() { grep -o 'RSS [0-9]*' "$1" | awk '{printf "%s%.0f", (NR > 1 ? "/" : ""), $2 / 1024} END {print " MiB"}'; }
@@ -26,7 +22,7 @@ rss0() { grep -o 'RSS [0-9]*' "$1" | awk '{if ($2 > m) m = $2} END {printf "%.0f
 ratio() { python3 -c 'import sys; a, b = map(float, sys.argv[1:]); print(f"{a / b:.2f}x" if b > 0 else "-")' "$1" "$2"; }
 printf "%-10s %2s %-11s %-8s %10s %10s %20s %20s\n" model np plan format "save (s)" "load (s)" "RSS save (per rank)" "RSS load"
 declare -A SAVE LOAD RS RL
-for cfg in llama-tiny "$WORK/llama-25m.json"; do
+for cfg in llama-tiny "$PLANS/models/llama-30m.json"; do
   name=$(basename "$cfg" .json)
   for np in 2 4; do
     plan=llama_tp; [ $np = 4 ] && plan=llama_dp_tp  # llama-tiny's 2 KV heads do not split 4 ways
@@ -45,11 +41,11 @@ for cfg in llama-tiny "$WORK/llama-25m.json"; do
   done
 done
 echo
-echo "training loop blocked by saves every step (llama-25m, llama_tp, np 2, 4 steps):"
+echo "training loop blocked by saves every step (llama-30m, llama_tp, np 2, 4 steps):"
 declare -A B
 for mode in async sync; do
   flag=; [ $mode = sync ] && flag=--sync-save
-  mpi 2 "$BIN" train --config "$WORK/llama-25m.json" --batch 4 --seq 32 --steps 4 --metrics "" --plan "$PLANS/llama_tp.plan" \
+  mpi 2 "$BIN" train --config "$PLANS/models/llama-30m.json" --batch 4 --seq 32 --steps 4 --metrics "" --plan "$PLANS/llama_tp.plan" \
     --checkpoint-dir "$WORK/every.$mode" --checkpoint-every 1 $flag >"$WORK/e.out" 2>"$WORK/e.err" || echo "failed: $(tail -n 2 "$WORK/e.err")"
   B[$mode]=$(num 'blocked training for' "$WORK/e.out")
   echo "  $mode: ${B[$mode]} s"

@@ -3,8 +3,9 @@
 // master weights), checkpoints and exact resume. One line per step on stdout plus JSONL metrics.
 // With --plan P under mpirun the model is parallelized by the plan (docs/cli.md, "--plan"): every
 // rank reads the same global batch and keeps its shard of it, gradients are reduced by the fused
-// GradReducer, AdamW and clipping work on the shards, and rank 0 prints, logs and writes full
-// checkpoints (which resume under any plan, or none). The step itself (its flags, the model
+// GradReducer, AdamW and clipping work on the shards, rank 0 prints and logs, and every rank writes
+// its own chunks of a sharded checkpoint, asynchronously (tools/cli/sharded_save.h; resumes under any
+// plan, or none). The step itself (its flags, the model
 // construction, gradients / clip / apply) is tools/cli/trainer.h, shared with `meshtrain parity`.
 #include <cerrno>
 #include <chrono>

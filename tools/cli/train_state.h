@@ -5,6 +5,8 @@
 // replaced atomically, so an interrupted save leaves the previous checkpoint intact. safetensors
 // files carry CRC-32 checksums. The history rules (what a run may replace, docs/checkpoints.md,
 // "Checkpoint history") are checked at start-up by check_checkpoint_history and again by each save.
+// Under --plan the step directory is sharded instead (index.json + shard-R-of-W.safetensors;
+// tools/cli/sharded_save.h, checkpoint/), with the same commit, `latest` and history rules.
 #pragma once
 
 #include <cstdint>

@@ -105,6 +105,11 @@ got=$(ls "$WORK/keep" | tr '\n' ' ')
 [ "$got" = "latest step-00000004 step-00000005 " ] && [ "$(cat "$WORK/keep/latest")" = step-00000005 ] \
   && pass "--keep 2: $got" || fail "--keep 2 left: $got"
 
+"$BIN" $T --metrics "" --checkpoint-dir "$WORK/keep1" --checkpoint-every 1 --keep 1 >/dev/null 2>"$WORK/err" \
+  || fail "--keep run without a plan exit: $(tail -n 1 "$WORK/err")"
+got=$(ls "$WORK/keep1" | tr '\n' ' ')
+[ "$got" = "latest step-00000005 " ] && pass "--keep 1 without a plan: $got" || fail "--keep 1 without a plan left: $got"
+
 # ---- tools ----------------------------------------------------------------------------------------------
 if "$BIN" checkpoint inspect "$WORK/llama_tp_np2.full" >"$WORK/inspect.out" 2>"$WORK/err"; then
   grep -q "model.layers.0.self_attn.q_proj.weight" "$WORK/inspect.out" && grep -q "S(0)" "$WORK/inspect.out" \

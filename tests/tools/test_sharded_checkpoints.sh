@@ -10,7 +10,8 @@
 #     within 1e-5 relative of the uninterrupted single-device run;
 #   - --keep 2 leaves the newest two step directories;
 #   - `meshtrain checkpoint inspect` and `meshtrain export` (export == the gathered save, byte for byte).
-# mode `slow` adds llama_dp_tp at np 4 (bit for bit) and a resume under llama_dp at np 4.
+# mode `slow` adds, bit for bit, llama_dp_tp at np 4, bf16 under llama_dp_tp, mixtral-tiny under
+# mixtral_ep_tp (RaggedShard experts), and a cross-plan resume under llama_dp at np 4.
 # usage: test_sharded_checkpoints.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
 BIN=$1
@@ -37,17 +38,20 @@ same_ckpt() {
 same_losses() { python3 "$CMP" losses "$1" "$2" 0 >/dev/null; }
 
 # ---- same plan, bit for bit (asynchronous saves every step; then --sync-save) ------------------------
-same_plan() {  # PLAN NP
+same_plan() {  # PLAN NP [EXTRA TRAIN FLAGS...]
   local plan=$1 np=$2 tag=$1_np$2
-  mpi "$np" "$BIN" $T --plan "$PLANS/$plan.plan" --metrics "$WORK/$tag.full.jsonl" --checkpoint-dir "$WORK/$tag.full" \
+  shift 2
+  local extra=("$@")
+  [ ${#extra[@]} -gt 0 ] && tag=$tag$(echo "${extra[*]}" | tr -c 'a-z0-9' '_')
+  mpi "$np" "$BIN" $T "${extra[@]}" --plan "$PLANS/$plan.plan" --metrics "$WORK/$tag.full.jsonl" --checkpoint-dir "$WORK/$tag.full" \
     >"$WORK/$tag.out" 2>"$WORK/err" || { fail "$tag: full run exit: $(tail -n 2 "$WORK/err")"; return; }
-  mpi "$np" "$BIN" $T --plan "$PLANS/$plan.plan" --metrics "$WORK/$tag.part.jsonl" --checkpoint-dir "$WORK/$tag.part" \
+  mpi "$np" "$BIN" $T "${extra[@]}" --plan "$PLANS/$plan.plan" --metrics "$WORK/$tag.part.jsonl" --checkpoint-dir "$WORK/$tag.part" \
     --stop-at 3 --checkpoint-every 1 >/dev/null 2>"$WORK/err" || { fail "$tag: part run exit: $(tail -n 2 "$WORK/err")"; return; }
-  mpi "$np" "$BIN" $T --plan "$PLANS/$plan.plan" --metrics "$WORK/$tag.part.jsonl" --checkpoint-dir "$WORK/$tag.part" \
+  mpi "$np" "$BIN" $T "${extra[@]}" --plan "$PLANS/$plan.plan" --metrics "$WORK/$tag.part.jsonl" --checkpoint-dir "$WORK/$tag.part" \
     --resume --checkpoint-every 1 >/dev/null 2>"$WORK/err" || { fail "$tag: resume exit: $(tail -n 2 "$WORK/err")"; return; }
   same_ckpt "$WORK/$tag.full/step-00000005" "$WORK/$tag.part/step-00000005" && same_losses "$WORK/$tag.full.jsonl" "$WORK/$tag.part.jsonl" \
-    && pass "$plan np $np: 3 steps + async saves + resume + 2 steps == 5 steps (shards, index, losses bit for bit)" \
-    || fail "$plan np $np: resume differs"
+    && pass "$plan np $np ${extra[*]}: 3 steps + async saves + resume + 2 steps == 5 steps (shards, index, losses bit for bit)" \
+    || fail "$plan np $np ${extra[*]}: resume differs"
 }
 same_plan llama_tp 2
 same_plan llama_zero3 2
@@ -136,6 +140,8 @@ fi
 
 if [ "$MODE" = slow ]; then
   same_plan llama_dp_tp 4
+  same_plan llama_dp_tp 2 --precision bf16
+  same_plan mixtral_ep_tp 2 --config mixtral-tiny  # RaggedShard expert placements
   cp "$WORK/x.jsonl" "$WORK/x4.jsonl"; cp -a "$WORK/x" "$WORK/x4"
   mpi 4 "$BIN" $T --plan "$PLANS/llama_dp.plan" --metrics "$WORK/x4.jsonl" --checkpoint-dir "$WORK/x4" --resume >/dev/null 2>"$WORK/err" \
     || fail "cross: resume under llama_dp np 4 exit: $(tail -n 2 "$WORK/err")"

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "kernels/params.h"
+#include "mesh/shard_layout.h"
 #include "runtime/error.h"
 
 namespace mt {
@@ -356,6 +357,15 @@ bool rule_reshape(DimCtx& c, const Placement& q) {
           c.set_all(Placement::shard(o));
           return true;
         }
+        // Merged into one out dim ([n, a, b] -> [n * a * b]) by an uneven split that only this mesh
+        // dim makes: each rank's chunk of n is a run of whole rows of `after`, a ragged split
+        // (e.g. a batch of 5 over 2 ranks, flattened with its sequence: the tokens of 3 and 2 rows).
+        if (k == c.in[0]->mesh().size(c.mesh_dim) && rest == 1 && os[o] == n * after) {
+          std::vector<int64_t> units(static_cast<size_t>(k));
+          for (int64_t r = 0; r < k; ++r) units[static_cast<size_t>(r)] = chunk_range(n, k, r).length;
+          c.set_all(Placement::ragged_shard(o, std::move(units), after));
+          return true;
+        }
         return c.fail(fmt::format("S({}) of size {} over {} ranks is not a Shard of the view {} -> {}", j, n, k, is,
                                   os));
       }
@@ -365,6 +375,25 @@ bool rule_reshape(DimCtx& c, const Placement& q) {
       }
       return c.fail(fmt::format("S({}) cannot be viewed {} -> {}: it is not the leading dim of the merged dims", j,
                                 is, os));
+    }
+    if (q.kind() == PlacementKind::kRaggedShard && before == 1) {
+      // RS(j, units, block) with the dims after j in its group: split back into out dims. The
+      // units stay whole when the leading out dim's rows are made of whole blocks, or one block
+      // is made of whole leading rows.
+      const int o = lead_of(g.o0);
+      int64_t rest = 1;
+      for (int t = o + 1; t < g.o1; ++t) rest *= os[t];
+      const int64_t block = q.block() * after;  // elements of the group per unit
+      if (block % rest == 0) {
+        // The same rows as torch.chunk of the out dim give a plain Shard (S(0) flattened and
+        // viewed back is S(0) again).
+        const int64_t k1 = c.in[0]->mesh().size(c.mesh_dim);
+        bool chunked = static_cast<int64_t>(q.units().size()) == k1;
+        for (int64_t r = 0; chunked && r < k1; ++r)
+          chunked = q.units()[static_cast<size_t>(r)] * (block / rest) == chunk_range(os[o], k1, r).length;
+        c.set_all(chunked ? Placement::shard(o) : Placement::ragged_shard(o, q.units(), block / rest));
+        return true;
+      }
     }
     if (q.kind() == PlacementKind::kInterleavedShard && before == 1 && after == 1) {
       // IS(j, groups) of n: out dims multiplying to `groups`, then the chunked part.

@@ -1,7 +1,8 @@
 // Mixtral sparse MoE block and load-balancing loss, following transformers' modeling_mixtral.py:
-// softmax of the router logits in f32, top-k, renormalize, cast to the hidden dtype; experts in
-// index order, each over its tokens in (top-k slot, token) order as torch.where yields them, their
-// weighted outputs index_add-ed into a zero buffer.
+// softmax of the router logits in f32, top-k, renormalize, cast to the hidden dtype; then the
+// layer's expert dispatch (tensor/moe.h: by default experts in index order, each over its tokens
+// in (top-k slot, token) order as torch.where yields them, their weighted outputs index_add-ed
+// into a zero buffer).
 #include "models/moe.h"
 
 #include <string>
@@ -40,39 +41,18 @@ std::vector<Tensor> MixtralSparseMoeBlock::forward(const std::vector<Tensor>& in
   MT_CHECK(x.dim() == 3, "MixtralSparseMoeBlock '{}': x must be [B, T, H], got {}", path(), x.desc());
   const int64_t H = x.size(2);
   Tensor xf = x.reshape(Shape{-1, H});  // [N, H]
-  const int64_t N = xf.size(0);
   Tensor router_logits = (*gate_)(xf);  // [N, E]
   const DType sdt = x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   Tensor probs = softmax(router_logits.to(sdt), 1);
   auto [weights, selected] = topk(probs, top_k_, -1);  // [N, k] each
   weights = div(weights, sum(weights, {-1}, KeepDim::kYes)).to(x.dtype());
-  Tensor flat_weights = weights.reshape(Shape{N * top_k_});
+  return {run_experts({xf, selected, weights, x}), router_logits};
+}
 
-  // Token lists per expert, in torch.where order over expert_mask[e] = [k, N]: slot-major.
-  const std::vector<int64_t> sel = selected.to_vector<int64_t>();
-  std::vector<std::vector<int64_t>> tokens(static_cast<size_t>(num_experts_)), slots(tokens.size());
-  for (int64_t j = 0; j < top_k_; ++j) {
-    for (int64_t n = 0; n < N; ++n) {
-      const auto e = static_cast<size_t>(sel[static_cast<size_t>(n * top_k_ + j)]);
-      tokens[e].push_back(n);
-      slots[e].push_back(n * top_k_ + j);
-    }
-  }
-  Tensor out = zeros(Shape{N, H}, x.options().with_grad(false));
-  for (int64_t e = 0; e < num_experts_; ++e) {
-    const auto& tok = tokens[static_cast<size_t>(e)];
-    if (tok.empty()) continue;  // HF skips experts that got no token
-    const auto n = static_cast<int64_t>(tok.size());
-    Tensor tix = from_vector<int64_t>(tok, Shape{n}), wix = from_vector<int64_t>(slots[static_cast<size_t>(e)], Shape{n});
-    if (tix.device() != x.device()) {
-      tix = tix.to(x.device());
-      wix = wix.to(x.device());
-    }
-    Tensor cur = (*experts_->at(static_cast<size_t>(e)))(index_select(xf, 0, tix));
-    cur = mul(cur, index_select(flat_weights, 0, wix).unsqueeze(1));
-    out = index_add(out, 0, tix, cur.to(x.dtype()));
-  }
-  return {out.view(x.shape()), router_logits};
+std::vector<Module*> MixtralSparseMoeBlock::expert_modules() {
+  std::vector<Module*> out;
+  for (size_t e = 0; e < static_cast<size_t>(num_experts_); ++e) out.push_back(experts_->at(e).get());
+  return out;
 }
 
 Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k) {

@@ -1,7 +1,9 @@
 // Mixtral's sparse mixture-of-experts MLP (HF MixtralSparseMoeBlock) and the router
-// load-balancing loss (HF load_balancing_loss_func without attention mask). Each expert runs only
-// on the tokens routed to it (index_select, expert MLP, times routing weight, index_add back), so
-// gradients reach the router through the routing weights.
+// load-balancing loss (HF load_balancing_loss_func without attention mask). The block computes the
+// routing; its experts run through the layer's dispatcher (tensor/moe.h): by default each expert
+// here on the tokens routed to it (index_select, expert MLP, times routing weight, index_add back),
+// under a plan with `dispatch ... all_to_all` on the ranks that own them. Gradients reach the
+// router through the routing weights.
 #pragma once
 
 #include <memory>
@@ -10,6 +12,7 @@
 #include "models/config.h"
 #include "models/llama.h"
 #include "tensor/module.h"
+#include "tensor/moe.h"
 
 namespace mt {
 
@@ -25,10 +28,11 @@ class MixtralExpert : public Module {
 
 // gate (Linear H -> E, no bias), experts.0 .. experts.{E-1}.
 // forward({x [B, T, H]}) -> {out [B, T, H], router_logits [B*T, E] (x's dtype)}.
-class MixtralSparseMoeBlock : public Module {
+class MixtralSparseMoeBlock : public MoeModule {
  public:
   MixtralSparseMoeBlock(const ModelConfig& config, DType dtype);
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+  std::vector<Module*> expert_modules() override;
 
  private:
   std::shared_ptr<Linear> gate_;

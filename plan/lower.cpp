@@ -12,6 +12,7 @@
 #include "plan/path_regex.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/moe.h"
 
 namespace mt {
 
@@ -73,6 +74,8 @@ struct ModuleState {
   std::vector<size_t> params;                   // indices into params
   std::map<std::pair<int, int>, IoState> io;    // (is_output, index)
   std::map<std::string, std::pair<DimSlots, std::vector<PlanLoc>>> factories;
+  const DimPlacement* dispatch = nullptr;  // the last dispatch entry for this module
+  std::vector<PlanLoc> dispatch_from;
 };
 
 Placements resolve(const DimSlots& slots) {
@@ -167,6 +170,7 @@ std::string HookRecord::action_str(const PlanMesh& mesh) const {
     case HookAction::kRelease: return "release";
     case HookAction::kGrad: return "grad(" + redist_on(*src, *dst, mesh) + ")";
     case HookAction::kFactory: return "factory(" + placements_on(*dst, mesh) + ")";
+    case HookAction::kDispatch: return "dispatch(" + dispatch + "@" + mesh.names[static_cast<size_t>(mesh_dim)] + ")";
     case HookAction::kActivation: {
       std::string s;
       if (annotate) s = "annotate(" + placements_on(*annotate, mesh) + ")";
@@ -216,7 +220,7 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
   std::vector<std::string> module_paths;
   for (auto& [path, m] : model.named_modules()) {
     module_index[path] = modules.size();
-    modules.push_back({path, {}, {}, {}});
+    modules.push_back({path, {}, {}, {}, nullptr, {}});
     module_paths.push_back(path);
   }
   std::vector<ParamState> params;
@@ -245,6 +249,38 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
              "{}",
              e.module_loc.str(), e.module_re, nearest(e.module_re, module_paths));
     IoRef io = parse_io_ref(e.tensor);
+    if (e.kind == PlanEntryKind::kDispatch) {
+      for (size_t mi : matched) {
+        MT_CHECK(dynamic_cast<MoeModule*>(model.get_module(modules[mi].path).get()),
+                 "{}: dispatch applies to mixture-of-experts layers (e.g. Mixtral's block_sparse_moe), but "
+                 "module {} is not one",
+                 e.module_loc.str(), shown(modules[mi].path));
+        MT_CHECK(mesh.dim_index(e.how[0].dim) >= 0, "{}: mesh dim '{}' is not in mesh {}", e.how[0].loc.str(),
+                 e.how[0].dim, mesh.str());
+        modules[mi].dispatch = &e.how[0];
+        modules[mi].dispatch_from.push_back(e.loc);
+        // The experts' parameters: whole on an owner along the dim, experts spread in contiguous
+        // blocks (expert e on coordinate e * size / E); later entries may place them otherwise.
+        auto* moe = dynamic_cast<MoeModule*>(model.get_module(modules[mi].path).get());
+        const std::vector<Module*> experts = moe->expert_modules();
+        const auto E = static_cast<int64_t>(experts.size());
+        const int64_t P = mesh.shape[static_cast<size_t>(mesh.dim_index(e.how[0].dim))];
+        for (int64_t x = 0; x < E; ++x) {
+          DimPlacement owner = e.how[0];
+          owner.dispatch.clear();
+          owner.owner = x * P / E;
+          for (auto& [rel, sub] : experts[static_cast<size_t>(x)]->named_modules()) {
+            const std::string path = experts[static_cast<size_t>(x)]->path() + (rel.empty() ? "" : "." + rel);
+            for (size_t pi : modules[module_index.at(path)].params) {
+              merge(params[pi].init, {owner}, mesh);
+              merge(params[pi].run, {owner}, mesh);
+              params[pi].from.push_back(e.loc);
+            }
+          }
+        }
+      }
+      continue;
+    }
     if (e.kind == PlanEntryKind::kFactory) {
       for (size_t mi : matched) {
         auto& [slots, from] = modules[mi].factories[e.tensor];
@@ -272,7 +308,8 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
               s.grad_from.push_back(e.loc);
             }
             break;
-          case PlanEntryKind::kFactory: break;
+          case PlanEntryKind::kFactory:
+          case PlanEntryKind::kDispatch: break;
         }
       }
       continue;
@@ -391,6 +428,17 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
     }
     for (const auto& [key, s] : m.io)
       if (key.first == 0) emit(io_record(key, s, HookPoint::kForwardPre, false));
+    if (m.dispatch) {
+      HookRecord r;
+      r.module = m.path;
+      r.hook = HookPoint::kForwardPre;
+      r.tensor = "experts";
+      r.action = HookAction::kDispatch;
+      r.mesh_dim = mesh.dim_index(m.dispatch->dim);
+      r.dispatch = m.dispatch->dispatch;
+      r.from = m.dispatch_from;
+      emit(std::move(r));
+    }
     // forward: outputs, then parameters released.
     for (const auto& [key, s] : m.io)
       if (key.first == 1) emit(io_record(key, s, HookPoint::kForward, false));

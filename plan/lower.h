@@ -32,6 +32,7 @@ enum class HookAction {
   kActivation,  // forward_pre <in>:k / forward <out>:k: annotate, then redistribute src -> dst
   kGrad,        // backward <in>:k / backward_pre <out>:k: the gradient goes from src to dst
   kFactory,     // forward_pre: tensors created in the forward are `dst` (read by op dispatch)
+  kDispatch,    // forward_pre of a MoE layer: its experts run over mesh dim `mesh_dim` (all_to_all)
 };
 
 struct HookRecord {
@@ -44,6 +45,8 @@ struct HookRecord {
   std::optional<Placements> annotate, src, dst;
   Shape global_shape;          // parameters
   int io_index = -1;           // <in>:k / <out>:k
+  int mesh_dim = -1;           // kDispatch
+  std::string dispatch;        // kDispatch: "all_to_all"
   bool io_input = false;
   std::vector<PlanLoc> from;   // the plan entries that made this record
   // "model.layers.0.self_attn.forward_pre:<in>:0:redist(S(1)->R@tp)"

@@ -7,14 +7,17 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "mesh/dispatch.h"
 #include "mesh/dtensor.h"
 #include "mesh/redistribute.h"
 #include "mesh/shard_layout.h"
+#include "plan/expert_dispatch.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/moe.h"
 
 namespace mt {
 
@@ -297,6 +300,51 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
         }));
 }
 
+// dispatch records: the MoE layer's experts run through an AllToAllDispatcher (plan/expert_dispatch.h)
+// built from the experts' storage placements. Removing the handle restores the local default.
+void install_dispatchers(Module& model, const HookIR& ir, const DeviceMesh& mesh, std::vector<HookHandle>& handles) {
+  std::map<std::string, const Placements*> init;  // parameter path -> storage placements
+  std::set<std::string> gathered;                 // parameters with a different RUN placement
+  bool any = false;
+  for (const HookRecord& r : ir.records) {
+    const std::string path = r.module.empty() ? r.tensor : r.module + "." + r.tensor;
+    if (r.action == HookAction::kInit) init[path] = &*r.dst;
+    if (r.action == HookAction::kGather) gathered.insert(path);
+    any |= r.action == HookAction::kDispatch;
+  }
+  if (!any) return;
+  for (const HookRecord& r : ir.records) {
+    if (r.action != HookAction::kDispatch) continue;
+    const std::string where = fmt::format("{}: dispatch of module '{}'", r.from.empty() ? "plan" : r.from.back().str(),
+                                          r.module);
+    MT_CHECK(!r.module.empty(), "{}: the root module cannot be a dispatched MoE layer", where);
+    std::shared_ptr<Module> m = model.get_module(r.module);
+    auto* moe = dynamic_cast<MoeModule*>(m.get());
+    MT_CHECK(moe, "{}: not a mixture-of-experts layer", where);
+    for (Module* expert : moe->expert_modules())
+      for (const auto& [name, p] : expert->named_parameters()) {
+        const std::string path = expert->path() + "." + name;
+        MT_CHECK(!gathered.count(path),
+                 "{}: expert parameter '{}' has a compute (run) placement other than its storage placement; "
+                 "all_to_all dispatch runs each expert on its owner's stored tensors (use place, not init/run)",
+                 where, path);
+      }
+    std::vector<int64_t> owners = expert_owners(
+        *moe, mesh.shape(), mesh.coordinate_shape(), r.mesh_dim,
+        [&](const std::string& path) -> const Placements& {
+          auto it = init.find(path);
+          MT_CHECK(it != init.end(), "{}: no storage placement for '{}'", where, path);
+          return *it->second;
+        },
+        where);
+    moe->set_dispatcher(std::make_shared<AllToAllDispatcher>(mesh, r.mesh_dim, std::move(owners)));
+    std::weak_ptr<Module> weak = m;
+    handles.emplace_back([weak] {
+      if (auto alive = weak.lock()) dynamic_cast<MoeModule&>(*alive).set_dispatcher(nullptr);
+    });
+  }
+}
+
 }  // namespace
 
 SkipShardInitGuard::SkipShardInitGuard() : prev_(t_skip_shard_init) { t_skip_shard_init = true; }
@@ -388,6 +436,8 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
     if (r.action == HookAction::kInit) {
       std::string path = r.module.empty() ? r.tensor : r.module + "." + r.tensor;
       shard_parameter(path, model.get_parameter(path), model.init_record(path), mesh, *r.dst, device);
+    } else if (r.action == HookAction::kDispatch) {
+      continue;  // below, once every parameter is a DTensor
     } else {
       by_module[r.module].push_back(r);
     }
@@ -401,6 +451,7 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
   handles.emplace_back([owner] {
     std::erase_if(g_factories, [&](const OwnedScope& f) { return f.owner == owner.get(); });
   });
+  install_dispatchers(model, ir, mesh, handles);
   // Error notes: an op failing inside a module's forward names the module and these plan lines.
   for (auto& [path, note] : error_notes(ir, plan, model)) {
     std::shared_ptr<Module> m = path.empty() ? nullptr : model.get_module(path);

@@ -14,7 +14,7 @@ namespace mt {
 
 namespace {
 
-constexpr const char* kKeywords = "mesh, place, init, run, redistribute, annotate, factory";
+constexpr const char* kKeywords = "mesh, place, init, run, redistribute, annotate, factory, dispatch";
 // A plan is a page of text (the stock plans are under 2 KiB); anything far larger is not a plan.
 constexpr size_t kMaxPlanBytes = size_t{1} << 20;
 
@@ -105,6 +105,10 @@ DimPlacement parse_dim_placement(const std::string& text, const PlanLoc& loc) {
   d.dim = text.substr(0, eq);
   d.loc = loc;
   std::string p = text.substr(eq + 1);
+  if (p == "all_to_all") {
+    d.dispatch = p;
+    return d;
+  }
   if (p.rfind("owner(", 0) == 0 && p.back() == ')') {
     std::string k = p.substr(6, p.size() - 7), dim;
     if (size_t comma = k.find(','); comma != std::string::npos) {
@@ -150,7 +154,9 @@ std::string how_str(const How& how) {
   return s;
 }
 
-bool is_param_entry(const PlanEntry& e) { return !parse_io_ref(e.tensor).valid() && e.kind != PlanEntryKind::kFactory; }
+bool is_param_entry(const PlanEntry& e) {
+  return !parse_io_ref(e.tensor).valid() && e.kind != PlanEntryKind::kFactory && e.kind != PlanEntryKind::kDispatch;
+}
 
 }  // namespace
 
@@ -162,6 +168,7 @@ std::string PlanLoc::str() const {
 }
 
 std::string DimPlacement::placement_str() const {
+  if (!dispatch.empty()) return dispatch;
   if (owner >= 0) return owner_dim ? fmt::format("owner({},{})", owner, owner_dim) : fmt::format("owner({})", owner);
   return placement.str();
 }
@@ -201,6 +208,7 @@ std::string PlanEntry::keyword() const {
     case PlanEntryKind::kRedistribute: return "redistribute";
     case PlanEntryKind::kAnnotate: return "annotate";
     case PlanEntryKind::kFactory: return "factory";
+    case PlanEntryKind::kDispatch: return "dispatch";
   }
   return "?";
 }
@@ -268,6 +276,16 @@ void Plan::add_entry(PlanEntry e) {
                "as rope), got '{}'",
                e.tensor_loc.str(), e.tensor);
       break;
+    case PlanEntryKind::kDispatch:
+      MT_CHECK(e.tensor == "experts",
+               "{}: dispatch applies to the experts of mixture-of-experts layers; expected 'experts', got '{}' "
+               "(e.g. 'dispatch model\\.layers\\.\\d+\\.block_sparse_moe experts ep=all_to_all')",
+               e.tensor_loc.str(), e.tensor);
+      MT_CHECK(e.how.size() == 1 && !e.how[0].dispatch.empty(),
+               "{}: dispatch takes one mesh dim and how the experts run there; expected DIM=all_to_all, e.g. "
+               "ep=all_to_all",
+               e.loc.str());
+      break;
   }
   if (is_param_entry(e)) {
     (void)PathRegex(e.tensor, e.tensor_loc, "a parameter name such as weight or weight|bias");
@@ -286,6 +304,10 @@ void Plan::add_entry(PlanEntry e) {
       MT_CHECK(known, "{}: '{}' names no mesh dim; expected one of the plan's mesh dims: {}", d.loc.str(),
                d.str(), names);
       MT_CHECK(seen.insert(d.dim).second, "{}: mesh dim '{}' is given twice in one placement", d.loc.str(), d.dim);
+      MT_CHECK(d.dispatch.empty() || e.kind == PlanEntryKind::kDispatch,
+               "{}: '{}' says how experts are dispatched; expected a placement such as {}=S(0) here (all_to_all "
+               "belongs to dispatch entries)",
+               d.loc.str(), d.str(), d.dim);
       MT_CHECK(d.owner < 0 || is_param_entry(e),
                "{}: owner(K) places whole parameters; expected a parameter name, not '{}'", d.loc.str(),
                e.tensor);
@@ -335,7 +357,7 @@ Plan& Plan::add_typed(PlanPhase phase, const std::string& module_re, const std::
   e.module_re = module_re;
   e.tensor = tensor;
   e.loc = e.module_loc = e.tensor_loc = next_builder_loc();
-  for (const auto& [dim, p] : how) e.how.push_back({dim, p, -1, 0, e.loc});
+  for (const auto& [dim, p] : how) e.how.push_back({dim, p, -1, 0, {}, e.loc});
   add_entry(std::move(e));
   return *this;
 }
@@ -363,6 +385,10 @@ Plan& Plan::annotate(const std::string& m, const std::string& t, const std::stri
 }
 Plan& Plan::factory(const std::string& m, const std::string& name, const std::string& how) {
   return add_text(PlanEntryKind::kFactory, PlanPhase::kBoth, m, name, how);
+}
+
+Plan& Plan::dispatch(const std::string& m, const std::string& how) {
+  return add_text(PlanEntryKind::kDispatch, PlanPhase::kBoth, m, "experts", how);
 }
 
 Plan& Plan::redistribute(const std::string& m, const std::string& t, const std::string& src, const std::string& dst,
@@ -474,13 +500,16 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
       e.kind = PlanEntryKind::kAnnotate;
     } else if (kw == "factory") {
       e.kind = PlanEntryKind::kFactory;
+    } else if (kw == "dispatch") {
+      e.kind = PlanEntryKind::kDispatch;
     } else {
       MT_FAIL("{}: unknown keyword '{}'; expected one of: {}", e.loc.str(), printable(kw), kKeywords);
     }
     MT_CHECK(toks.size() >= 4,
-             "{}: '{}' needs a module regex, a tensor and a placement; expected e.g. "
-             "'{} model\\.layers\\.\\d+\\.mlp\\.up_proj weight tp=S(0)'",
-             e.loc.str(), kw, kw == "redistribute" ? "place" : kw);
+             "{}: '{}' needs a module regex, a tensor and a placement; expected e.g. '{}'", e.loc.str(), kw,
+             kw == "dispatch" ? "dispatch model\\.layers\\.\\d+\\.block_sparse_moe experts ep=all_to_all"
+                              : (kw == "redistribute" ? std::string("place") : kw) +
+                                    " model\\.layers\\.\\d+\\.mlp\\.up_proj weight tp=S(0)");
     e.module_re = toks[1].text == "()" ? "" : toks[1].text;
     e.module_loc = loc_of(toks[1]);
     e.tensor = toks[2].text;

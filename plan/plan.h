@@ -37,27 +37,30 @@ struct DimPlacement {
   Placement placement;
   int64_t owner = -1;  // >= 0: owner(k)
   int owner_dim = 0;   // owner(k, d)
+  // `dispatch` entries: how a MoE layer's experts run over this dim ("all_to_all"); empty elsewhere.
+  std::string dispatch;
   PlanLoc loc;
-  std::string placement_str() const;  // "S(0)" or "owner(1)"
+  std::string placement_str() const;  // "S(0)", "owner(1)" or "all_to_all"
   std::string str() const { return dim + "=" + placement_str(); }
 };
 using How = std::vector<DimPlacement>;
 
 enum class PlanPhase { kBoth, kInit, kRun };  // keyword place / init / run
-enum class PlanEntryKind { kPlace, kRedistribute, kAnnotate, kFactory };
+enum class PlanEntryKind { kPlace, kRedistribute, kAnnotate, kFactory, kDispatch };
 
 struct PlanEntry {
   PlanEntryKind kind = PlanEntryKind::kPlace;
   PlanPhase phase = PlanPhase::kBoth;  // kPlace only
   std::string module_re;  // fully matched against module paths ("" is the root)
-  // A regex over parameter names (fully matched), "<in>:k" / "<out>:k", or for factory a label of
-  // the tensors created in the module's forward ("*" = all).
+  // A regex over parameter names (fully matched), "<in>:k" / "<out>:k", for factory a label of
+  // the tensors created in the module's forward ("*" = all), for dispatch "experts".
   std::string tensor;
-  How how;                    // place, annotate, factory: the placement; redistribute: dst
+  How how;                    // place, annotate, factory: the placement; redistribute: dst;
+                              // dispatch: one dim with `dispatch` set
   How src;                    // redistribute
   How grad_src, grad_dst;     // redistribute, optional: gradient redistribution
   PlanLoc loc, module_loc, tensor_loc;
-  std::string keyword() const;  // place, init, run, redistribute, annotate, factory
+  std::string keyword() const;  // place, init, run, redistribute, annotate, factory, dispatch
   std::string str() const;      // the entry in plan-file syntax
 };
 
@@ -93,6 +96,8 @@ class Plan {
                      const std::string& grad_dst = "");
   Plan& annotate(const std::string& module_re, const std::string& tensor, const std::string& how);
   Plan& factory(const std::string& module_re, const std::string& name, const std::string& how);
+  // The experts of the matched MoE layers run over mesh dim DIM: how = "ep=all_to_all".
+  Plan& dispatch(const std::string& module_re, const std::string& how);
   using Typed = std::vector<std::pair<std::string, Placement>>;
   Plan& place(const std::string& module_re, const std::string& tensor, const Typed& how);
   Plan& init(const std::string& module_re, const std::string& tensor, const Typed& how);

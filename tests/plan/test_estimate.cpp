@@ -138,7 +138,7 @@ std::string counts_str(const CollectiveCounts& c) {
 TEST_CASE("estimate: predicted peak memory and collective bytes match a real step under every stock plan", "[mpi]") {
   const int np = world().size();
   const std::vector<std::string> plans = {"llama_dp", "llama_dp_tp", "llama_tp", "llama_tp_sp", "llama_zero3",
-                                          "mixtral_ep_tp"};
+                                          "mixtral_ep", "mixtral_ep_tp"};
   std::optional<HardwareProfile> hw;
   if (const char* h = std::getenv("MT_ESTIMATE_HARDWARE"); h && *h) hw = load_hardware_profile(h);
   EstimateOptions o;
@@ -212,6 +212,9 @@ TEST_CASE("estimate: predicted peak memory and collective bytes match a real ste
       // collectives of the expert outputs) depends on the data, which meta tensors do not have;
       // the bytes do not.
       if (name.find("mixtral") == std::string::npos) CHECK(est.comm.at(k).calls == t.calls);
+      // Token all-to-all (mixtral_ep*): the rows each rank sends depend on the routing; the estimate
+      // takes it balanced (docs/moe.md).
+      if (moe && k.kind == "all_to_all") continue;
       CHECK(est.comm.at(k).bytes == t.bytes);
     }
     ++checked;

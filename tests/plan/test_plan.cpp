@@ -38,7 +38,7 @@ const char* config_for(const std::string& plan) {
 }
 
 const std::vector<std::string> kStock = {"llama_dp", "llama_tp", "llama_tp_sp", "llama_dp_tp", "llama_zero3",
-                                         "mixtral_ep_tp"};
+                                         "mixtral_ep", "mixtral_ep_tp"};
 
 std::string lower_str(const Plan& p, const std::string& config, int64_t world) {
   auto m = meta_model(config);

@@ -44,7 +44,8 @@ has "$tmp/z3.txt" "model.norm.weight [128] run R: [128] on all 4 ranks"
 has "$tmp/dptp.txt" "# local parameter shapes per mesh coordinate (dp,tp)"
 "$bin" plan --config mixtral-tiny --plan "$plans/mixtral_ep_tp.plan" --world 4 > "$tmp/ep.txt"
 has "$tmp/ep.txt" "model.layers.1.block_sparse_moe.experts.3.w1.weight [256, 128] init RS(0,[0,1],b256)@ep: [0, 128] on (0,0), (0,1); [256, 128] on (1,0), (1,1)"
-has "$tmp/ep.txt" "model.layers.1.block_sparse_moe.experts.3.w2.weight [128, 256] init RS(1,[0,1],b256)@ep: [128, 0] on (0,0), (0,1); [128, 256] on (1,0), (1,1)"
+has "$tmp/ep.txt" "model.layers.1.block_sparse_moe.experts.3.w2.weight [128, 256] init RS(0,[0,1],b128)@ep: [0, 256] on (0,0), (0,1); [128, 256] on (1,0), (1,1)"
+has "$tmp/ep.txt" "model.layers.1.block_sparse_moe.forward_pre:experts:dispatch(all_to_all@ep)"
 
 # Errors: one line, file:line:column, exit code 1.
 printf 'mesh tp=*\nplace model\\.layers\\.\\d+\\.self_atn weight tp=S(0)\n' > "$tmp/bad.plan"

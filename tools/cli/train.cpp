@@ -284,16 +284,19 @@ int run_train(int argc, char** argv) {
     double mem = static_cast<double>(memory_stats(device).peak) / (1 << 20);
     const GradReducer* reducer = trainer.reducer();
     const int64_t collectives = reducer ? reducer->stats().collectives : 0;
+    const std::optional<ExpertTokenRange> experts = expert_token_range(*model);  // MoE: routing balance
     if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
       fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",
                  step + 1, steps, loss, norm, opt.lr(), tok_s, 100 * mfu, mem);
       if (reducer) fmt::print(" | {} grad collectives", collectives);
+      if (experts) fmt::print(" | expert rows {}-{}", experts->min, experts->max);
       fmt::print("\n");
     }
     if (metrics) {
       nlohmann::json j = {{"step", step + 1}, {"loss", loss},   {"grad_norm", norm}, {"lr", opt.lr()},
                           {"tokens_per_s", tok_s}, {"mfu", mfu}, {"mem_peak_mib", mem}, {"step_s", secs}};
       if (reducer) j["grad_collectives"] = collectives;
+      if (experts) j["expert_rows_min"] = experts->min, j["expert_rows_max"] = experts->max;
       *metrics << j.dump() << "\n";
       metrics->flush();
       MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file '{}' at step {}: {}", args.str("metrics"),

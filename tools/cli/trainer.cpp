@@ -1,12 +1,14 @@
 // The training step shared by `meshtrain train` and `meshtrain parity` (see trainer.h).
 #include "tools/cli/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "models/corpus.h"
 #include "optim/clip.h"
 #include "runtime/error.h"
+#include "tensor/moe.h"
 #include "tensor/ops.h"
 #include "tools/cli/checks.h"
 
@@ -103,6 +105,20 @@ TokenBatch read_token_batch(const std::string& path, const ModelConfig& cfg, con
            rows.cols - 1, cfg.max_position_embeddings, source);
   Tensor all = from_vector<int64_t>(rows.ids, Shape{rows.rows, rows.cols});
   return {all.narrow(1, 0, rows.cols - 1).contiguous(), all.narrow(1, 1, rows.cols - 1).contiguous()};
+}
+
+std::optional<ExpertTokenRange> expert_token_range(Module& model) {
+  std::optional<ExpertTokenRange> r;
+  for (auto& [path, m] : model.named_modules()) {
+    const auto* moe = dynamic_cast<const MoeModule*>(m.get());
+    if (!moe) continue;
+    for (int64_t n : moe->tokens_per_expert()) {
+      if (!r) r = ExpertTokenRange{n, n};
+      r->min = std::min(r->min, n);
+      r->max = std::max(r->max, n);
+    }
+  }
+  return r;
 }
 
 Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, int64_t total_steps, DType compute,

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,14 @@ std::vector<int32_t> run_tokens(const std::string& data, const ModelConfig& cfg)
 // inputs are the first T ids, targets the last T. Errors name the file (ids outside the
 // vocabulary, T beyond max_position_embeddings of the model from `source`).
 TokenBatch read_token_batch(const std::string& path, const ModelConfig& cfg, const std::string& source);
+
+// The fewest and most (token, slot) rows any expert of any MoE layer got in the model's last
+// forward (tensor/moe.h); nullopt for a model without MoE layers. Under all_to_all dispatch the
+// counts are over the whole expert-parallel group.
+struct ExpertTokenRange {
+  int64_t min = 0, max = 0;
+};
+std::optional<ExpertTokenRange> expert_token_range(Module& model);
 
 struct StepResult {
   double loss = 0;       // mean over the micro-batches

@@ -1,0 +1,227 @@
+// The token all-to-all expert dispatcher (plan/expert_dispatch.h).
+#include "plan/expert_dispatch.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "mesh/dtensor.h"
+#include "mesh/exchange.h"
+#include "mesh/shard_layout.h"
+#include "runtime/error.h"
+#include "tensor/ops.h"
+
+namespace mt {
+
+namespace {
+
+// While alive, the expert's parameter slots hold their local tensors (differentiable: the
+// gradient of the local tensor becomes the DTensor parameter's gradient), so that the expert runs
+// as a plain module on the rows this rank received.
+class LocalParameters {
+ public:
+  explicit LocalParameters(Module& m) {
+    for (auto& [name, p] : m.named_parameters()) {
+      Tensor& slot = m.parameter_slot(name);
+      saved_.emplace_back(&slot, slot);
+      if (slot.is_distributed()) slot = to_local(slot);
+    }
+  }
+  ~LocalParameters() {
+    for (auto& [slot, t] : saved_) *slot = t;
+  }
+  LocalParameters(const LocalParameters&) = delete;
+  LocalParameters& operator=(const LocalParameters&) = delete;
+
+ private:
+  std::vector<std::pair<Tensor*, Tensor>> saved_;
+};
+
+Tensor index_tensor(const std::vector<int64_t>& v, Device device) {
+  Tensor t = from_vector<int64_t>(v, Shape{static_cast<int64_t>(v.size())});
+  return device.is_cpu() ? t : t.to(device);
+}
+
+}  // namespace
+
+AllToAllDispatcher::AllToAllDispatcher(DeviceMesh mesh, int dim, std::vector<int64_t> owners)
+    : mesh_(std::move(mesh)), dim_(dim), owners_(std::move(owners)) {}
+
+std::string AllToAllDispatcher::describe() const {
+  return fmt::format("all_to_all over {} ({} ranks)", mesh_.names()[static_cast<size_t>(dim_)], mesh_.size(dim_));
+}
+
+Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*>& experts, const std::string& where) {
+  const auto E = static_cast<int64_t>(experts.size());
+  MT_CHECK(E == static_cast<int64_t>(owners_.size()), "{}: {} experts, but the dispatcher knows owners of {}",
+           where, E, owners_.size());
+  // The tokens' placements are the layer input's (x is its [N, H] view, whose placement a view of
+  // an uneven split may have turned ragged); the output gets them back.
+  const Tensor& in = r.input.defined() ? r.input : r.x;
+  const std::string dim_name = mesh_.names()[static_cast<size_t>(dim_)];
+  MT_CHECK(in.is_distributed(),
+           "{}: all_to_all dispatch needs the tokens as a DTensor split over '{}' (place the model's input "
+           "there, e.g. 'place model <in>:0 {}=S(0)'), got a local tensor {}",
+           where, dim_name, dim_name, in.desc());
+  const DTensorSpec& xs = dtensor_spec(in, "all_to_all dispatch");
+  const Placement& xp = xs.placements()[static_cast<size_t>(dim_)];
+  MT_CHECK(xp.splits() && xp.dim() < in.dim() - 1,
+           "{}: all_to_all dispatch over '{}' needs the tokens split there (e.g. the batch, S(0)), got {}: with "
+           "replicated tokens every rank would send the same rows (place the batch on '{}')",
+           where, dim_name, xs.placements_str(), dim_name);
+  for (size_t d = 0; d < xs.placements().size(); ++d)
+    MT_CHECK(!xs.placements()[d].is_partial(), "{}: the tokens are Partial ({}); expected them summed before the "
+             "MoE layer", where, xs.placements_str());
+  Tensor x = to_local(r.x), w = to_local(r.weights);
+  Tensor sel_t = r.selected.is_distributed() ? to_local(r.selected) : r.selected;
+  const int64_t n = x.size(0), H = x.size(1), k = sel_t.size(1);
+  const Device dev = x.device();
+  const bool simulated = mesh_.is_simulated();
+
+  // Routing of this rank's tokens. On a simulated mesh (estimates on meta tensors) there are no
+  // values: tokens are spread evenly over the experts.
+  std::vector<int64_t> sel(static_cast<size_t>(n * k));
+  if (simulated) {
+    for (int64_t i = 0; i < n * k; ++i) sel[static_cast<size_t>(i)] = i % E;
+  } else {
+    sel = sel_t.to_vector<int64_t>();
+  }
+  const ExpertLists l = expert_lists(sel, n, k, E, where);
+
+  Communicator comm = simulated ? Communicator::simulated(static_cast<int>(mesh_.size(dim_)),
+                                                          static_cast<int>(mesh_.coordinate(dim_)),
+                                                          "expert all_to_all (simulated)", mesh_.dim_label(dim_))
+                                : mesh_.comm(dim_);
+  const auto P = static_cast<int64_t>(comm.size());
+  const int64_t me = comm.rank();
+
+  // Every rank's per-expert counts: what each rank receives from each other rank.
+  std::vector<int64_t> mine(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) mine[static_cast<size_t>(e)] = static_cast<int64_t>(l.tokens[static_cast<size_t>(e)].size());
+  std::vector<int64_t> all(static_cast<size_t>(P * E));
+  if (simulated) {  // counted like the real exchange of counts; every rank taken to route alike
+    Tensor c = empty(Shape{1, E}, TensorOptions(DType::kI64).with_device(Device::meta()));
+    Tensor g = empty(Shape{P, E}, c.options());
+    comm.all_gather(c, g);
+    for (int64_t j = 0; j < P; ++j) std::copy(mine.begin(), mine.end(), all.begin() + j * E);
+  } else {
+    Tensor c = from_vector<int64_t>(mine, Shape{1, E}), g = empty(Shape{P, E}, DType::kI64);
+    comm.all_gather(c, g);
+    all = g.to_vector<int64_t>();
+  }
+  auto count = [&](int64_t rank, int64_t e) { return all[static_cast<size_t>(rank * E + e)]; };
+
+  // Send order: by destination rank, then expert, then the expert's (slot-major) token order.
+  std::vector<int64_t> send_idx, send_counts(static_cast<size_t>(P), 0), recv_counts(static_cast<size_t>(P), 0);
+  std::vector<int64_t> send_offset(static_cast<size_t>(E), 0);
+  send_idx.reserve(static_cast<size_t>(n * k));
+  for (int64_t j = 0; j < P; ++j) {
+    for (int64_t e = 0; e < E; ++e) {
+      if (owners_[static_cast<size_t>(e)] != j) continue;
+      send_offset[static_cast<size_t>(e)] = static_cast<int64_t>(send_idx.size());
+      const auto& tok = l.tokens[static_cast<size_t>(e)];
+      send_idx.insert(send_idx.end(), tok.begin(), tok.end());
+      send_counts[static_cast<size_t>(j)] += static_cast<int64_t>(tok.size());
+    }
+  }
+  // Received rows: by source rank, then expert (the ones this rank owns), as each source sent them.
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(E));
+  int64_t R = 0;
+  for (int64_t j = 0; j < P; ++j) {
+    for (int64_t e = 0; e < E; ++e) {
+      if (owners_[static_cast<size_t>(e)] != me) continue;
+      for (int64_t i = 0; i < count(j, e); ++i) rows[static_cast<size_t>(e)].push_back(R + i);
+      R += count(j, e);
+      recv_counts[static_cast<size_t>(j)] += count(j, e);
+    }
+  }
+  load_.tokens.assign(static_cast<size_t>(E), 0);
+  for (int64_t j = 0; j < P; ++j)
+    for (int64_t e = 0; e < E; ++e) load_.tokens[static_cast<size_t>(e)] += count(j, e);
+  load_.rows_sent = static_cast<int64_t>(send_idx.size()) - send_counts[static_cast<size_t>(me)];
+
+  Tensor sent = index_select(x, 0, index_tensor(send_idx, dev));
+  Tensor recv = exchange_rows(comm, sent, send_counts, recv_counts);  // [R, H]
+  Tensor done = zeros(Shape{R, H}, x.options().with_grad(false));
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& ri = rows[static_cast<size_t>(e)];
+    if (ri.empty()) continue;  // not ours, or no token anywhere was routed to it
+    Tensor idx = index_tensor(ri, dev);
+    Tensor y;
+    {
+      LocalParameters local(*experts[static_cast<size_t>(e)]);
+      y = (*experts[static_cast<size_t>(e)])(index_select(recv, 0, idx));
+    }
+    done = index_add(done, 0, idx, y.to(x.dtype()));
+  }
+  // Every rank must record both exchanges when any does, or a backward would wait for a rank that
+  // has no path to them: a rank that received no rows still passes its (empty) buffer through.
+  if (!done.requires_grad() && recv.requires_grad()) done = mul(recv, 0.0);
+  Tensor back = exchange_rows(comm, done, recv_counts, send_counts);  // [sum send, H], in send order
+
+  // The weighted terms per token, experts in index order (as one device adds them).
+  Tensor flat_w = w.reshape(Shape{n * k});
+  Tensor out = zeros(Shape{n, H}, x.options().with_grad(false));
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& tok = l.tokens[static_cast<size_t>(e)];
+    if (tok.empty()) continue;
+    const auto m = static_cast<int64_t>(tok.size());
+    Tensor cur = back.narrow(0, send_offset[static_cast<size_t>(e)], m);
+    cur = mul(cur, index_select(flat_w, 0, index_tensor(l.slots[static_cast<size_t>(e)], dev)).unsqueeze(1));
+    out = index_add(out, 0, index_tensor(tok, dev), cur.to(x.dtype()));
+  }
+  // Likewise a rank whose tokens picked no expert (it had no tokens): its output still depends on
+  // what came back, so that its backward joins the exchanges.
+  if (!out.requires_grad() && back.requires_grad()) out = add(out, mul(sum(back), 0.0));
+  const Shape local_in = xs.local_shape();
+  MT_CHECK(local_in.numel() == out.numel(), "{}: the layer input's local shard {} does not hold the {} x {} tokens "
+           "routed here", where, local_in, n, H);
+  return from_local(out.view(local_in), xs.mesh(), xs.placements(), xs.global_shape());
+}
+
+std::vector<int64_t> expert_owners(MoeModule& layer, const Shape& mesh_shape, const Shape& coord, int dim,
+                                   const std::function<const Placements&(const std::string&)>& placements_of,
+                                   const std::string& where) {
+  std::vector<int64_t> owners;
+  for (Module* expert : layer.expert_modules()) {
+    int64_t owner = -1;
+    std::string first;
+    for (const auto& [name, p] : expert->named_parameters()) {
+      const std::string path = expert->path() + "." + name;
+      const Placements& ps = placements_of(path);
+      for (size_t d = 0; d < ps.size(); ++d)
+        MT_CHECK(static_cast<int>(d) == dim || ps[d].is_replicate(),
+                 "{}: expert parameter '{}' is {} on mesh dim {}; all_to_all dispatch runs each expert whole on "
+                 "its owner, so its parameters must be replicated on every other mesh dim",
+                 where, path, placements_str(ps), d);
+      int64_t holder = -1;
+      const int64_t total = p.shape().numel();
+      for (int64_t c = 0; c < mesh_shape[static_cast<size_t>(dim)]; ++c) {
+        Shape at = coord;
+        at[static_cast<size_t>(dim)] = c;
+        const int64_t local = local_layout(p.shape(), ps, mesh_shape, at).local_shape.numel();
+        MT_CHECK(local == 0 || local == total,
+                 "{}: expert parameter '{}' ({}) is split over the ranks of mesh dim {}; all_to_all dispatch "
+                 "needs it whole on one of them (owner(K) in the plan)",
+                 where, path, placements_str(ps), dim);
+        if (local == total && total > 0) {
+          MT_CHECK(holder < 0, "{}: expert parameter '{}' ({}) is held by coordinates {} and {} of mesh dim {}; "
+                   "expected one owner (owner(K) in the plan)", where, path, placements_str(ps), holder, c, dim);
+          holder = c;
+        }
+      }
+      MT_CHECK(holder >= 0, "{}: expert parameter '{}' has no owner on mesh dim {}", where, path, dim);
+      MT_CHECK(owner < 0 || owner == holder,
+               "{}: expert '{}' has '{}' on coordinate {} but '{}' on coordinate {}; expected all its parameters on "
+               "one owner", where, expert->path(), first, owner, path, holder);
+      if (owner < 0) {
+        owner = holder;
+        first = path;
+      }
+    }
+    MT_CHECK(owner >= 0, "{}: expert '{}' has no parameters", where, expert->path());
+    owners.push_back(owner);
+  }
+  return owners;
+}
+
+}  // namespace mt

@@ -1,0 +1,78 @@
+// The mixture-of-experts seam between a model and a plan. A model's MoE layer computes its routing
+// (which experts each token goes to, with which weights) and hands the rest to an
+// ExpertDispatcher: run each expert on the tokens routed to it and sum the weighted outputs back
+// per token. The default runs every expert here, in expert order (what one device does); a plan
+// installs another dispatcher on the layer (plan/expert_dispatch.h: tokens sent to the ranks that
+// own their experts with an all-to-all) without touching the model's code. docs/moe.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/module.h"
+#include "tensor/tensor.h"
+
+namespace mt {
+
+// One layer call's routing, all over the same N tokens.
+struct ExpertRouting {
+  Tensor x;         // [N, H] the tokens
+  Tensor selected;  // [N, k] int64: the experts of each token, by slot
+  Tensor weights;   // [N, k] x's dtype: the weight of each (token, slot)
+  // The layer's input ([B, T, H], x is its [N, H] view): the output takes its shape (and, for a
+  // DTensor, its placements). Undefined: the output is [N, H].
+  Tensor input;
+};
+
+// The tokens of each expert in the order one device processes them: slot-major (all tokens of
+// slot 0, then slot 1, ...), as torch.where over an [k, N] expert mask yields them.
+struct ExpertLists {
+  std::vector<std::vector<int64_t>> tokens;  // per expert: token index n
+  std::vector<std::vector<int64_t>> slots;   // per expert: flat (token, slot) index n * k + j
+};
+// `selected` holds N * k expert ids (row-major [N, k]); an id outside [0, experts) is an error
+// naming `where`.
+ExpertLists expert_lists(const std::vector<int64_t>& selected, int64_t n_tokens, int64_t top_k, int64_t experts,
+                         const std::string& where);
+
+class ExpertDispatcher {
+ public:
+  virtual ~ExpertDispatcher() = default;
+  // out [N, H] (x's dtype; viewed as `input` when given): out[n] = sum over slots j of
+  // weights[n, j] * expert_{selected[n, j]}(x[n]), the experts' terms added in expert order.
+  // `experts` are the layer's expert modules by index.
+  virtual Tensor run(const ExpertRouting& routing, const std::vector<Module*>& experts, const std::string& where) = 0;
+  virtual std::string describe() const = 0;  // "all_to_all over ep (4 ranks)"
+  // Tokens routed to each expert in the last run, over every rank that shares the experts.
+  virtual std::vector<int64_t> last_tokens_per_expert() const = 0;
+};
+
+// Every expert here: for each expert in index order, its tokens (ExpertLists order) gathered, the
+// expert applied, scaled by their weights and index_add-ed into a zero [N, H] buffer. Experts that
+// got no token are not run (their parameters get no gradient), as transformers does.
+// `tokens_per_expert`, when given, receives how many (token, slot) rows each expert got.
+Tensor run_experts_locally(const ExpertRouting& routing, const std::vector<Module*>& experts, const std::string& where,
+                           std::vector<int64_t>* tokens_per_expert = nullptr);
+
+// A module whose experts run through a dispatcher (models/moe.h's MixtralSparseMoeBlock).
+class MoeModule : public Module {
+ public:
+  virtual std::vector<Module*> expert_modules() = 0;
+  // nullptr restores the local default.
+  void set_dispatcher(std::shared_ptr<ExpertDispatcher> d) { dispatcher_ = std::move(d); }
+  const std::shared_ptr<ExpertDispatcher>& dispatcher() const { return dispatcher_; }
+  // Rows (token, slot) routed to each expert by the last forward: over the whole expert-parallel
+  // group under all_to_all dispatch, else over the tokens this layer saw. Empty before a forward.
+  const std::vector<int64_t>& tokens_per_expert() const { return tokens_per_expert_; }
+
+ protected:
+  Tensor run_experts(const ExpertRouting& routing);
+
+ private:
+  std::shared_ptr<ExpertDispatcher> dispatcher_;
+  std::vector<int64_t> tokens_per_expert_;
+};
+
+}  // namespace mt

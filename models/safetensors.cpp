@@ -36,16 +36,21 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kCrcKey = "mt.crc32";
 
-constexpr std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> t{};
+// Slicing-by-8 tables: kCrcTables[0] is the byte-at-a-time table; kCrcTables[k][i] is the CRC of
+// byte i followed by k zero bytes, so eight bytes are folded per step (about 5x the one-table speed,
+// which matters for sharded checkpoints: every chunk and every file is checksummed).
+constexpr std::array<std::array<uint32_t, 256>, 8> make_crc_tables() {
+  std::array<std::array<uint32_t, 256>, 8> t{};
   for (uint32_t i = 0; i < 256; ++i) {
     uint32_t c = i;
     for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[i] = c;
+    t[0][i] = c;
   }
+  for (int k = 1; k < 8; ++k)
+    for (uint32_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xffu];
   return t;
 }
-constexpr std::array<uint32_t, 256> kCrcTable = make_crc_table();
+constexpr std::array<std::array<uint32_t, 256>, 8> kCrcTables = make_crc_tables();
 
 struct DTypeName {
   const char* name;
@@ -146,8 +151,17 @@ void read_exact(std::ifstream& in, void* dst, uint64_t n, const std::string& pat
 
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
+  const auto& t = kCrcTables;
   crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = kCrcTable[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
+  for (; n >= 8; n -= 8, p += 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);  // little-endian host (static_assert above)
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;
+    crc = t[7][lo & 0xffu] ^ t[6][(lo >> 8) & 0xffu] ^ t[5][(lo >> 16) & 0xffu] ^ t[4][lo >> 24] ^
+          t[3][hi & 0xffu] ^ t[2][(hi >> 8) & 0xffu] ^ t[1][(hi >> 16) & 0xffu] ^ t[0][hi >> 24];
+  }
+  for (; n > 0; --n, ++p) crc = t[0][(crc ^ *p) & 0xffu] ^ (crc >> 8);
   return ~crc;
 }
 
@@ -158,18 +172,29 @@ const char* safetensors_dtype_name(DType t) {
   return "";
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
+namespace {
+
+struct ParsedHeader {
+  std::vector<Entry> entries;  // sorted by begin
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;
+};
+
+// The size of the regular file `path` (errors name it when it is missing or no regular file).
+uint64_t checked_file_size(const std::string& path) {
   std::error_code ec;
   auto status = fs::status(path, ec);
   MT_CHECK(fs::exists(status), "safetensors '{}': file does not exist", path);
   MT_CHECK(fs::is_regular_file(status), "safetensors '{}': not a regular file", path);
   const uint64_t file_size = fs::file_size(path, ec);
   MT_CHECK(!ec, "safetensors '{}': cannot get the file size: {}", path, ec.message());
-  std::ifstream in(path, std::ios::binary);
-  MT_CHECK(in.is_open(), "safetensors '{}': cannot open: {}", path, errno_text());
+  return file_size;
+}
+
+// Reads and validates the header of `path` through `in` (positioned at 0).
+ParsedHeader parse_header(const std::string& path, std::ifstream& in, uint64_t file_size) {
   MT_CHECK(file_size >= 8, "safetensors '{}': file is {} bytes, too short for the 8-byte header length", path,
            file_size);
-
   uint8_t len_bytes[8];
   read_exact(in, len_bytes, 8, path, "header length");
   uint64_t header_len = 0;
@@ -199,8 +224,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
   MT_CHECK(duplicate.empty(), "safetensors '{}': tensor '{}' appears twice in the header", path, duplicate);
   MT_CHECK(doc.is_object(), "safetensors '{}': header must be a JSON object, got {}", path, doc.type_name());
 
-  SafetensorsFile out;
-  std::vector<Entry> entries;
+  ParsedHeader out;
+  out.data_start = 8 + header_len;
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     if (it.key() == "__metadata__") {
       MT_CHECK(it->is_object(), "safetensors '{}': __metadata__ must be an object of strings", path);
@@ -211,11 +236,12 @@ SafetensorsFile read_safetensors(const std::string& path) {
       }
       continue;
     }
-    entries.push_back(parse_entry(path, it.key(), it.value()));
+    out.entries.push_back(parse_entry(path, it.key(), it.value()));
   }
 
   // The ranges must tile [0, buffer size) exactly, as the reference implementation requires.
   const uint64_t buffer_size = file_size - 8 - header_len;
+  std::vector<Entry>& entries = out.entries;
   std::stable_sort(entries.begin(), entries.end(),
                    [](const Entry& a, const Entry& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   uint64_t pos = 0;
@@ -233,9 +259,20 @@ SafetensorsFile read_safetensors(const std::string& path) {
   }
   MT_CHECK(pos == buffer_size, "safetensors '{}': the data buffer has {} bytes but the tensors cover only {}", path,
            buffer_size, pos);
+  return out;
+}
 
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  const uint64_t file_size = checked_file_size(path);
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.is_open(), "safetensors '{}': cannot open: {}", path, errno_text());
+  ParsedHeader h = parse_header(path, in, file_size);
+  SafetensorsFile out;
+  out.metadata = std::move(h.metadata);
   uint32_t crc = 0;
-  for (const auto& e : entries) {
+  for (const auto& e : h.entries) {
     Tensor t = empty(e.shape, e.dtype);
     const uint64_t n = e.end - e.begin;
     if (n > 0) {
@@ -254,6 +291,88 @@ SafetensorsFile read_safetensors(const std::string& path) {
     MT_CHECK(it->second == hex32(crc),
              "safetensors '{}': checksum mismatch: {} in the header is {} but the data buffer's CRC-32 is {} (the "
              "file is corrupt)", path, kCrcKey, it->second, hex32(crc));
+  return out;
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  const uint64_t file_size = checked_file_size(path);
+  ParsedHeader h;
+  {
+    std::ifstream in(path, std::ios::binary);
+    MT_CHECK(in.is_open(), "safetensors '{}': cannot open: {}", path, errno_text());
+    h = parse_header(path, in, file_size);
+  }
+  data_start_ = h.data_start;
+  metadata_ = std::move(h.metadata);
+  for (auto& e : h.entries) {
+    by_name_[e.name] = entries_.size();
+    entries_.push_back({e.name, e.dtype, e.shape, e.begin, e.end});
+  }
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MT_CHECK(fd_ >= 0, "safetensors '{}': cannot open: {}", path, errno_text());
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &entries_[it->second];
+}
+
+Tensor SafetensorsReader::read_block(const std::string& name, const Shape& offset, const Shape& sizes) {
+  const SafetensorsEntry* e = find(name);
+  MT_CHECK(e, "safetensors '{}': tensor '{}' is not in the file", path_, name);
+  const int nd = e->shape.size();
+  MT_CHECK(offset.size() == nd && sizes.size() == nd,
+           "safetensors '{}': tensor '{}' has {} dims but the requested box [{} + {}] has {}", path_, name, nd, offset,
+           sizes, offset.size());
+  for (int d = 0; d < nd; ++d)
+    MT_CHECK(offset[d] >= 0 && sizes[d] >= 0 && offset[d] + sizes[d] <= e->shape[d],
+             "safetensors '{}': tensor '{}' of shape {}: the box at {} of sizes {} leaves it", path_, name, e->shape,
+             offset, sizes);
+  Tensor out = empty(sizes, e->dtype);
+  if (out.numel() == 0) return out;
+  const int64_t esize = dtype_size(e->dtype);
+  // The innermost dims the box covers whole merge into one contiguous run with the first
+  // partial dim (from the right); the dims outside it are iterated.
+  int inner = nd;  // dims [inner, nd) form one run
+  int64_t run = 1;
+  while (inner > 0) {
+    run *= sizes[inner - 1];
+    --inner;
+    if (sizes[inner] != e->shape[inner]) break;
+  }
+  Shape strides = e->shape;  // row-major element strides of the stored tensor
+  {
+    int64_t s = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      strides[d] = s;
+      s *= e->shape[d];
+    }
+  }
+  auto* dst = static_cast<char*>(out.data_ptr());
+  const uint64_t run_bytes = static_cast<uint64_t>(run * esize);
+  std::vector<int64_t> idx(static_cast<size_t>(inner), 0);  // position in the outer dims of the box
+  while (true) {
+    int64_t elem = 0;
+    for (int d = 0; d < nd; ++d) elem += (offset[d] + (d < inner ? idx[d] : 0)) * strides[d];
+    uint64_t pos = data_start_ + e->begin + static_cast<uint64_t>(elem * esize);
+    uint64_t done = 0;
+    while (done < run_bytes) {
+      const ssize_t got = ::pread(fd_, dst + done, run_bytes - done, static_cast<off_t>(pos + done));
+      if (got < 0 && errno == EINTR) continue;
+      MT_CHECK(got > 0, "safetensors '{}': tensor '{}': read failed at byte {}: {}", path_, name, pos + done,
+               got < 0 ? errno_text() : std::string("unexpected end of file"));
+      done += static_cast<uint64_t>(got);
+    }
+    bytes_read_ += run_bytes;
+    dst += run_bytes;
+    int d = inner - 1;
+    while (d >= 0 && ++idx[d] == sizes[d]) idx[d--] = 0;
+    if (d < 0) break;
+  }
   return out;
 }
 
@@ -353,6 +472,61 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
       const auto bytes = static_cast<std::streamsize>(c.numel() * dtype_size(c.dtype()));
       if (bytes > 0) out.write(static_cast<const char*>(c.data_ptr()), bytes);
     }
+  });
+}
+
+void write_safetensors_streamed(const std::string& path, const std::vector<SafetensorsSpec>& specs,
+                                const std::function<Tensor(size_t)>& produce,
+                                const std::map<std::string, std::string>& metadata) {
+  std::set<std::string> names;
+  ordered_json header = ordered_json::object();
+  ordered_json meta = ordered_json::object();
+  for (const auto& [k, v] : metadata)
+    if (k != kCrcKey) meta[k] = v;
+  constexpr const char* kPlaceholder = "@@crc32@";  // 8 characters, replaced by the hex CRC
+  meta[kCrcKey] = kPlaceholder;
+  header["__metadata__"] = std::move(meta);
+  uint64_t offset = 0;
+  for (const auto& sp : specs) {
+    MT_CHECK(!sp.name.empty() && sp.name != "__metadata__" && names.insert(sp.name).second,
+             "write_safetensors '{}': invalid or repeated tensor name '{}'", path, sp.name);
+    const uint64_t n = static_cast<uint64_t>(sp.shape.numel() * dtype_size(sp.dtype));
+    ordered_json e;
+    e["dtype"] = safetensors_dtype_name(sp.dtype);
+    e["shape"] = sp.shape.vec();
+    e["data_offsets"] = {offset, offset + n};
+    header[sp.name] = std::move(e);
+    offset += n;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const size_t crc_at = text.find(kPlaceholder);
+  MT_ASSERT(crc_at != std::string::npos, "placeholder lost");
+  uint32_t crc = 0;
+  std::streampos header_start = 0;
+  write_file_atomically(path, [&](std::ostream& out) {
+    uint8_t len[8];
+    uint64_t n = text.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+    out.write(reinterpret_cast<const char*>(len), 8);
+    header_start = out.tellp();
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (size_t i = 0; i < specs.size(); ++i) {
+      Tensor t = produce(i);
+      MT_CHECK(t.dtype() == specs[i].dtype && t.shape() == specs[i].shape,
+               "write_safetensors '{}': tensor '{}' is {} {}, announced as {} {}", path, specs[i].name, t.dtype(),
+               t.shape(), specs[i].dtype, specs[i].shape);
+      Tensor c = (t.device().is_cpu() ? t : t.to(Device::cpu())).contiguous();
+      const auto bytes = static_cast<size_t>(c.numel() * dtype_size(c.dtype()));
+      if (bytes > 0) {
+        crc = crc32_update(crc, c.data_ptr(), bytes);
+        out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(bytes));
+      }
+    }
+    const std::string hex = hex32(crc);
+    out.seekp(header_start + static_cast<std::streamoff>(crc_at));
+    out.write(hex.data(), 8);
+    out.seekp(0, std::ios::end);
   });
 }
 

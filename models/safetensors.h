@@ -31,6 +31,43 @@ struct SafetensorsFile {
 // "mt.crc32" checksum does not match.
 SafetensorsFile read_safetensors(const std::string& path);
 
+// Partial reads (sharded checkpoints, docs/checkpoints.md "Sharded checkpoints"): the header is read
+// and validated as read_safetensors does (dtypes, shapes, offsets tiling the buffer), but no tensor
+// data until asked; read_block preads only the bytes of the requested box. The file's CRC-32
+// covers the whole buffer, so partial reads cannot verify it (callers that read whole tensors may
+// check a per-tensor checksum of their own).
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;  // byte range in the data buffer
+};
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);  // throws as read_safetensors does
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const SafetensorsEntry* find(const std::string& name) const;  // nullptr when absent
+  // The box [offset, offset + sizes) of tensor `name` as a fresh contiguous CPU tensor; reads only
+  // the runs of bytes inside the box (one pread per contiguous run). Throws naming the file and
+  // tensor when the tensor is absent or the box leaves it.
+  Tensor read_block(const std::string& name, const Shape& offset, const Shape& sizes);
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> by_name_;
+  std::map<std::string, std::string> metadata_;
+  uint64_t bytes_read_ = 0;
+};
+
 // Writes `tensors` in the given order (names must be unique and not "__metadata__"); any strides,
 // any supported dtype, any device but meta; a DTensor only when replicated (else refused, naming
 // the tensor: gather it with mt::full_tensor first). `metadata` is stored as "__metadata__"
@@ -38,6 +75,19 @@ SafetensorsFile read_safetensors(const std::string& path);
 // so `path` holds either its old content or the whole new file; on error nothing is left behind.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// Writes a file of tensors produced one at a time (memory: one tensor), e.g. assembled from the
+// chunks of a sharded checkpoint: `produce(i)` returns tensor i of `specs` (name, dtype, shape;
+// checked). Same bytes as write_safetensors given the same tensors (the CRC-32 is written into the
+// header once the data is), atomic in the same way.
+struct SafetensorsSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+};
+void write_safetensors_streamed(const std::string& path, const std::vector<SafetensorsSpec>& specs,
+                                const std::function<Tensor(size_t)>& produce,
+                                const std::map<std::string, std::string>& metadata = {});
 
 // The safetensors dtype string ("F32", "BF16", ...) of a dtype.
 const char* safetensors_dtype_name(DType t);

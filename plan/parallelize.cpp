@@ -109,6 +109,8 @@ std::map<std::string, std::string> error_notes(const HookIR& ir, const Plan& pla
   return notes;
 }
 
+thread_local bool t_skip_shard_init = false;
+
 // The parameter `p` becomes a DTensor of `ps` whose storage is this rank's shard.
 void shard_parameter(const std::string& path, const Tensor& p, const InitRecord* rec, const DeviceMesh& mesh,
                      const Placements& ps, Device device) {
@@ -121,10 +123,11 @@ void shard_parameter(const std::string& path, const Tensor& p, const InitRecord*
              "materialize or load it before parallelize",
              path);
     local = empty(lay.local_shape, TensorOptions(p.dtype()).with_device(device));
-    for (const ShardPiece& piece : lay.pieces) {
-      Tensor v = block_view(local, piece.local_offset, piece.sizes);
-      rec->fill(v, piece.global_base, lay.global_strides);
-    }
+    if (!t_skip_shard_init)
+      for (const ShardPiece& piece : lay.pieces) {
+        Tensor v = block_view(local, piece.local_offset, piece.sizes);
+        rec->fill(v, piece.global_base, lay.global_strides);
+      }
   } else {
     NoGradGuard ng;
     local = local_shard(p.detach(), ps, mesh.shape(), mesh.coordinate_shape()).to(device);
@@ -343,6 +346,9 @@ void install_dispatchers(Module& model, const HookIR& ir, const DeviceMesh& mesh
 }
 
 }  // namespace
+
+SkipShardInitGuard::SkipShardInitGuard() : prev_(t_skip_shard_init) { t_skip_shard_init = true; }
+SkipShardInitGuard::~SkipShardInitGuard() { t_skip_shard_init = prev_; }
 
 Parallelized::Parallelized(HookIR ir, std::vector<HookHandle> hooks, std::vector<std::string> module_paths)
     : ir_(std::move(ir)), hooks_(std::move(hooks)), modules_(std::move(module_paths)) {

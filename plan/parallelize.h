@@ -33,6 +33,21 @@
 
 namespace mt {
 
+// While one is alive on this thread, parallelize() allocates the local shards of meta parameters
+// without filling them from their init records: for a caller that overwrites every shard right
+// after (a resume from a sharded checkpoint, tools/cli/train.cpp), which would otherwise pay for a
+// random init it discards. The default generator is not touched either way.
+class SkipShardInitGuard {
+ public:
+  SkipShardInitGuard();
+  ~SkipShardInitGuard();
+  SkipShardInitGuard(const SkipShardInitGuard&) = delete;
+  SkipShardInitGuard& operator=(const SkipShardInitGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // Owns the installed hooks: destroying it (or remove()) removes them. Parameters stay DTensors.
 // Keep it alive as long as the model trains: a dropped result leaves DTensor parameters without
 // the hooks that redistribute activations (TP then fails on a Partial input, DP would not shard).

@@ -25,6 +25,8 @@ constexpr const char* kUsage =
     "  plan     print a plan's hook IR and local parameter shapes for a model and world size\n"
     "  parity   train under a plan and on one device, compare losses, gradients and weights\n"
     "  compare  per-tensor differences of two safetensors files or checkpoint directories\n"
+    "  checkpoint inspect DIR   the tensors, shapes, placements and chunks of a sharded checkpoint\n"
+    "  export   a Hugging Face checkpoint assembled from a sharded training checkpoint\n"
     "  version  print the version and the backends built in\n";
 
 }  // namespace
@@ -40,6 +42,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(cmd, "plan")) return mt::cli::run_plan(argc, argv);
     if (!std::strcmp(cmd, "parity")) return mt::cli::run_parity(argc, argv);
     if (!std::strcmp(cmd, "compare")) return mt::cli::run_compare(argc, argv);
+    if (!std::strcmp(cmd, "checkpoint")) return mt::cli::run_checkpoint(argc, argv);
+    if (!std::strcmp(cmd, "export")) return mt::cli::run_export(argc, argv);
     if (!std::strcmp(cmd, "version")) {
       fmt::print("meshtrain {} (cuda: {}, mpi: {})\n", MT_VERSION, MT_HAVE_CUDA ? "yes" : "no", MT_HAVE_MPI ? "yes" : "no");
       return 0;
@@ -48,7 +52,7 @@ int main(int argc, char** argv) {
       fmt::print("{}", kUsage);
       return 0;
     }
-    MT_FAIL("unknown command '{}' (commands: train, eval, grad, init, smoke, plan, parity, compare, version; meshtrain --help)", cmd);
+    MT_FAIL("unknown command '{}' (commands: train, eval, grad, init, smoke, plan, parity, compare, checkpoint, export, version; meshtrain --help)", cmd);
   } catch (const mt::cli::HelpShown&) {
     return 0;
   } catch (const mt::cli::ExitError& e) {

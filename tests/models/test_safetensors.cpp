@@ -364,3 +364,41 @@ TEST_CASE("safetensors: unwritable output leaves nothing behind; bad tensors are
   REQUIRE(!fs::exists(p));
   REQUIRE(dir.listing() == std::vector<std::string>{"adir", "plain"});
 }
+
+TEST_CASE("safetensors: read_block reads exactly the requested box", "[cpu]") {
+  TempDir dir;
+  const std::string path = dir.file("b.safetensors");
+  Tensor a = arange(0.0, 4.0 * 5 * 6, 1.0, DType::kF32).reshape({4, 5, 6});
+  Tensor s = scalar_tensor(7.0, DType::kI64);
+  write_safetensors(path, {{"a", a}, {"s", s}});
+  SafetensorsReader r(path);
+  REQUIRE(r.entries().size() == 2);
+  struct Box {
+    Shape off, size;
+  };
+  // Whole tensor (one run), trailing dims whole (merged runs), inner boxes (one run per row).
+  for (const Box& b : {Box{{0, 0, 0}, {4, 5, 6}}, Box{{1, 0, 0}, {2, 5, 6}}, Box{{1, 2, 0}, {3, 2, 6}},
+                       Box{{0, 1, 2}, {4, 3, 3}}, Box{{3, 4, 5}, {1, 1, 1}}, Box{{2, 0, 0}, {0, 5, 6}}}) {
+    const uint64_t before = r.bytes_read();
+    Tensor got = r.read_block("a", b.off, b.size);
+    Tensor want = a.narrow(0, b.off[0], b.size[0]).narrow(1, b.off[1], b.size[1]).narrow(2, b.off[2], b.size[2]);
+    CHECK(bytes_of(got) == bytes_of(want));
+    CHECK(r.bytes_read() - before == static_cast<uint64_t>(b.size.numel() * 4));  // nothing outside the box
+  }
+  CHECK(r.read_block("s", Shape{}, Shape{}).item() == 7.0);
+  CHECK_THROWS_WITH(r.read_block("a", {0, 0, 4}, {1, 1, 3}), Contains("b.safetensors") && Contains("'a'") &&
+                                                                 Contains("leaves it"));
+  CHECK_THROWS_WITH(r.read_block("nope", {}, {}), Contains("b.safetensors") && Contains("'nope' is not in the file"));
+}
+
+TEST_CASE("safetensors: the streamed writer gives write_safetensors' bytes", "[cpu]") {
+  TempDir dir;
+  Tensor a = arange(0.0, 12.0, 1.0, DType::kF32).reshape({3, 4});
+  Tensor b = arange(0.0, 5.0, 1.0, DType::kBF16);
+  write_safetensors(dir.file("x.safetensors"), {{"a", a}, {"b", b}}, {{"format", "pt"}});
+  const std::vector<Tensor> ts = {a, b};
+  write_safetensors_streamed(dir.file("y.safetensors"), {{"a", DType::kF32, a.shape()}, {"b", DType::kBF16, b.shape()}},
+                             [&](size_t i) { return ts[i]; }, {{"format", "pt"}});
+  CHECK(file_bytes(dir.file("x.safetensors")) == file_bytes(dir.file("y.safetensors")));
+  CHECK(read_safetensors(dir.file("y.safetensors")).tensors.size() == 2);  // CRC checked
+}

@@ -118,13 +118,15 @@ unfused=$(grep -o '[0-9]* grad collectives' "$WORK/nofuse.out" | tail -n 1 | cut
 [ -n "$fused" ] && [ -n "$unfused" ] && [ "$fused" -lt "$unfused" ] \
   && pass "llama_dp: $fused fused collectives per step < $unfused unfused" || fail "fusion counts: '$fused' vs '$unfused'"
 
-# ---- resume under a plan (full-tensor checkpoints) ----------------------------------------------------
+# ---- resume under a plan (sharded checkpoints) --------------------------------------------------------
 R="$TRAIN --dropout 0.1 --plan $PLANS/llama_zero3.plan"
 mpi 2 "$BIN" $R --metrics "$WORK/rf.jsonl" --checkpoint-dir "$WORK/rfull" >/dev/null 2>&1 || fail "train full (zero3) exit"
 mpi 2 "$BIN" $R --metrics "$WORK/rp.jsonl" --checkpoint-dir "$WORK/rpart" --stop-at 3 >/dev/null 2>&1 || fail "train part (zero3) exit"
 mpi 2 "$BIN" $R --metrics "$WORK/rp.jsonl" --checkpoint-dir "$WORK/rpart" --resume >/dev/null 2>"$WORK/err" || fail "resume (zero3) exit: $(tail -n 1 "$WORK/err")"
-cmp -s "$WORK/rfull/step-00000005/model.safetensors" "$WORK/rpart/step-00000005/model.safetensors" \
-  && cmp -s "$WORK/rfull/step-00000005/optimizer.safetensors" "$WORK/rpart/step-00000005/optimizer.safetensors" \
+# Sharded checkpoints (docs/checkpoints.md): every shard file and the index, bit for bit.
+cmp -s "$WORK/rfull/step-00000005/shard-00000-of-00002.safetensors" "$WORK/rpart/step-00000005/shard-00000-of-00002.safetensors" \
+  && cmp -s "$WORK/rfull/step-00000005/shard-00001-of-00002.safetensors" "$WORK/rpart/step-00000005/shard-00001-of-00002.safetensors" \
+  && cmp -s "$WORK/rfull/step-00000005/index.json" "$WORK/rpart/step-00000005/index.json" \
   && pass "llama_zero3: 3 steps + resume + 2 steps == 5 steps (weights and optimizer bit for bit)" || fail "plan resume differs"
 mpi 2 "$BIN" ${R/train/parity} --json "$WORK/pd.json" >/dev/null 2>"$WORK/err"
 r=$(parity_losses "$WORK/pd.json" "$WORK/rf.jsonl" 2>&1) && pass "llama_zero3 with dropout 0.1: $r" \

@@ -12,5 +12,7 @@ int run_smoke(int argc, char** argv);
 int run_plan(int argc, char** argv);
 int run_parity(int argc, char** argv);
 int run_compare(int argc, char** argv);
+int run_checkpoint(int argc, char** argv);  // checkpoint inspect DIR
+int run_export(int argc, char** argv);
 
 }  // namespace mt::cli

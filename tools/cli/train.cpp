@@ -3,8 +3,9 @@
 // master weights), checkpoints and exact resume. One line per step on stdout plus JSONL metrics.
 // With --plan P under mpirun the model is parallelized by the plan (docs/cli.md, "--plan"): every
 // rank reads the same global batch and keeps its shard of it, gradients are reduced by the fused
-// GradReducer, AdamW and clipping work on the shards, and rank 0 prints, logs and writes full
-// checkpoints (which resume under any plan, or none). The step itself (its flags, the model
+// GradReducer, AdamW and clipping work on the shards, rank 0 prints and logs, and every rank writes
+// its own chunks of a sharded checkpoint, asynchronously (tools/cli/sharded_save.h; resumes under any
+// plan, or none). The step itself (its flags, the model
 // construction, gradients / clip / apply) is tools/cli/trainer.h, shared with `meshtrain parity`.
 #include <cerrno>
 #include <chrono>
@@ -15,6 +16,8 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/shard_reader.h"
+#include "mesh/dtensor.h"
 #include "models/corpus.h"
 #include "models/data.h"
 #include "models/hf_checkpoint.h"
@@ -26,6 +29,7 @@
 #include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "runtime/profiler.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
 #include "tools/cli/checks.h"
@@ -33,6 +37,7 @@
 #include "tools/cli/device.h"
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
+#include "tools/cli/sharded_save.h"
 #include "tools/cli/train_state.h"
 #include "tools/cli/trainer.h"
 
@@ -52,6 +57,11 @@ std::vector<FlagSpec> train_flags() {
       {"device", "cpu, cuda (under mpirun: GPU local rank % GPUs) or cuda:N", "cpu", false},
       {"checkpoint-dir", "directory for checkpoints (empty: none)", "", false},
       {"checkpoint-every", "save every N steps (0: only at the end)", "0", false},
+      {"keep", "keep only the newest N checkpoints in --checkpoint-dir (0: all)", "0", false},
+      {"sync-save", "--plan: write each sharded checkpoint before training goes on (default: in the background, "
+                    "committed at the next save or the end; docs/checkpoints.md)", "", true},
+      {"gather-save", "--plan: gather full tensors and write the single-process layout on rank 0 instead of a "
+                      "sharded checkpoint (the former behaviour; for comparison)", "", true},
       {"resume", "continue from the latest checkpoint in --checkpoint-dir", "", true},
       {"overwrite", "replace checkpoints in --checkpoint-dir that this run did not write (docs/checkpoints.md)", "", true},
       {"metrics", "JSONL metrics file (empty: none)", "metrics.jsonl", false},
@@ -101,6 +111,7 @@ int run_train(int argc, char** argv) {
   const std::string ckpt_dir = args.str("checkpoint-dir");
   const bool resume = args.flag("resume");
   MT_CHECK(!resume || !ckpt_dir.empty(), "meshtrain train: --resume needs --checkpoint-dir");
+  MT_CHECK(args.integer("keep") >= 0, "meshtrain train: --keep must be >= 0, got {}", args.integer("keep"));
   // Every output path and the checkpoint history rules, on every rank, before anything is built.
   const Overwrite overwrite = args.flag("overwrite") ? Overwrite::kAllow : Overwrite::kRefuse;
   check_output_file(args.str("metrics"), "--metrics");
@@ -121,8 +132,10 @@ int run_train(int argc, char** argv) {
   HfCheckpoint start_weights;  // --hf
   ModelConfig cfg;
   uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
+  const auto load_t0 = std::chrono::steady_clock::now();
   if (resume) {
-    loaded = load_latest_checkpoint(ckpt_dir);
+    // A sharded checkpoint under a plan: each rank reads its own boxes below, after parallelize().
+    loaded = load_latest_checkpoint(ckpt_dir, /*full=*/args.str("plan").empty());
     check_resume_matches(loaded.state, args);
     cfg = loaded.config;
     seed = loaded.state.seed;
@@ -140,13 +153,33 @@ int run_train(int argc, char** argv) {
   check_model_fits_memory(cfg, ModelUse::kTraining, "train", cfg_source);
   manual_seed(seed);
   HfCheckpoint start_from;  // --resume or --hf: the model starts from these weights
-  const bool loaded_weights = resume || !args.str("hf").empty();
+  const bool sharded_resume = resume && loaded.sharded && plan;
+  const bool loaded_weights = (resume && !sharded_resume) || !args.str("hf").empty();
   if (loaded_weights) start_from.tensors = resume ? std::move(loaded.model) : std::move(start_weights.tensors);
   std::shared_ptr<CausalLM> model = build_run_model(cfg, loaded_weights ? &start_from : nullptr, plan != nullptr);
   // --plan: loaded weights are sliced to the shards, meta ones initialized shard-wise (equal to the
   // single-device init). The trainer's reducer hooks every parameter.
   std::unique_ptr<Parallelized> par;
-  if (plan) par = std::make_unique<Parallelized>(parallelize(*model, plan->plan, *plan->mesh));
+  if (plan) {
+    std::optional<SkipShardInitGuard> no_init;  // sharded resume: every shard is read below
+    if (sharded_resume) no_init.emplace();
+    par = std::make_unique<Parallelized>(parallelize(*model, plan->plan, *plan->mesh));
+  }
+  std::unique_ptr<ShardedCheckpointReader> reader;
+  double read_s = 0;  // sharded resume: seconds spent reading this rank's boxes
+  if (sharded_resume) {
+    const auto r0 = std::chrono::steady_clock::now();
+    // Each rank reads only the boxes of its shards (docs/checkpoints.md, "Sharded checkpoints").
+    reader = std::make_unique<ShardedCheckpointReader>(loaded.path);
+    const NamedTensors params = model->named_parameters();
+    const NamedTensors values = reader->load_like("model", params);
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      Tensor dst = params[i].second.is_distributed() ? to_local(params[i].second).detach() : params[i].second.detach();
+      dst.copy_(values[i].second.is_distributed() ? to_local(values[i].second) : values[i].second);
+    }
+    read_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+  }
   // Built, loaded and sharded on the host exactly as a CPU run; then moved (the same bytes).
   if (!device.is_cpu()) model->to(device);
 
@@ -160,11 +193,20 @@ int run_train(int argc, char** argv) {
   int64_t start = 0;
   if (resume) {
     // Checkpoints hold full tensors: with --plan, each rank takes its shards of the moments.
-    opt.load_state_dict(plan ? shard_like(loaded.optimizer, opt.state_dict()) : loaded.optimizer);
+    // Sharded checkpoints: this rank's boxes of the moments only.
+    const auto r0 = std::chrono::steady_clock::now();
+    opt.load_state_dict(reader ? reader->load_like("optimizer", opt.state_dict())
+                        : plan ? shard_like(loaded.optimizer, opt.state_dict())
+                               : loaded.optimizer);
+    if (reader) read_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     loader.set_position(loaded.state.data_position);
     default_generator().set_offset(loaded.state.rng_offset);
     start = loaded.state.step;
     fmt::print("resumed from {} at step {}\n", loaded.path, start);
+    fmt::print("checkpoint loaded in {:.3f} s ({}{})\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count(),
+               loaded.sharded ? "sharded" : "full tensors",
+               reader ? fmt::format(", rank 0 read {} bytes in {:.3f} s", reader->bytes_read(), read_s) : "");
   }
   master.master_to_model();
 
@@ -183,9 +225,16 @@ int run_train(int argc, char** argv) {
                plan->plan_mesh.str(), placements_on(par->input_placements("model"), plan->plan_mesh),
                args.flag("no-fuse") ? "unfused" : "fused buckets");
 
+  std::unique_ptr<ShardedSaver> saver;
+  if (plan && !ckpt_dir.empty() && !args.flag("gather-save"))
+    saver = std::make_unique<ShardedSaver>(
+        ShardedSaveOptions{ckpt_dir, overwrite, !args.flag("sync-save"), args.integer("keep")}, *plan, cfg);
+  double gather_save_s = 0;  // --gather-save: the time spent in saves
   auto save = [&](int64_t done) {
     if (ckpt_dir.empty()) return;
-    TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum};
+    const auto t0 = std::chrono::steady_clock::now();
+    TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum,
+                 plan ? plan->world : 1, plan ? plan->path : ""};
     // Never a checkpoint with non-finite weights (the loop stops before such a step; this guards it).
     auto refuse_non_finite = [&](const NamedTensors& weights) {
       auto bad = first_non_finite(weights);
@@ -195,12 +244,23 @@ int run_train(int argc, char** argv) {
     if (!plan) {
       refuse_non_finite(master.master_params());
       fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s, overwrite));
+      apply_retention(ckpt_dir, args.integer("keep"));
       return;
     }
-    // Full tensors, gathered by every rank (collective); rank 0 writes.
-    NamedTensors weights = full_tensors(master.master_params()), moments = full_tensors(opt.state_dict());
-    refuse_non_finite(weights);
-    if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s, overwrite));
+    if (!saver) {  // --gather-save: full tensors, gathered by every rank (collective); rank 0 writes
+      NamedTensors weights = cli::full_tensors(master.master_params()), moments = cli::full_tensors(opt.state_dict());
+      refuse_non_finite(weights);
+      if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s, overwrite));
+      if (root) apply_retention(ckpt_dir, args.integer("keep"));
+      gather_save_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return;
+    }
+    // Sharded: every rank checks and writes its own shards (sharded_save.h).
+    NamedTensors local;
+    for (const auto& [name, t] : master.master_params())
+      local.emplace_back(name, t.is_distributed() ? to_local(t).detach() : t.detach());
+    refuse_non_finite(local);
+    saver->save(s, master.master_params(), opt.state_dict());
   };
 
   // --profile: every step is a marked region of the trace (docs/profiler.md).
@@ -254,6 +314,13 @@ int run_train(int argc, char** argv) {
     if (root) fmt::print("{}profile: trace written to {}\n", profiler->summary(), path);
   }
   save(stop_at);
+  if (saver) {
+    saver->finish();
+    if (root) fmt::print("checkpoint saves blocked training for {:.3f} s ({})\n", saver->blocked_seconds(),
+                         args.flag("sync-save") ? "synchronous" : "asynchronous");
+  } else if (plan && !ckpt_dir.empty() && root) {
+    fmt::print("checkpoint saves blocked training for {:.3f} s (gathered on rank 0)\n", gather_save_s);
+  }
   flush_stdout("train");
   return 0;
 }

@@ -16,7 +16,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/shard_reader.h"
 #include "models/hf_checkpoint.h"
+#include "models/hf_config.h"
 #include "models/json_io.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
@@ -31,7 +33,7 @@ constexpr const char* kLatest = "latest";
 constexpr const char* kStateFile = "trainer_state.json";
 constexpr const char* kStateFormat = "meshtrain-train-state-1";
 
-std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+std::string step_name(int64_t step) { return step_dir_name(step); }
 
 // The step of a step directory's name (`step-` and 1 to 18 digits), or -1 for any other name.
 int64_t step_of_name(const std::string& name) {
@@ -60,17 +62,6 @@ long temporary_owner(const std::string& name) {
 }
 
 bool process_alive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
-
-// Makes a file's data or a directory's entries durable. File systems that cannot sync a
-// directory (EINVAL) are let through; any other failure is an error naming the path.
-void fsync_path(const fs::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-  MT_CHECK(fd >= 0, "cannot open {} to sync it: {}", p.string(), std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  MT_CHECK(rc == 0 || err == EINVAL, "cannot sync {}: {}", p.string(), std::strerror(err));
-}
 
 void write_text_atomic(const fs::path& path, const std::string& text) {
   write_file_atomically(path.string(), [&](std::ostream& out) { out << text; });
@@ -190,23 +181,25 @@ void replace_directory(const fs::path& fresh, const fs::path& target) {
 
 }  // namespace
 
-void remove_stale_temporaries(const std::string& dir) {
-  std::vector<fs::path> stale;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const long pid = temporary_owner(it->path().filename().string());
-    if (pid > 0 && pid != ::getpid() && !process_alive(pid)) stale.push_back(it->path());
-  }
-  for (const fs::path& p : stale) fs::remove_all(p, ec);
+std::string step_dir_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+// Makes a file's data or a directory's entries durable. File systems that cannot sync a
+// directory (EINVAL) are let through; any other failure is an error naming the path.
+void fsync_path(const std::string& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  MT_CHECK(fd >= 0, "cannot open {} to sync it: {}", p, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  MT_CHECK(rc == 0 || err == EINVAL, "cannot sync {}: {}", p, std::strerror(err));
 }
 
-std::string save_checkpoint(const std::string& dir, const ModelConfig& config, const NamedTensors& model_f32,
-                            const NamedTensors& optimizer_state, const TrainState& s, Overwrite overwrite) {
+void prepare_checkpoint_save(const std::string& dir, int64_t step, Overwrite overwrite) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, "checkpoint directory {} cannot be created: {}", dir, ec.message());
   remove_stale_temporaries(dir);
-  const std::string name = step_name(s.step);
+  const std::string name = step_name(step);
   const fs::path final_path = fs::path(dir) / name;
   if (overwrite == Overwrite::kRefuse) {
     MT_CHECK(!fs::exists(final_path, ec),
@@ -216,27 +209,38 @@ std::string save_checkpoint(const std::string& dir, const ModelConfig& config, c
     if (fs::exists(latest, ec)) {
       std::string named = read_text(latest);
       while (!named.empty() && std::isspace(static_cast<unsigned char>(named.back()))) named.pop_back();
-      MT_CHECK(step_of_name(named) < s.step,
+      MT_CHECK(step_of_name(named) < step,
                "{} names {}, a later step than {}: saving would move it back; pass --overwrite to allow it",
                latest.string(), named, name);
     }
   }
-  const fs::path tmp = fs::path(dir) / (name + ".tmp." + std::to_string(::getpid()));
-  fs::remove_all(tmp, ec);
+}
+
+void write_train_state(const std::string& step_dir, const TrainState& s) {
+  nlohmann::json j = {{"format", kStateFormat},
+                      {"step", s.step},
+                      {"seed", s.seed},
+                      {"rng_offset", s.rng_offset},
+                      {"data_position", s.data_position},
+                      {"precision", s.precision},
+                      {"batch", s.batch},
+                      {"seq", s.seq},
+                      {"accum", s.accum},
+                      {"world_size", s.world_size},
+                      {"plan", s.plan}};
+  write_text_atomic(fs::path(step_dir) / kStateFile, j.dump(2) + "\n");
+}
+
+void write_checkpoint_config(const std::string& step_dir, const ModelConfig& config) {
+  save_hf_config(config, (fs::path(step_dir) / kHfConfigFile).string());
+}
+
+std::string commit_step_directory(const std::string& dir, const std::string& tmp_dir, int64_t step) {
+  const std::string name = step_name(step);
+  const fs::path final_path = fs::path(dir) / name, tmp(tmp_dir);
+  std::error_code ec;
   try {
-    write_hf_checkpoint(tmp.string(), config, model_f32, DType::kF32);
-    write_safetensors((tmp / "optimizer.safetensors").string(), optimizer_state);
-    nlohmann::json j = {{"format", kStateFormat},
-                        {"step", s.step},
-                        {"seed", s.seed},
-                        {"rng_offset", s.rng_offset},
-                        {"data_position", s.data_position},
-                        {"precision", s.precision},
-                        {"batch", s.batch},
-                        {"seq", s.seq},
-                        {"accum", s.accum}};
-    write_text_atomic(tmp / kStateFile, j.dump(2) + "\n");
-    fsync_path(tmp);  // the files are synced by their writers; this syncs their names
+    fsync_path(tmp.string());  // the files are synced by their writers; this syncs their names
     if (fs::exists(final_path, ec)) {
       replace_directory(tmp, final_path);
     } else {
@@ -251,6 +255,55 @@ std::string save_checkpoint(const std::string& dir, const ModelConfig& config, c
   write_text_atomic(fs::path(dir) / kLatest, name + "\n");
   fsync_path(dir);
   return final_path.string();
+}
+
+int64_t apply_retention(const std::string& dir, int64_t keep) {
+  if (keep <= 0) return 0;
+  std::error_code ec;
+  std::string named;
+  if (fs::exists(fs::path(dir) / kLatest, ec)) {
+    named = read_text(fs::path(dir) / kLatest);
+    while (!named.empty() && std::isspace(static_cast<unsigned char>(named.back()))) named.pop_back();
+  }
+  const std::map<int64_t, fs::path> steps = step_dirs(dir);
+  int64_t excess = static_cast<int64_t>(steps.size()) - keep, removed = 0;
+  for (const auto& [step, path] : steps) {  // oldest first
+    if (excess <= 0) break;
+    if (path.filename().string() == named) continue;
+    fs::remove_all(path, ec);
+    MT_CHECK(!ec, "--keep: cannot remove the old checkpoint {}: {}", path.string(), ec.message());
+    --excess;
+    ++removed;
+  }
+  if (removed > 0) fsync_path(dir);
+  return removed;
+}
+
+void remove_stale_temporaries(const std::string& dir) {
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const long pid = temporary_owner(it->path().filename().string());
+    if (pid > 0 && pid != ::getpid() && !process_alive(pid)) stale.push_back(it->path());
+  }
+  for (const fs::path& p : stale) fs::remove_all(p, ec);
+}
+
+std::string save_checkpoint(const std::string& dir, const ModelConfig& config, const NamedTensors& model_f32,
+                            const NamedTensors& optimizer_state, const TrainState& s, Overwrite overwrite) {
+  prepare_checkpoint_save(dir, s.step, overwrite);
+  const fs::path tmp = fs::path(dir) / (step_name(s.step) + ".tmp." + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  try {
+    write_hf_checkpoint(tmp.string(), config, model_f32, DType::kF32);
+    write_safetensors((tmp / "optimizer.safetensors").string(), optimizer_state);
+    write_train_state(tmp.string(), s);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return commit_step_directory(dir, tmp.string(), s.step);
 }
 
 void check_checkpoint_history(const CheckpointRun& run) {
@@ -281,11 +334,21 @@ void check_checkpoint_history(const CheckpointRun& run) {
   }
 }
 
-LoadedCheckpoint load_latest_checkpoint(const std::string& dir) {
+LoadedCheckpoint load_latest_checkpoint(const std::string& dir, bool full) {
   const Latest latest = read_latest(dir);
   LoadedCheckpoint out;
   out.path = latest.path.string();
   out.state = latest.state;
+  std::error_code ec;
+  if (fs::exists(latest.path / kShardedIndexFile, ec)) {
+    out.sharded = true;
+    out.config = load_hf_config((latest.path / kHfConfigFile).string());
+    if (!full) return out;
+    ShardedCheckpointReader reader(out.path);  // one full tensor at a time
+    for (const IndexedTensor& t : reader.index().tensors)
+      (t.group == "model" ? out.model : out.optimizer).emplace_back(t.name, reader.read_full(t));
+    return out;
+  }
   HfCheckpoint ck = read_hf_checkpoint(out.path);
   out.config = ck.config;
   out.model = std::move(ck.tensors);

@@ -5,6 +5,8 @@
 // replaced atomically, so an interrupted save leaves the previous checkpoint intact. safetensors
 // files carry CRC-32 checksums. The history rules (what a run may replace, docs/checkpoints.md,
 // "Checkpoint history") are checked at start-up by check_checkpoint_history and again by each save.
+// Under --plan the step directory is sharded instead (index.json + shard-R-of-W.safetensors;
+// tools/cli/sharded_save.h, checkpoint/), with the same commit, `latest` and history rules.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,8 @@ struct TrainState {
   int64_t data_position = 0;
   std::string precision = "f32";
   int64_t batch = 0, seq = 0, accum = 1;
+  int64_t world_size = 1;  // ranks that saved it (informational: any world resumes it)
+  std::string plan;        // the plan file it was saved under ("" without --plan)
 };
 
 // Writes the checkpoint for state.step and points `latest` at it; returns its directory. Removes
@@ -35,6 +39,23 @@ struct TrainState {
 std::string save_checkpoint(const std::string& dir, const ModelConfig& config, const NamedTensors& model_f32,
                             const NamedTensors& optimizer_state, const TrainState& state,
                             Overwrite overwrite = Overwrite::kRefuse);
+
+// The pieces of a save, shared by save_checkpoint and the sharded saver (sharded_save.h):
+// prepare_checkpoint_save creates `dir`, removes stale temporaries and applies the Overwrite rules
+// above for `step` (throws naming what stands in the way; nothing written); write_train_state and
+// write_checkpoint_config write trainer_state.json / config.json into a (temporary) step directory;
+// commit_step_directory syncs `tmp`, renames it to the step directory (an existing one swapped
+// atomically), syncs `dir` and points `latest` at it, returning the step directory.
+std::string step_dir_name(int64_t step);
+void prepare_checkpoint_save(const std::string& dir, int64_t step, Overwrite overwrite);
+void write_train_state(const std::string& step_dir, const TrainState& state);
+void write_checkpoint_config(const std::string& step_dir, const ModelConfig& config);
+std::string commit_step_directory(const std::string& dir, const std::string& tmp, int64_t step);
+// --keep N: removes the oldest step directories of `dir` beyond the newest N, never the one
+// `latest` names (N <= 0: keeps all). Returns how many it removed.
+int64_t apply_retention(const std::string& dir, int64_t keep);
+// Syncs a file's data or a directory's entries (errors name the path).
+void fsync_path(const std::string& path);
 
 // What a training run will write into its checkpoint directory.
 enum class RunKind { kFresh, kResume };
@@ -58,6 +79,7 @@ void remove_stale_temporaries(const std::string& dir);
 
 struct LoadedCheckpoint {
   std::string path;
+  bool sharded = false;  // index.json + shard files (docs/checkpoints.md, "Sharded checkpoints")
   ModelConfig config;
   NamedTensors model;
   NamedTensors optimizer;
@@ -65,6 +87,9 @@ struct LoadedCheckpoint {
 };
 // Loads the checkpoint `latest` names; throws naming the directory when there is none, `latest`
 // when it is empty or names no step directory, and trainer_state.json when a field is invalid.
-LoadedCheckpoint load_latest_checkpoint(const std::string& dir);
+// A sharded checkpoint's tensors are assembled into `model` and `optimizer` (one full tensor at a
+// time) only when `full` is true; under a plan each rank reads its own boxes instead
+// (ShardedCheckpointReader::load_like).
+LoadedCheckpoint load_latest_checkpoint(const std::string& dir, bool full = true);
 
 }  // namespace mt::cli

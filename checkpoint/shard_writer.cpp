@@ -1,0 +1,107 @@
+// Sharded checkpoint saving: which boxes a rank writes, their host copies, the shard file
+// (shard_writer.h).
+#include "checkpoint/shard_writer.h"
+
+#include <nlohmann/json.hpp>
+
+#include "mesh/dtensor.h"
+#include "mesh/shard_layout.h"
+#include "models/safetensors.h"
+#include "runtime/error.h"
+#include "tensor/autograd.h"
+
+namespace mt {
+
+namespace {
+
+// FNV-1a: the same on every rank and every build (std::hash promises neither).
+uint64_t stable_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+Tensor host_copy(const Tensor& view) {
+  Tensor c = empty(view.shape(), view.dtype());
+  c.copy_(view);
+  return c;
+}
+
+}  // namespace
+
+std::string chunk_list_name(const std::string& shard_file) { return shard_file + ".chunks.json"; }
+
+ShardSnapshot snapshot_shard(const std::vector<TensorGroup>& groups, int64_t rank, int64_t world,
+                             const std::string& mesh) {
+  NoGradGuard no_grad;
+  ShardSnapshot s;
+  s.file = shard_file_name(rank, world);
+  s.part.world_size = world;
+  s.part.mesh = mesh;
+  auto add_chunk = [&](IndexedTensor& it, const Shape& offsets, const Tensor& view) {
+    if (view.numel() == 0) return;
+    ChunkBox c;
+    c.offsets = offsets;
+    c.sizes = view.shape();
+    c.file = s.file;
+    c.key = chunk_key(it.group, it.name, offsets);
+    Tensor h = host_copy(view);
+    s.bytes += h.numel() * dtype_size(h.dtype());
+    s.chunks.emplace_back(c.key, std::move(h));
+    it.chunks.push_back(std::move(c));
+  };
+  for (const auto& g : groups)
+    for (const auto& [name, t] : g.tensors) {
+      IndexedTensor it;
+      it.group = g.group;
+      it.name = name;
+      it.dtype = t.dtype();
+      const uint64_t h = stable_hash(g.group + "/" + name);
+      if (!t.is_distributed()) {
+        it.shape = t.shape();
+        if (static_cast<int64_t>(h % static_cast<uint64_t>(world)) == rank)
+          add_chunk(it, Shape(std::vector<int64_t>(static_cast<size_t>(t.dim()), 0)), t.detach());
+        s.part.tensors.push_back(std::move(it));
+        continue;
+      }
+      const DTensorSpec& spec = dtensor_spec(t, "checkpoint save");
+      const DeviceMesh& m = spec.mesh();
+      it.shape = spec.global_shape();
+      it.placements = placements_str(spec.placements());
+      MT_CHECK(m.size() == world,
+               "checkpoint save: tensor '{}' lives on {}, a mesh of {} of the {} ranks; sharded checkpoints need "
+               "every DTensor on the whole world", name, m.str(), m.size(), world);
+      const std::vector<int64_t> coords = m.coordinates();
+      const Shape mshape = m.shape();
+      int64_t replicas = 1, replica = 0;
+      for (int d = 0; d < mshape.size(); ++d) {
+        const Placement& p = spec.placements()[d];
+        MT_CHECK(!p.is_partial(), "checkpoint save: tensor '{}' has placements {}: a Partial placement is "
+                 "unreduced and cannot be saved", name, it.placements);
+        if (p.splits()) continue;
+        replica = replica * mshape[d] + coords[d];
+        replicas *= mshape[d];
+      }
+      if (static_cast<int64_t>(h % static_cast<uint64_t>(replicas)) == replica) {
+        const LocalLayout layout = local_layout(spec.global_shape(), spec.placements(), mshape, Shape(coords));
+        const Tensor local = to_local(t).detach();
+        for (const ShardPiece& p : layout.pieces)
+          add_chunk(it, p.global_offset, block_view(local, p.local_offset, p.sizes));
+      }
+      s.part.tensors.push_back(std::move(it));
+    }
+  return s;
+}
+
+void write_shard(ShardSnapshot& s, const std::string& dir) {
+  std::map<std::string, std::string> crcs;
+  for (const auto& [key, t] : s.chunks)
+    crcs[key] = fmt::format("{:08x}", crc32_update(0, t.data_ptr(), static_cast<size_t>(t.numel() * dtype_size(t.dtype()))));
+  for (auto& it : s.part.tensors)
+    for (auto& c : it.chunks) c.crc32 = crcs.at(c.key);
+  write_safetensors(dir + "/" + s.file, s.chunks, {{"format", "meshtrain-shard"}});
+  const std::string list = index_to_json(s.part);
+  write_file_atomically(dir + "/" + chunk_list_name(s.file), [&](std::ostream& out) { out << list; });
+}
+
+}  // namespace mt

@@ -1,0 +1,147 @@
+// Sharded checkpoints without MPI: every rank of a mesh is simulated in this process
+// (DeviceMesh::simulated), so one test saves a tensor under one mesh and placements (each rank's
+// snapshot_shard + write_shard, then the merge rank 0 does) and loads it under others, checking
+// that each rank gets exactly its local shard (bit for bit), reads no byte outside it, and that
+// replicated chunks are written once.
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "checkpoint/chunk_index.h"
+#include "checkpoint/shard_reader.h"
+#include "checkpoint/shard_writer.h"
+#include "mesh/device_mesh.h"
+#include "mesh/dtensor.h"
+#include "mesh/shard_layout.h"
+#include "models/safetensors.h"
+#include "testing.h"
+
+using namespace mt;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<int64_t> coords_of(int64_t rank, const Shape& mesh) {
+  std::vector<int64_t> c(static_cast<size_t>(mesh.size()));
+  for (int d = mesh.size() - 1; d >= 0; --d) {
+    c[d] = rank % mesh[d];
+    rank /= mesh[d];
+  }
+  return c;
+}
+
+std::vector<std::string> names_for(const Shape& mesh) {
+  std::vector<std::string> n;
+  for (int d = 0; d < mesh.size(); ++d) n.push_back(fmt::format("m{}", d));
+  return n;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  Tensor x = a.contiguous(), y = b.contiguous();
+  return x.shape() == y.shape() && x.dtype() == y.dtype() &&
+         std::memcmp(x.data_ptr(), y.data_ptr(), static_cast<size_t>(x.numel() * dtype_size(x.dtype()))) == 0;
+}
+
+// Saves `global` (as "w") and a plain scalar under `placements` over `mesh`, as every rank would;
+// returns the merged index.
+ShardedIndex save(const std::string& dir, const Tensor& global, const Shape& mesh, const Placements& placements) {
+  const int64_t world = mesh.numel();
+  std::vector<ShardedIndex> parts;
+  for (int64_t r = 0; r < world; ++r) {
+    DeviceMesh m = DeviceMesh::simulated(mesh, names_for(mesh), coords_of(r, mesh));
+    Tensor local = local_shard(global, placements, mesh, Shape(coords_of(r, mesh)));
+    Tensor dt = from_local(local, m, placements, global.shape());
+    ShardSnapshot s = snapshot_shard({{"model", {{"w", dt}}}, {"optimizer", {{"step", scalar_tensor(3, DType::kI64)}}}},
+                                     r, world, m.str());
+    write_shard(s, dir);
+    parts.push_back(read_sharded_index((fs::path(dir) / chunk_list_name(s.file)).string(), false));
+  }
+  ShardedIndex ix = merge_indexes(parts, dir);
+  const std::string text = index_to_json(ix);
+  write_file_atomically((fs::path(dir) / kShardedIndexFile).string(), [&](std::ostream& o) { o << text; });
+  return ix;
+}
+
+// Loads "w" under `placements` over `mesh` on every simulated rank and checks its local shard.
+void check_load(const std::string& dir, const Tensor& global, const Shape& mesh, const Placements& placements) {
+  for (int64_t r = 0; r < mesh.numel(); ++r) {
+    DeviceMesh m = DeviceMesh::simulated(mesh, names_for(mesh), coords_of(r, mesh));
+    Tensor want = local_shard(global, placements, mesh, Shape(coords_of(r, mesh)));
+    Tensor live = from_local(zeros(want.shape(), DType::kF32), m, placements, global.shape());
+    ShardedCheckpointReader reader(dir);
+    auto got = reader.load_like("model", {{"w", live}});
+    INFO("load under " << placements_str(placements) << " on " << m.str() << " rank " << r);
+    REQUIRE(got.size() == 1);
+    CHECK(same_bits(to_local(got[0].second), want));
+    CHECK(reader.bytes_read() == static_cast<uint64_t>(want.numel() * 4));  // its own boxes only
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sharded checkpoint: saved under one plan, loaded under others, bit for bit", "[cpu]") {
+  const Tensor global = arange(0.0, 7.0 * 6, 1.0, DType::kF32).reshape({7, 6});
+  struct Layout {
+    Shape mesh;
+    Placements placements;
+  };
+  const std::vector<Layout> layouts = {
+      {{2, 2}, {Placement::shard(0), Placement::replicate()}},
+      {{2, 2}, {Placement::shard(1), Placement::shard(0)}},
+      {{4}, {Placement::shard(0)}},  // 7 over 4: 2, 2, 2, 1
+      {{3}, {Placement::shard(1)}},
+      {{2}, {Placement::replicate()}},
+      {{2}, {Placement::interleaved_shard(1, 2)}},  // two boxes per rank
+      {{2}, {Placement::ragged_shard(0, {3, 4})}},
+      {{1}, {Placement::replicate()}},
+  };
+  for (const Layout& from : layouts) {
+    mt::testing::TempDir dir;
+    const ShardedIndex ix = save(dir.path.string(), global, from.mesh, from.placements);
+    const IndexedTensor* w = ix.find("model", "w");
+    REQUIRE(w);
+    CHECK(w->shape == global.shape());
+    CHECK(w->placements == placements_str(from.placements));
+    for (const Layout& to : layouts) check_load(dir.path.string(), global, to.mesh, to.placements);
+    ShardedCheckpointReader reader(dir.path.string());
+    CHECK(same_bits(reader.read_full(*w), global));
+    CHECK(reader.read_full(*ix.find("optimizer", "step")).item() == 3);
+  }
+}
+
+TEST_CASE("sharded checkpoint: replicated chunks are written once, spread over the replicas", "[cpu]") {
+  const Tensor global = arange(0.0, 8.0 * 4, 1.0, DType::kF32).reshape({8, 4});
+  mt::testing::TempDir dir;
+  // [S(0), R] on 2x2: two boxes, each held by two ranks, written once.
+  ShardedIndex ix = save(dir.path.string(), global, {2, 2}, {Placement::shard(0), Placement::replicate()});
+  CHECK(ix.find("model", "w")->chunks.size() == 2);
+  // Fully replicated tensors over 4 ranks: one chunk each; over many names, every rank writes some.
+  std::set<std::string> writers;
+  for (int i = 0; i < 16; ++i) {
+    const std::string name = fmt::format("t{}", i);
+    for (int64_t r = 0; r < 4; ++r) {
+      DeviceMesh m = DeviceMesh::simulated({4}, {"dp"}, {r});
+      ShardSnapshot s = snapshot_shard({{"model", {{name, from_local(global, m, {Placement::replicate()}, global.shape())}}}},
+                                       r, 4, m.str());
+      if (!s.chunks.empty()) writers.insert(s.file);
+      CHECK(s.part.tensors.at(0).chunks.size() <= 1);
+    }
+  }
+  CHECK(writers.size() == 4);
+}
+
+TEST_CASE("sharded checkpoint: bad indexes name the file and the tensor", "[cpu]") {
+  IndexedTensor t;
+  t.name = "w";
+  t.shape = Shape{4, 4};
+  t.chunks = {{{0, 0}, {2, 4}, "f", "k0", ""}, {{2, 0}, {2, 3}, "f", "k1", ""}};
+  CHECK_THROWS_WITH(check_tiling(t, "ix.json"), Contains("ix.json") && Contains("'w'") && Contains("cover only 14"));
+  t.chunks[1].sizes = Shape{2, 4};
+  CHECK_NOTHROW(check_tiling(t, "ix.json"));
+  t.chunks[1].offsets = Shape{1, 0};
+  CHECK_THROWS_WITH(check_tiling(t, "ix.json"), Contains("overlaps"));
+  t.chunks[1].offsets = Shape{3, 0};
+  CHECK_THROWS_WITH(check_tiling(t, "ix.json"), Contains("leaves the tensor"));
+  CHECK_THROWS_WITH(index_from_json("{\"format\": \"other\"}", "ix.json"), Contains("ix.json") && Contains("format"));
+}

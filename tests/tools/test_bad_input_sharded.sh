@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Bad inputs of sharded checkpoints (docs/checkpoints.md, "Sharded checkpoints"): an index that
+# does not match its files (a chunk missing from its file, a wrong dtype), a missing shard file,
+# chunks that leave a hole or overlap, a corrupt chunk, a checkpoint of another model (config.json
+# changed), and a disk that fills during an asynchronous save. Each must fail naming the file and
+# the tensor, and leave the checkpoint directory unchanged (bad_input_lib.sh); the full disk must
+# leave the previous checkpoint loadable.
+# Mode `slow` adds ranks killed (-9) at random moments of a run saving every step.
+# usage: test_bad_input_sharded.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
+set -u
+BIN=$1
+MPIRUN=$2
+PLANS=$3
+MODE=${4:-fast}
+source "$(dirname "$0")/bad_input_lib.sh"
+export MT_COLLECTIVE_TIMEOUT_S=120
+MP=("$MPIRUN" --oversubscribe --mca btl self,vader)
+T=(train --batch 2 --seq 16 --warmup 1 --metrics "")
+P=(--plan "$PLANS/llama_tp.plan")
+"${MP[@]}" -np 2 "$BIN" "${T[@]}" "${P[@]}" --steps 2 --checkpoint-dir "$WORK/ck" >/dev/null 2>"$WORK/err" \
+  && [ -f "$WORK/ck/step-00000002/index.json" ] || { echo "FAIL - fixture: $(tail -n 2 "$WORK/err")"; exit 1; }
+S=step-00000002
+copy_ck() { rm -rf "$WORK/$1"; cp -a "$WORK/ck" "$WORK/$1"; }
+# edit_index DIR PYTHON: runs PYTHON with `ix` (the parsed index.json) and `t` (q_proj's entry),
+# then writes the index back.
+edit_index() {
+  python3 - "$WORK/$1/$S/index.json" "$2" <<'PY'
+import json, sys
+p = sys.argv[1]
+ix = json.load(open(p))
+t = next(e for e in ix["tensors"] if e["name"] == "model.layers.0.self_attn.q_proj.weight" and e["group"] == "model")
+exec(sys.argv[2])
+json.dump(ix, open(p, "w"))
+PY
+}
+Q=model.layers.0.self_attn.q_proj.weight
+R=("$BIN" "${T[@]}" --steps 4 --resume --checkpoint-dir)  # + the checkpoint directory
+
+copy_ck nokey; edit_index nokey 't["chunks"][0]["key"] = "model/nope@0,0"'
+bad_case "chunk missing from its file" --watch "$WORK/nokey" "index.json" "tensor '$Q'" "is not in" "shard-0000" -- "${R[@]}" "$WORK/nokey"
+copy_ck dtype; edit_index dtype 't["dtype"] = "BF16"'
+bad_case "index dtype differs from the file" --watch "$WORK/dtype" "tensor '$Q'" "but the index says bf16" "shard-0000" -- "${R[@]}" "$WORK/dtype"
+copy_ck nofile; rm "$WORK/nofile/$S/shard-00001-of-00002.safetensors"
+bad_case "missing shard file" --watch "$WORK/nofile" "shard-00001-of-00002.safetensors does not exist" "index.json: tensor '" -- "${R[@]}" "$WORK/nofile"
+copy_ck hole; edit_index hole 't["chunks"].pop()'
+bad_case "chunks leave a hole" --watch "$WORK/hole" "index.json: tensor '$Q'" "cover only" -- "${R[@]}" "$WORK/hole"
+copy_ck overlap; edit_index overlap 't["chunks"][1]["offsets"] = t["chunks"][0]["offsets"]'
+bad_case "chunks overlap" --watch "$WORK/overlap" "index.json: tensor '$Q'" "overlaps chunk" -- "${R[@]}" "$WORK/overlap"
+copy_ck outside; edit_index outside 't["chunks"][1]["offsets"][0] += 1'
+bad_case "chunk leaves the tensor" --watch "$WORK/outside" "index.json: tensor '$Q'" "leaves the tensor" -- "${R[@]}" "$WORK/outside"
+copy_ck crc; python3 - "$WORK/crc/$S/shard-00000-of-00002.safetensors" <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+b[-3] ^= 0xFF
+open(p, "wb").write(b)
+PY
+bad_case "corrupt chunk (CRC-32)" --watch "$WORK/crc" "shard-00000-of-00002.safetensors" "has CRC-32" "the file is corrupt" -- "${R[@]}" "$WORK/crc"
+copy_ck model; python3 - "$WORK/model/$S/config.json" <<'PY'
+import json, sys
+p = sys.argv[1]
+c = json.load(open(p))
+c["intermediate_size"] += 8
+json.dump(c, open(p, "w"))
+PY
+bad_case "checkpoint of another model (np 2)" --mpi --timeout 60 --watch "$WORK/model" "index.json: tensor '" "but this model's is" -- \
+  "${MP[@]}" -np 2 "$BIN" "${T[@]}" "${P[@]}" --steps 4 --resume --checkpoint-dir "$WORK/model"
+copy_ck badjson; echo '{"format": "meshtrain-sharded-1", "world_size": 2' >"$WORK/badjson/$S/index.json"
+bad_case "index.json not JSON" --watch "$WORK/badjson" "index.json: not valid JSON" -- "${R[@]}" "$WORK/badjson"
+
+# A disk that fills during an asynchronous save (a 14 MiB tmpfs; a checkpoint of llama-tiny with its
+# moments is 9.5 MiB, so the second does not fit): the error names the file; latest still names the
+# previous checkpoint, which resumes.
+if mkdir -p "$WORK/full" && mount -t tmpfs -o size=14m tmpfs "$WORK/full" 2>/dev/null; then
+  "${MP[@]}" -np 2 "$BIN" "${T[@]}" "${P[@]}" --steps 6 --checkpoint-every 1 --checkpoint-dir "$WORK/full/ck" \
+    >"$WORK/full.out" 2>"$WORK/full.err"
+  rc=$?
+  last=$(grep "\] error: .*No space left on device" "$WORK/full.err" | tail -n 1)  # the rank that saw it
+  kept=$(cat "$WORK/full/ck/latest" 2>/dev/null)
+  if [ $rc -ne 0 ] && grep -q "$WORK/full/ck/step-0000" <<<"$last" && [ -n "$kept" ]; then
+    cp -a "$WORK/full/ck" "$WORK/fullcopy"  # resumed elsewhere: its own save would not fit either
+    "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/fullcopy" --stop-at "$(( 10#${kept#step-} + 1 ))" \
+      >"$WORK/out" 2>"$WORK/err" && grep -q "resumed from $WORK/fullcopy/$kept" "$WORK/out" \
+      && pass "disk full during a save: '$(sed 's/.*error: //' <<<"$last" | cut -c1-120)...'; latest ($kept) resumes" \
+      || fail "disk full: the kept checkpoint $kept does not resume: $(tail -n 1 "$WORK/err")"
+  else
+    fail "disk full: rc $rc, latest '$kept', error: $last"
+  fi
+  umount "$WORK/full"
+else
+  echo "skip - disk full (mounting a tmpfs needs root)"
+fi
+# A rank killed (-9) at random moments of an np 2 run that saves asynchronously every step: each
+# time, `latest` names a complete checkpoint that --resume (same plan) loads, and the temporaries
+# the killed save left are gone after that resume's save.
+if [ "$MODE" = slow ]; then
+ls_temps() { find "$1" -maxdepth 1 \( -name '*.tmp.*' -o -name '*.old.*' \) | sort; }
+K=("$BIN" train --batch 2 --seq 32 --warmup 1 --metrics "" --steps 1000 --checkpoint-every 1 "${P[@]}" --checkpoint-dir "$WORK/kill")
+"${MP[@]}" -np 2 "${K[@]}" --stop-at 1 >/dev/null 2>&1 || fail "kill -9: first run"
+loaded=0 broken=0 midsave=0
+for i in $(seq 1 6); do
+  timeout 60 "${MP[@]}" -np 2 "${K[@]}" --resume --overwrite >/dev/null 2>&1 &
+  pid=$!
+  sleep "$(python3 -c 'import random; print(round(random.uniform(1.0, 3.0), 2))')"
+  ranks=$(pgrep -P "$(pgrep -P "$pid" | head -n 1)")  # timeout -> mpirun -> the ranks
+  victim=$(shuf -n 1 <<<"$ranks")
+  [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  # mpirun may exit before its ranks are gone (one finishing an fsync): a temporary of a live
+  # process is kept by design (docs/checkpoints.md), so wait for every rank to be gone.
+  for r in $ranks; do for _ in $(seq 1 100); do kill -0 "$r" 2>/dev/null || break; sleep 0.1; done; done
+  [ -n "$(ls_temps "$WORK/kill")" ] && midsave=$((midsave + 1))
+  step=$(sed 's/step-0*//' "$WORK/kill/latest")
+  if "${MP[@]}" -np 2 "${K[@]}" --resume --overwrite --stop-at $((step + 1)) >"$WORK/out" 2>"$WORK/err" \
+      && grep -q "resumed from $WORK/kill/step-.* at step $step" "$WORK/out" && [ -z "$(ls_temps "$WORK/kill")" ]; then
+    loaded=$((loaded + 1))
+  else
+    broken=$((broken + 1)); echo "   after kill $i: $(grep 'error' "$WORK/err" | tail -n 1) $(ls_temps "$WORK/kill" | tr '\n' ' ')"
+  fi
+done
+[ $broken -eq 0 ] && [ $loaded -eq 6 ] && pass "a rank killed at 6 random moments ($midsave left temporaries): --resume loaded latest every time" \
+  || fail "kill -9: $broken of 6 resumes failed"
+fi
+bad_input_done

@@ -281,7 +281,13 @@ std::vector<Tensor> handle(const DistOp& op, const std::vector<Tensor>& in, Dist
 
 }  // namespace
 
-void install_dist_dispatch() { set_dist_handler(&handle); }
+void install_dist_dispatch() {
+  set_dist_handler(&handle);
+  set_dist_replicate_handler([](const Tensor& t) {
+    const DTensorSpec& s = dtensor_spec(t, "dist_replicate");
+    return redistribute(t, Placements(s.placements().size(), Placement::replicate()));
+  });
+}
 
 void set_dist_error_note(DistErrorNote note) { g_error_note = note; }
 

@@ -269,20 +269,14 @@ Tensor CausalLM::loss(const Tensor& input_ids, const Tensor& targets) {
            targets.shape(), input_ids.shape());
   std::vector<Tensor> o = (*this)(std::vector<Tensor>{input_ids});
   Tensor l = cross_entropy(o[0], targets);
-  const bool aux = config_.is_moe() && config_.output_router_logits && config_.router_aux_loss_coef != 0;
-  const bool z = config_.is_moe() && config_.router_z_loss_coef != 0;
-  if ((aux || z) && o.size() > 1 && o[1].is_distributed() && !o[1].dist_spec()->is_replicated())
-    MT_FAIL("CausalLM::loss: the router losses (load-balancing {}, z-loss {}) are statistics over the whole batch; "
-            "with the tokens split over ranks ({}) they need collectives the model's loss does not run yet: train "
-            "without --moe-aux-loss / --moe-z-loss under this plan, or with a plan that replicates the tokens "
-            "(docs/moe.md)",
-            config_.router_aux_loss_coef, config_.router_z_loss_coef, o[1].dist_spec()->placements_str());
-  if (aux) {
+  const bool use_aux = config_.is_moe() && config_.output_router_logits && config_.router_aux_loss_coef != 0;
+  const bool use_z = config_.is_moe() && config_.router_z_loss_coef != 0;
+  if (use_aux) {
     std::vector<Tensor> rl(o.begin() + 1, o.end());
     Tensor aux = load_balancing_loss(rl, config_.num_local_experts, config_.num_experts_per_tok);
     l = add(l, mul(aux.to(l.dtype()), config_.router_aux_loss_coef));
   }
-  if (z) {
+  if (use_z) {
     std::vector<Tensor> rl(o.begin() + 1, o.end());
     l = add(l, mul(router_z_loss(rl).to(l.dtype()), config_.router_z_loss_coef));
   }

@@ -7,9 +7,17 @@ namespace mt {
 
 namespace {
 DistHandler g_handler = nullptr;
-}
+DistReplicateHandler g_replicate = nullptr;
+}  // namespace
 
 void set_dist_handler(DistHandler h) { g_handler = h; }
+void set_dist_replicate_handler(DistReplicateHandler h) { g_replicate = h; }
+
+Tensor dist_replicate(const Tensor& t) {
+  if (!t.is_distributed()) return t;
+  MT_CHECK(g_replicate, "dist_replicate: a DTensor but no DTensor support is installed");
+  return g_replicate(t);
+}
 
 std::vector<Tensor> dist_dispatch(const DistOp& op, const std::vector<Tensor>& inputs, DistLocalFn local) {
   MT_CHECK(g_handler, "{}: a DTensor input but no DTensor dispatch is installed", op.name);

@@ -100,6 +100,14 @@ for spec in $SPECS; do
       || fail "$tag: no PASS line: $(tail -n 2 "$WORK/out")"
   fi
 done
+if [ "$MODE" = fast ]; then
+  # Router losses under the token all-to-all: batch statistics all-reduced over ep (docs/moe.md).
+  tag="mixtral_ep np 2 with --moe-aux-loss 0.02 --moe-z-loss 0.001"
+  if expect_rc "$tag: parity" 0 mpi 2 "$BIN" parity --plan "$PLANS/mixtral_ep.plan" --config mixtral-tiny $SMALL \
+      --steps 3 --dropout 0.1 --moe-aux-loss 0.02 --moe-z-loss 0.001 --json "$WORK/mx_aux.json"; then
+    r=$(report_within "$WORK/mx_aux.json" 1e-5 5e-2 2>&1) && pass "$tag: $r" || fail "$tag: $r"
+  fi
+fi
 if [ "$MODE" = slow ]; then
   # ---- --per-module: no module differs; its table lists the decoder layers -----------------------------
   if expect_rc "llama_tp --per-module" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL --per-module \

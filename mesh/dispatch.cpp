@@ -16,6 +16,7 @@
 #include "mesh/sharding_rules.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/dist_replicate.h"
 #include "tensor/ops_pointwise.h"
 
 namespace mt {

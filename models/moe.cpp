@@ -9,7 +9,7 @@
 #include <string>
 
 #include "runtime/error.h"
-#include "tensor/dist_dispatch.h"
+#include "tensor/dist_replicate.h"
 #include "tensor/ops.h"
 
 namespace mt {

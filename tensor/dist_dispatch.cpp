@@ -1,5 +1,7 @@
 #include "tensor/dist_dispatch.h"
 
+#include "tensor/dist_replicate.h"
+
 #include "runtime/error.h"
 #include "tensor/dist_spec.h"
 

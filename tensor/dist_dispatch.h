@@ -75,14 +75,6 @@ using DistHandler = std::vector<Tensor> (*)(const DistOp& op, const std::vector<
 // Installed by mesh/ when the first DTensor spec is created.
 void set_dist_handler(DistHandler h);
 
-// A DTensor made Replicate on every mesh dim (Partial sums all-reduced, splits gathered; a
-// collective: every rank of the mesh calls it), differentiable; a plain tensor is returned as it
-// is. For model code that needs a whole-batch statistic of a batch-split tensor, e.g. the router
-// losses of an MoE model (models/moe.h) under expert parallelism. mesh/ installs the handler.
-using DistReplicateHandler = Tensor (*)(const Tensor& t);
-void set_dist_replicate_handler(DistReplicateHandler h);
-Tensor dist_replicate(const Tensor& t);
-
 // Runs `op` on DTensor inputs (plain inputs are taken as Replicate). Throws when no handler is
 // installed (a DistSpec without mesh/).
 std::vector<Tensor> dist_dispatch(const DistOp& op, const std::vector<Tensor>& inputs, DistLocalFn local);

@@ -107,6 +107,7 @@ void ModelConfig::validate(const std::string& source) const {
              num_experts_per_tok, num_local_experts);
     f.non_negative("router_aux_loss_coef", router_aux_loss_coef);
     f.non_negative("mt_router_z_loss_coef", router_z_loss_coef);
+    f.non_negative("mt_moe_capacity_factor", moe_capacity_factor);
   }
   f.probability("attention_dropout", attention_dropout);
   f.probability("mt_residual_dropout", residual_dropout);

@@ -57,6 +57,7 @@ struct ModelConfig {
   double router_aux_loss_coef = 0.02;
   bool output_router_logits = false;  // adds the load-balancing loss to the training loss
   double router_z_loss_coef = 0.0;     // meshtrain extension (mt_router_z_loss_coef): ST-MoE z-loss
+  double moe_capacity_factor = 0.0;    // meshtrain extension (mt_moe_capacity_factor): 0 = dropless
   // meshtrain extensions (not in HF configs; default 0 = off).
   double attention_dropout = 0.0;
   double residual_dropout = 0.0;

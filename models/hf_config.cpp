@@ -197,6 +197,7 @@ ModelConfig load_hf_config(const std::string& path) {
     c.router_aux_loss_coef = f.get_double("router_aux_loss_coef", 0.001);
     c.output_router_logits = f.get_bool("output_router_logits", false);
     c.router_z_loss_coef = f.get_double("mt_router_z_loss_coef", 0.0);
+    c.moe_capacity_factor = f.get_double("mt_moe_capacity_factor", 0.0);
     // Sliding-window attention changes the result only for sequences longer than the window.
     if (f.has("sliding_window")) {
       int64_t w = f.get_int("sliding_window", 0);
@@ -258,6 +259,7 @@ void save_hf_config(const ModelConfig& c, const std::string& path) {
     j["router_aux_loss_coef"] = c.router_aux_loss_coef;
     j["output_router_logits"] = c.output_router_logits;
     j["mt_router_z_loss_coef"] = c.router_z_loss_coef;
+    j["mt_moe_capacity_factor"] = c.moe_capacity_factor;
     j["sliding_window"] = nullptr;
   }
   j["attention_dropout"] = c.attention_dropout;

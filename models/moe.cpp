@@ -35,6 +35,7 @@ MixtralSparseMoeBlock::MixtralSparseMoeBlock(const ModelConfig& c, DType dtype)
                                                            c.initializer_range, dtype));
   experts_ = register_module("experts", std::make_shared<ModuleList>());
   for (int64_t e = 0; e < c.num_local_experts; ++e) experts_->push_back(std::make_shared<MixtralExpert>(c, dtype));
+  set_capacity_factor(c.moe_capacity_factor);
 }
 
 std::vector<Tensor> MixtralSparseMoeBlock::forward(const std::vector<Tensor>& inputs) {

@@ -85,7 +85,7 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   } else {
     sel = sel_t.to_vector<int64_t>();
   }
-  const ExpertLists l = expert_lists(sel, n, k, E, where);
+  ExpertLists l = expert_lists(sel, n, k, E, where);
 
   Communicator comm = simulated ? Communicator::simulated(static_cast<int>(mesh_.size(dim_)),
                                                           static_cast<int>(mesh_.coordinate(dim_)),
@@ -94,21 +94,50 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   const auto P = static_cast<int64_t>(comm.size());
   const int64_t me = comm.rank();
 
-  // Every rank's per-expert counts: what each rank receives from each other rank.
-  std::vector<int64_t> mine(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) mine[static_cast<size_t>(e)] = static_cast<int64_t>(l.tokens[static_cast<size_t>(e)].size());
-  std::vector<int64_t> all(static_cast<size_t>(P * E));
+  // Every rank's rows per (expert, slot): what each rank receives from each other rank, and the
+  // capacity's priority order over the whole group.
+  std::vector<int64_t> mine(static_cast<size_t>(E * k), 0);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t s : l.slots[static_cast<size_t>(e)]) ++mine[static_cast<size_t>(e * k + s % k)];
+  std::vector<int64_t> all(static_cast<size_t>(P * E * k));
   if (simulated) {  // counted like the real exchange of counts; every rank taken to route alike
-    Tensor c = empty(Shape{1, E}, TensorOptions(DType::kI64).with_device(Device::meta()));
-    Tensor g = empty(Shape{P, E}, c.options());
+    Tensor c = empty(Shape{1, E * k}, TensorOptions(DType::kI64).with_device(Device::meta()));
+    Tensor g = empty(Shape{P, E * k}, c.options());
     comm.all_gather(c, g);
-    for (int64_t j = 0; j < P; ++j) std::copy(mine.begin(), mine.end(), all.begin() + j * E);
+    for (int64_t j = 0; j < P; ++j) std::copy(mine.begin(), mine.end(), all.begin() + j * E * k);
   } else {
-    Tensor c = from_vector<int64_t>(mine, Shape{1, E}), g = empty(Shape{P, E}, DType::kI64);
+    Tensor c = from_vector<int64_t>(mine, Shape{1, E * k}), g = empty(Shape{P, E * k}, DType::kI64);
     comm.all_gather(c, g);
     all = g.to_vector<int64_t>();
   }
-  auto count = [&](int64_t rank, int64_t e) { return all[static_cast<size_t>(rank * E + e)]; };
+  auto routed = [&](int64_t rank, int64_t e, int64_t s) { return all[static_cast<size_t>((rank * E + e) * k + s)]; };
+  // Capacity (ExpertRouting::capacity_factor): expert e keeps its first C rows in the order one
+  // device sees them: slot 0 of every token of the batch (ranks in order), then slot 1, ...
+  int64_t n_all = 0;
+  for (int64_t v : all) n_all += v;
+  n_all /= k;
+  const int64_t cap = expert_capacity(r.capacity_factor, n_all, k, E);
+  std::vector<int64_t> kept(all.size());  // rows kept per (rank, expert, slot)
+  load_.dropped = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t used = 0;
+    for (int64_t s = 0; s < k; ++s)
+      for (int64_t j = 0; j < P; ++j) {
+        const int64_t want = routed(j, e, s), take = std::max<int64_t>(0, std::min(want, cap - used));
+        kept[static_cast<size_t>((j * E + e) * k + s)] = take;
+        used += take;
+        load_.dropped += want - take;
+      }
+  }
+  std::vector<std::vector<int64_t>> keep_mine(static_cast<size_t>(E), std::vector<int64_t>(static_cast<size_t>(k)));
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t s = 0; s < k; ++s) keep_mine[static_cast<size_t>(e)][static_cast<size_t>(s)] = kept[static_cast<size_t>((me * E + e) * k + s)];
+  (void)keep_rows(l, k, keep_mine);
+  auto count = [&](int64_t rank, int64_t e) {
+    int64_t c = 0;
+    for (int64_t s = 0; s < k; ++s) c += kept[static_cast<size_t>((rank * E + e) * k + s)];
+    return c;
+  };
 
   // Send order: by destination rank, then expert, then the expert's (slot-major) token order.
   std::vector<int64_t> send_idx, send_counts(static_cast<size_t>(P), 0), recv_counts(static_cast<size_t>(P), 0);
@@ -136,7 +165,8 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   }
   load_.tokens.assign(static_cast<size_t>(E), 0);
   for (int64_t j = 0; j < P; ++j)
-    for (int64_t e = 0; e < E; ++e) load_.tokens[static_cast<size_t>(e)] += count(j, e);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t s = 0; s < k; ++s) load_.tokens[static_cast<size_t>(e)] += routed(j, e, s);
   load_.rows_sent = static_cast<int64_t>(send_idx.size()) - send_counts[static_cast<size_t>(me)];
 
   Tensor sent = index_select(x, 0, index_tensor(send_idx, dev));

@@ -4,8 +4,8 @@
 // split over `ep` (the batch is sharded there); each rank routes only its own tokens, sends every
 // routed (token, slot) row to the ep rank that owns its expert (one all-to-all-v), runs the
 // experts it owns on the rows it received, sends the outputs back the same way, and sums them per
-// token with the routing weights in expert order, as one device does. Dropless: every routed row
-// is computed. The experts' parameters are whole on their owner (plan `owner(K)` placements) and
+// token with the routing weights in expert order, as one device does. Dropless by default; with a
+// capacity factor each expert keeps the rows one device would keep (ExpertRouting). The experts' parameters are whole on their owner (plan `owner(K)` placements) and
 // the owner runs them on their local tensors, so their gradients are complete there (no reduction
 // over ep). The backward is the same two exchanges in reverse (mesh/exchange.h).
 #pragma once
@@ -25,7 +25,8 @@ namespace mt {
 // Per-expert token counts of the last forward over the whole ep group (after the exchange):
 // min / max and total routed rows, for the step log.
 struct ExpertLoad {
-  std::vector<int64_t> tokens;  // per expert, summed over the ep group
+  std::vector<int64_t> tokens;  // per expert, summed over the ep group (dropped rows included)
+  int64_t dropped = 0;          // rows the capacity dropped, over the ep group
   int64_t rows_sent = 0;        // rows this rank sent to other ranks (bytes = rows x H x dtype)
 };
 
@@ -36,6 +37,7 @@ class AllToAllDispatcher : public ExpertDispatcher {
   Tensor run(const ExpertRouting& routing, const std::vector<Module*>& experts, const std::string& where) override;
   std::string describe() const override;
   std::vector<int64_t> last_tokens_per_expert() const override { return load_.tokens; }
+  int64_t last_dropped() const override { return load_.dropped; }
   const ExpertLoad& last_load() const { return load_; }
 
  private:

@@ -24,6 +24,11 @@ struct ExpertRouting {
   // The layer's input ([B, T, H], x is its [N, H] view): the output takes its shape (and, for a
   // DTensor, its placements). Undefined: the output is [N, H].
   Tensor input;
+  // > 0: each expert computes at most ceil(capacity_factor * N_all * k / E) rows (N_all: the
+  // tokens of this call over every rank that shares the experts), in slot-major order over the
+  // whole batch (slot 0 of every token first); the other rows are dropped (their term is zero).
+  // 0: dropless.
+  double capacity_factor = 0;
 };
 
 // The tokens of each expert in the order one device processes them: slot-major (all tokens of
@@ -37,6 +42,14 @@ struct ExpertLists {
 ExpertLists expert_lists(const std::vector<int64_t>& selected, int64_t n_tokens, int64_t top_k, int64_t experts,
                          const std::string& where);
 
+// Rows each expert may compute: ceil(capacity_factor * tokens * top_k / experts), at least 1;
+// INT64_MAX when capacity_factor is 0 (dropless).
+int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);
+
+// Keeps, per expert, only its first `keep[e][j]` rows of slot j (the lists are slot-major, so
+// these are prefixes of each slot's run). Returns the rows dropped.
+int64_t keep_rows(ExpertLists& lists, int64_t top_k, const std::vector<std::vector<int64_t>>& keep);
+
 class ExpertDispatcher {
  public:
   virtual ~ExpertDispatcher() = default;
@@ -45,16 +58,19 @@ class ExpertDispatcher {
   // `experts` are the layer's expert modules by index.
   virtual Tensor run(const ExpertRouting& routing, const std::vector<Module*>& experts, const std::string& where) = 0;
   virtual std::string describe() const = 0;  // "all_to_all over ep (4 ranks)"
-  // Tokens routed to each expert in the last run, over every rank that shares the experts.
+  // Tokens routed to each expert in the last run, over every rank that shares the experts, and the
+  // rows the capacity dropped there.
   virtual std::vector<int64_t> last_tokens_per_expert() const = 0;
+  virtual int64_t last_dropped() const = 0;
 };
 
 // Every expert here: for each expert in index order, its tokens (ExpertLists order) gathered, the
 // expert applied, scaled by their weights and index_add-ed into a zero [N, H] buffer. Experts that
 // got no token are not run (their parameters get no gradient), as transformers does.
-// `tokens_per_expert`, when given, receives how many (token, slot) rows each expert got.
+// `tokens_per_expert`, when given, receives how many (token, slot) rows were routed to each expert
+// (dropped ones included), `dropped` how many rows the capacity dropped.
 Tensor run_experts_locally(const ExpertRouting& routing, const std::vector<Module*>& experts, const std::string& where,
-                           std::vector<int64_t>* tokens_per_expert = nullptr);
+                           std::vector<int64_t>* tokens_per_expert = nullptr, int64_t* dropped = nullptr);
 
 // A module whose experts run through a dispatcher (models/moe.h's MixtralSparseMoeBlock).
 class MoeModule : public Module {
@@ -66,6 +82,11 @@ class MoeModule : public Module {
   // Rows (token, slot) routed to each expert by the last forward: over the whole expert-parallel
   // group under all_to_all dispatch, else over the tokens this layer saw. Empty before a forward.
   const std::vector<int64_t>& tokens_per_expert() const { return tokens_per_expert_; }
+  // (token, slot) rows the capacity dropped in the last forward (same scope as above).
+  int64_t dropped_rows() const { return dropped_; }
+  // 0: dropless (the default); see ExpertRouting::capacity_factor.
+  void set_capacity_factor(double f) { capacity_factor_ = f; }
+  double capacity_factor() const { return capacity_factor_; }
 
  protected:
   Tensor run_experts(const ExpertRouting& routing);
@@ -73,6 +94,8 @@ class MoeModule : public Module {
  private:
   std::shared_ptr<ExpertDispatcher> dispatcher_;
   std::vector<int64_t> tokens_per_expert_;
+  int64_t dropped_ = 0;
+  double capacity_factor_ = 0;
 };
 
 }  // namespace mt

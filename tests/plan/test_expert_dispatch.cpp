@@ -1,8 +1,8 @@
 // Token all-to-all expert parallelism (plan/expert_dispatch.h, mesh/exchange.h, docs/moe.md):
 // exchange_rows moves rows to the right ranks and their gradients back; one Mixtral MoE block
 // under `dispatch ... all_to_all` gives the single-device output and gradients (f64, 1e-12) with
-// skewed routing (one expert gets every token, one none) and uneven token shards (a rank with no
-// tokens at all at np 4); plan errors name the line. Run as a
+// skewed routing (one expert gets every token, one none), uneven token shards (a rank with no
+// tokens at all at np 4) and a capacity factor that drops rows; plan errors name the line. Run as a
 // world of one and under mpirun -np 2 and 4.
 #include <cmath>
 #include <string>
@@ -109,11 +109,14 @@ TEST_CASE("all_to_all dispatch: one MoE block gives the single-device output and
   DeviceMesh mesh({P}, {"ep"});
   Plan plan;
   plan.mesh({{"ep", -1}}).dispatch("moe", "ep=all_to_all").place("()", "<in>:0", "ep=S(0)");
-  for (int64_t B : {2 * P, 2 * P + 1}) {  // even and uneven token shards
-    INFO("B " << B << " on " << P << " ranks");
+  for (auto [B, cf] : {std::pair<int64_t, double>{2 * P, 0.0}, {2 * P + 1, 0.0}, {2 * P + 1, 1.0}}) {
+    // Even and uneven token shards; dropless, then a capacity of N * k / E rows per expert, which
+    // the skewed router overflows (expert 0 gets every token).
+    INFO("B " << B << " on " << P << " ranks, capacity factor " << cf);
     Generator gen(5);
     Tensor x = abs(normal({B, 3, 16}, 0, 1, DType::kF64, &gen));
     auto ref = build(false);
+    ref->moe->set_capacity_factor(cf);
     skew_router(*ref);
     Tensor xr = x.clone().requires_grad_();
     Tensor want = (*ref)(std::vector<Tensor>{xr})[0];
@@ -123,6 +126,7 @@ TEST_CASE("all_to_all dispatch: one MoE block gives the single-device output and
     auto model = build(true);
     Parallelized par = parallelize(*model, plan, mesh);
     GradReducer reducer(*model, mesh);
+    model->moe->set_capacity_factor(cf);
     skew_router(*model);
     Tensor xd = distribute_tensor(x, mesh, {Placement::shard(0)}).requires_grad_();
     Tensor got = (*model)(std::vector<Tensor>{xd})[0];
@@ -130,6 +134,8 @@ TEST_CASE("all_to_all dispatch: one MoE block gives the single-device output and
     REQUIRE(moe->dispatcher() != nullptr);
     REQUIRE(moe->tokens_per_expert() == ref->moe->tokens_per_expert());  // whole-group counts
     REQUIRE(moe->tokens_per_expert()[3] == 0);
+    REQUIRE(moe->dropped_rows() == ref->moe->dropped_rows());
+    REQUIRE((cf > 0) == (moe->dropped_rows() > 0));
     REQUIRE(max_abs_diff(full_tensor(got), want) <= 1e-12);
     sum(mul(got, distribute_tensor(cot, mesh, {Placement::shard(0)}))).backward();
     reducer.finish();

@@ -159,6 +159,12 @@ assert len(rows) == 2
 for r in rows:
     assert 0 <= r["expert_rows_min"] <= r["expert_rows_max"] <= 32, r
 PY
+"$BIN" train --config mixtral-tiny --steps 1 --batch 2 --seq 16 --moe-capacity-factor 0.5 --metrics "$WORK/moe_cf.jsonl" \
+  >"$WORK/moe_cf.out" || fail "mixtral train with a capacity factor"
+grep -qE "expert rows [0-9]+-[0-9]+, [1-9][0-9]* dropped$" "$WORK/moe_cf.out" && pass "capacity factor 0.5 drops rows (step line)" \
+  || fail "no dropped rows: $(tail -1 "$WORK/moe_cf.out")"
+python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); sys.exit(0 if r["expert_rows_dropped"] > 0 else 1)' \
+  "$WORK/moe_cf.jsonl" && pass "expert_rows_dropped in the metrics" || fail "expert_rows_dropped"
 expect_error "router loss flag on a dense model" "--moe-z-loss" "mixture-of-experts" -- "$BIN" train --config llama-tiny --steps 1 --moe-z-loss 0.1
 expect_error "negative router loss coefficient" "--moe-aux-loss" ">= 0" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-aux-loss -1
 

@@ -291,6 +291,7 @@ int run_train(int argc, char** argv) {
                  step + 1, steps, loss, norm, opt.lr(), tok_s, 100 * mfu, mem);
       if (reducer) fmt::print(" | {} grad collectives", collectives);
       if (experts) fmt::print(" | expert rows {}-{}", experts->min, experts->max);
+      if (experts && cfg.moe_capacity_factor > 0) fmt::print(", {} dropped", experts->dropped);
       fmt::print("\n");
     }
     if (metrics) {
@@ -298,6 +299,7 @@ int run_train(int argc, char** argv) {
                           {"tokens_per_s", tok_s}, {"mfu", mfu}, {"mem_peak_mib", mem}, {"step_s", secs}};
       if (reducer) j["grad_collectives"] = collectives;
       if (experts) j["expert_rows_min"] = experts->min, j["expert_rows_max"] = experts->max;
+      if (experts && cfg.moe_capacity_factor > 0) j["expert_rows_dropped"] = experts->dropped;
       *metrics << j.dump() << "\n";
       metrics->flush();
       MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file '{}' at step {}: {}", args.str("metrics"),

@@ -45,6 +45,8 @@ std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::st
       {"moe-aux-loss", "Mixtral: load-balancing loss coefficient in the training loss (0: off; default: the "
                        "config's output_router_logits and router_aux_loss_coef)", "", false},
       {"moe-z-loss", "Mixtral: router z-loss coefficient in the training loss (default: the config's, 0)", "", false},
+      {"moe-capacity-factor", "Mixtral: expert capacity factor, rows beyond it dropped (0: dropless; default: the "
+                              "config's, 0)", "", false},
   };
 }
 
@@ -115,6 +117,10 @@ std::optional<ExpertTokenRange> expert_token_range(Module& model) {
   for (auto& [path, m] : model.named_modules()) {
     const auto* moe = dynamic_cast<const MoeModule*>(m.get());
     if (!moe) continue;
+    if (!moe->tokens_per_expert().empty()) {
+      if (!r) r = ExpertTokenRange{moe->tokens_per_expert()[0], moe->tokens_per_expert()[0]};
+      r->dropped += moe->dropped_rows();
+    }
     for (int64_t n : moe->tokens_per_expert()) {
       if (!r) r = ExpertTokenRange{n, n};
       r->min = std::min(r->min, n);
@@ -125,7 +131,7 @@ std::optional<ExpertTokenRange> expert_token_range(Module& model) {
 }
 
 void apply_moe_loss_flags(const Args& args, ModelConfig& cfg, const std::string& command) {
-  for (const char* flag : {"moe-aux-loss", "moe-z-loss"}) {
+  for (const char* flag : {"moe-aux-loss", "moe-z-loss", "moe-capacity-factor"}) {
     if (args.str(flag).empty()) continue;
     MT_CHECK(cfg.is_moe(), "meshtrain {}: --{} applies to mixture-of-experts models (mixtral), not {}", command, flag,
              cfg.model_type);
@@ -135,8 +141,10 @@ void apply_moe_loss_flags(const Args& args, ModelConfig& cfg, const std::string&
     if (std::string(flag) == "moe-aux-loss") {
       cfg.output_router_logits = v > 0;
       cfg.router_aux_loss_coef = v;
-    } else {
+    } else if (std::string(flag) == "moe-z-loss") {
       cfg.router_z_loss_coef = v;
+    } else {
+      cfg.moe_capacity_factor = v;
     }
   }
 }

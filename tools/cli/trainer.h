@@ -62,6 +62,7 @@ TokenBatch read_token_batch(const std::string& path, const ModelConfig& cfg, con
 // counts are over the whole expert-parallel group.
 struct ExpertTokenRange {
   int64_t min = 0, max = 0;
+  int64_t dropped = 0;  // rows the capacity dropped, over every layer
 };
 std::optional<ExpertTokenRange> expert_token_range(Module& model);
 

@@ -36,11 +36,6 @@ class LocalParameters {
   std::vector<std::pair<Tensor*, Tensor>> saved_;
 };
 
-Tensor index_tensor(const std::vector<int64_t>& v, Device device) {
-  Tensor t = from_vector<int64_t>(v, Shape{static_cast<int64_t>(v.size())});
-  return device.is_cpu() ? t : t.to(device);
-}
-
 }  // namespace
 
 AllToAllDispatcher::AllToAllDispatcher(DeviceMesh mesh, int dim, std::vector<int64_t> owners)
@@ -96,9 +91,7 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
 
   // Every rank's rows per (expert, slot): what each rank receives from each other rank, and the
   // capacity's priority order over the whole group.
-  std::vector<int64_t> mine(static_cast<size_t>(E * k), 0);
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t s : l.slots[static_cast<size_t>(e)]) ++mine[static_cast<size_t>(e * k + s % k)];
+  const std::vector<int64_t> mine = rows_per_slot(l, k);
   std::vector<int64_t> all(static_cast<size_t>(P * E * k));
   if (simulated) {  // counted like the real exchange of counts; every rank taken to route alike
     Tensor c = empty(Shape{1, E * k}, TensorOptions(DType::kI64).with_device(Device::meta()));
@@ -116,23 +109,9 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   int64_t n_all = 0;
   for (int64_t v : all) n_all += v;
   n_all /= k;
-  const int64_t cap = expert_capacity(r.capacity_factor, n_all, k, E);
-  std::vector<int64_t> kept(all.size());  // rows kept per (rank, expert, slot)
-  load_.dropped = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t used = 0;
-    for (int64_t s = 0; s < k; ++s)
-      for (int64_t j = 0; j < P; ++j) {
-        const int64_t want = routed(j, e, s), take = std::max<int64_t>(0, std::min(want, cap - used));
-        kept[static_cast<size_t>((j * E + e) * k + s)] = take;
-        used += take;
-        load_.dropped += want - take;
-      }
-  }
-  std::vector<std::vector<int64_t>> keep_mine(static_cast<size_t>(E), std::vector<int64_t>(static_cast<size_t>(k)));
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t s = 0; s < k; ++s) keep_mine[static_cast<size_t>(e)][static_cast<size_t>(s)] = kept[static_cast<size_t>((me * E + e) * k + s)];
-  (void)keep_rows(l, k, keep_mine);
+  const std::vector<int64_t> kept =  // rows kept per (rank, expert, slot)
+      capacity_keep(all, P, E, k, expert_capacity(r.capacity_factor, n_all, k, E), &load_.dropped);
+  keep_rows(l, k, kept.data() + me * E * k);
   auto count = [&](int64_t rank, int64_t e) {
     int64_t c = 0;
     for (int64_t s = 0; s < k; ++s) c += kept[static_cast<size_t>((rank * E + e) * k + s)];
@@ -169,13 +148,13 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
       for (int64_t s = 0; s < k; ++s) load_.tokens[static_cast<size_t>(e)] += routed(j, e, s);
   load_.rows_sent = static_cast<int64_t>(send_idx.size()) - send_counts[static_cast<size_t>(me)];
 
-  Tensor sent = index_select(x, 0, index_tensor(send_idx, dev));
+  Tensor sent = index_select(x, 0, expert_index(send_idx, dev));
   Tensor recv = exchange_rows(comm, sent, send_counts, recv_counts);  // [R, H]
   Tensor done = zeros(Shape{R, H}, x.options().with_grad(false));
   for (int64_t e = 0; e < E; ++e) {
     const auto& ri = rows[static_cast<size_t>(e)];
     if (ri.empty()) continue;  // not ours, or no token anywhere was routed to it
-    Tensor idx = index_tensor(ri, dev);
+    Tensor idx = expert_index(ri, dev);
     Tensor y;
     {
       LocalParameters local(*experts[static_cast<size_t>(e)]);
@@ -194,10 +173,9 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   for (int64_t e = 0; e < E; ++e) {
     const auto& tok = l.tokens[static_cast<size_t>(e)];
     if (tok.empty()) continue;
-    const auto m = static_cast<int64_t>(tok.size());
-    Tensor cur = back.narrow(0, send_offset[static_cast<size_t>(e)], m);
-    cur = mul(cur, index_select(flat_w, 0, index_tensor(l.slots[static_cast<size_t>(e)], dev)).unsqueeze(1));
-    out = index_add(out, 0, index_tensor(tok, dev), cur.to(x.dtype()));
+    Tensor cur = back.narrow(0, send_offset[static_cast<size_t>(e)], static_cast<int64_t>(tok.size()));
+    out = add_expert_terms(out, cur, expert_index(tok, dev), expert_index(l.slots[static_cast<size_t>(e)], dev),
+                           flat_w);
   }
   // Likewise a rank whose tokens picked no expert (it had no tokens): its output still depends on
   // what came back, so that its backward joins the exchanges.

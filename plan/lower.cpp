@@ -251,8 +251,8 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
     IoRef io = parse_io_ref(e.tensor);
     if (e.kind == PlanEntryKind::kDispatch) {
       for (size_t mi : matched) {
-        MT_CHECK(dynamic_cast<MoeModule*>(model.get_module(modules[mi].path).get()),
-                 "{}: dispatch applies to mixture-of-experts layers (e.g. Mixtral's block_sparse_moe), but "
+        auto* moe = dynamic_cast<MoeModule*>(model.get_module(modules[mi].path).get());
+        MT_CHECK(moe, "{}: dispatch applies to mixture-of-experts layers (e.g. Mixtral's block_sparse_moe), but "
                  "module {} is not one",
                  e.module_loc.str(), shown(modules[mi].path));
         MT_CHECK(mesh.dim_index(e.how[0].dim) >= 0, "{}: mesh dim '{}' is not in mesh {}", e.how[0].loc.str(),
@@ -261,7 +261,6 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
         modules[mi].dispatch_from.push_back(e.loc);
         // The experts' parameters: whole on an owner along the dim, experts spread in contiguous
         // blocks (expert e on coordinate e * size / E); later entries may place them otherwise.
-        auto* moe = dynamic_cast<MoeModule*>(model.get_module(modules[mi].path).get());
         const std::vector<Module*> experts = moe->expert_modules();
         const auto E = static_cast<int64_t>(experts.size());
         const int64_t P = mesh.shape[static_cast<size_t>(mesh.dim_index(e.how[0].dim))];

@@ -35,23 +35,55 @@ int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, i
   return std::max<int64_t>(1, static_cast<int64_t>(c));
 }
 
-int64_t keep_rows(ExpertLists& l, int64_t top_k, const std::vector<std::vector<int64_t>>& keep) {
-  int64_t dropped = 0;
+std::vector<int64_t> rows_per_slot(const ExpertLists& l, int64_t top_k) {
+  std::vector<int64_t> rows(l.slots.size() * static_cast<size_t>(top_k), 0);
+  for (size_t e = 0; e < l.slots.size(); ++e)
+    for (int64_t s : l.slots[e]) ++rows[e * static_cast<size_t>(top_k) + static_cast<size_t>(s % top_k)];
+  return rows;
+}
+
+std::vector<int64_t> capacity_keep(const std::vector<int64_t>& routed, int64_t ranks, int64_t experts,
+                                   int64_t top_k, int64_t capacity, int64_t* dropped) {
+  std::vector<int64_t> kept(routed.size(), 0);
+  int64_t left_out = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    int64_t used = 0;
+    for (int64_t s = 0; s < top_k; ++s)
+      for (int64_t r = 0; r < ranks; ++r) {
+        const auto i = static_cast<size_t>((r * experts + e) * top_k + s);
+        kept[i] = std::max<int64_t>(0, std::min(routed[i], capacity - used));
+        used += kept[i];
+        left_out += routed[i] - kept[i];
+      }
+  }
+  if (dropped) *dropped = left_out;
+  return kept;
+}
+
+void keep_rows(ExpertLists& l, int64_t top_k, const int64_t* keep) {
   for (size_t e = 0; e < l.tokens.size(); ++e) {
     std::vector<int64_t> tokens, slots, seen(static_cast<size_t>(top_k), 0);
     for (size_t i = 0; i < l.tokens[e].size(); ++i) {
       const auto j = static_cast<size_t>(l.slots[e][i] % top_k);
-      if (seen[j]++ < keep[e][j]) {
+      if (seen[j]++ < keep[e * static_cast<size_t>(top_k) + j]) {
         tokens.push_back(l.tokens[e][i]);
         slots.push_back(l.slots[e][i]);
-      } else {
-        ++dropped;
       }
     }
     l.tokens[e] = std::move(tokens);
     l.slots[e] = std::move(slots);
   }
-  return dropped;
+}
+
+Tensor expert_index(const std::vector<int64_t>& v, Device device) {
+  Tensor t = from_vector<int64_t>(v, Shape{static_cast<int64_t>(v.size())});
+  return device.is_cpu() ? t : t.to(device);
+}
+
+Tensor add_expert_terms(const Tensor& out, const Tensor& rows, const Tensor& token_index, const Tensor& slot_index,
+                        const Tensor& flat_weights) {
+  Tensor cur = mul(rows, index_select(flat_weights, 0, slot_index).unsqueeze(1));
+  return index_add(out, 0, token_index, cur.to(out.dtype()));
 }
 
 Tensor run_experts_locally(const ExpertRouting& r, const std::vector<Module*>& experts, const std::string& where,
@@ -66,34 +98,18 @@ Tensor run_experts_locally(const ExpertRouting& r, const std::vector<Module*>& e
     tokens_per_expert->clear();
     for (const auto& t : l.tokens) tokens_per_expert->push_back(static_cast<int64_t>(t.size()));
   }
-  // Capacity: each expert's first C rows in slot-major order.
+  // Capacity: each expert's first C rows in slot-major order (one rank holds the whole batch).
   const int64_t cap = expert_capacity(r.capacity_factor, N, k, E);
-  std::vector<std::vector<int64_t>> keep(static_cast<size_t>(E), std::vector<int64_t>(static_cast<size_t>(k)));
-  for (size_t e = 0; e < l.tokens.size(); ++e) {
-    int64_t left = cap;
-    std::vector<int64_t> per_slot(static_cast<size_t>(k), 0);
-    for (int64_t s : l.slots[e]) ++per_slot[static_cast<size_t>(s % k)];
-    for (int64_t j = 0; j < k; ++j) {
-      keep[e][static_cast<size_t>(j)] = std::min(left, per_slot[static_cast<size_t>(j)]);
-      left -= keep[e][static_cast<size_t>(j)];
-    }
-  }
-  const int64_t n_dropped = keep_rows(l, k, keep);
-  if (dropped) *dropped = n_dropped;
+  const std::vector<int64_t> kept = capacity_keep(rows_per_slot(l, k), 1, E, k, cap, dropped);
+  keep_rows(l, k, kept.data());
   Tensor flat_weights = r.weights.reshape(Shape{N * k});
   Tensor out = zeros(Shape{N, H}, x.options().with_grad(false));
   for (int64_t e = 0; e < E; ++e) {
     const auto& tok = l.tokens[static_cast<size_t>(e)];
     if (tok.empty()) continue;  // transformers skips experts that got no token
-    const auto n = static_cast<int64_t>(tok.size());
-    Tensor tix = from_vector<int64_t>(tok, Shape{n}), wix = from_vector<int64_t>(l.slots[static_cast<size_t>(e)], Shape{n});
-    if (tix.device() != x.device()) {
-      tix = tix.to(x.device());
-      wix = wix.to(x.device());
-    }
+    Tensor tix = expert_index(tok, x.device());
     Tensor cur = (*experts[static_cast<size_t>(e)])(index_select(x, 0, tix));
-    cur = mul(cur, index_select(flat_weights, 0, wix).unsqueeze(1));
-    out = index_add(out, 0, tix, cur.to(x.dtype()));
+    out = add_expert_terms(out, cur, tix, expert_index(l.slots[static_cast<size_t>(e)], x.device()), flat_weights);
   }
   return r.input.defined() ? out.view(r.input.shape()) : out;
 }

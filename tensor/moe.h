@@ -46,9 +46,27 @@ ExpertLists expert_lists(const std::vector<int64_t>& selected, int64_t n_tokens,
 // INT64_MAX when capacity_factor is 0 (dropless).
 int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);
 
-// Keeps, per expert, only its first `keep[e][j]` rows of slot j (the lists are slot-major, so
-// these are prefixes of each slot's run). Returns the rows dropped.
-int64_t keep_rows(ExpertLists& lists, int64_t top_k, const std::vector<std::vector<int64_t>>& keep);
+// Rows of each (expert, slot) of `lists`: [experts * top_k], row-major.
+std::vector<int64_t> rows_per_slot(const ExpertLists& lists, int64_t top_k);
+
+// The rows the capacity keeps, decided as one device does: `routed` holds the rows of each (rank,
+// expert, slot), [ranks * experts * top_k] row-major with the ranks in batch order (one rank: the
+// whole batch); expert e keeps its first `capacity` rows in the order slot 0 of every rank, then
+// slot 1, ... Returns the kept rows in the same layout; `dropped` receives how many were left out.
+std::vector<int64_t> capacity_keep(const std::vector<int64_t>& routed, int64_t ranks, int64_t experts,
+                                   int64_t top_k, int64_t capacity, int64_t* dropped);
+
+// Keeps, per expert e, only its first `keep[e * top_k + j]` rows of slot j (the lists are
+// slot-major, so these are prefixes of each slot's run).
+void keep_rows(ExpertLists& lists, int64_t top_k, const int64_t* keep);
+
+// An index tensor of `v` on `device` (for index_select / index_add of routed rows).
+Tensor expert_index(const std::vector<int64_t>& v, Device device);
+
+// `out` plus one expert's weighted terms: out[token_index[i]] += flat_weights[slot_index[i]] *
+// rows[i], the terms cast to out's dtype (index_add, recorded by autograd).
+Tensor add_expert_terms(const Tensor& out, const Tensor& rows, const Tensor& token_index, const Tensor& slot_index,
+                        const Tensor& flat_weights);
 
 class ExpertDispatcher {
  public:

@@ -84,7 +84,7 @@ if mkdir -p "$WORK/full" && mount -t tmpfs -o size=14m tmpfs "$WORK/full" 2>/dev
       && pass "disk full during a save: '$(sed 's/.*error: //' <<<"$last" | cut -c1-120)...'; latest ($kept) resumes" \
       || fail "disk full: the kept checkpoint $kept does not resume: $(tail -n 1 "$WORK/err")"
   else
-    fail "disk full: rc $rc, latest '$kept', error: $last"
+    fail "disk full: rc $rc, latest '$kept', error: '$last'; the run's stderr ends: $(tail -n 5 "$WORK/full.err")"
   fi
   umount "$WORK/full"
 else

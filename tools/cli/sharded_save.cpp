@@ -26,19 +26,28 @@ struct ShardedSaver::Pending {
 
 namespace {
 
-// Rank 0's (ok, value) given to every rank: a verdict and a number (rank 0's pid).
-std::pair<bool, int64_t> broadcast_verdict(const PlanContext& plan, bool ok, int64_t value) {
-  Tensor t = from_vector<int64_t>({ok ? 1 : 0, value});
+// Rank 0's value, given to every rank.
+int64_t broadcast_value(const PlanContext& plan, int64_t value) {
+  Tensor t = from_vector<int64_t>({value});
   plan.mesh->comm().broadcast(t, 0);
-  const auto* p = static_cast<const int64_t*>(t.data_ptr());
-  return {p[0] == 1, p[1]};
+  return static_cast<const int64_t*>(t.data_ptr())[0];
 }
 
-// Whether every rank's `ok` holds.
-bool all_ok(const PlanContext& plan, bool ok) {
-  Tensor t = from_vector<int64_t>({ok ? 1 : 0});
-  plan.mesh->comm().all_reduce(t, CommReduceOp::kMin);
-  return static_cast<const int64_t*>(t.data_ptr())[0] == 1;
+// The error of the lowest rank that has one, known to every rank ("" when no rank has one), prefixed
+// with that rank when it is not this one. Every rank then fails with the message that names the file:
+// when one rank's output is cut short (mpirun stops the others once one exits), the cause still shows.
+std::string agreed_error(const PlanContext& plan, const std::string& mine) {
+  Tensor who = from_vector<int64_t>({mine.empty() ? plan.world : plan.rank});
+  plan.mesh->comm().all_reduce(who, CommReduceOp::kMin);
+  const int64_t failed = static_cast<const int64_t*>(who.data_ptr())[0];
+  if (failed == plan.world) return "";
+  std::vector<int64_t> text;
+  if (failed == plan.rank) text.assign(mine.begin(), mine.end());
+  Tensor gathered = plan.mesh->comm().all_gather_uneven(from_vector<int64_t>(text, Shape{static_cast<int64_t>(text.size())}));
+  const auto* c = static_cast<const int64_t*>(gathered.data_ptr());
+  std::string message(static_cast<size_t>(gathered.numel()), ' ');
+  for (size_t i = 0; i < message.size(); ++i) message[i] = static_cast<char>(c[i]);
+  return failed == plan.rank ? message : fmt::format("rank {}: {}", failed, message);
 }
 
 }  // namespace
@@ -69,9 +78,9 @@ void ShardedSaver::save(const TrainState& state, const NamedTensors& model, cons
       why = e.what();
     }
   }
-  auto [ok, root_pid] = broadcast_verdict(plan_, why.empty(), pid);
-  if (!why.empty()) throw Error(why);
-  MT_CHECK(ok, "checkpoint of step {}: rank 0 could not start it (its error names the cause)", state.step);
+  const std::string failed = agreed_error(plan_, why);
+  if (!failed.empty()) throw Error(failed);
+  const int64_t root_pid = broadcast_value(plan_, pid);
   auto p = std::make_unique<Pending>();
   p->state = state;
   p->tmp = (fs::path(opt_.dir) / fmt::format("{}.tmp.{}", step_dir_name(state.step), root_pid)).string();
@@ -107,14 +116,16 @@ void ShardedSaver::commit() {
   if (!pending_) return;
   std::unique_ptr<Pending> p = std::move(pending_);
   if (p->writer.joinable()) p->writer.join();
-  const bool written = all_ok(plan_, p->error.empty());
+  const std::string write_error = agreed_error(plan_, p->error);
+  std::error_code ec;
+  if (!write_error.empty()) {
+    if (plan_.is_root()) fs::remove_all(p->tmp, ec);
+    throw Error(fmt::format("checkpoint of step {}: {}", p->state.step, write_error));
+  }
   std::string why;
   std::string final_path;
   if (plan_.is_root()) {
-    std::error_code ec;
     try {
-      MT_CHECK(written, "checkpoint of step {}: {}", p->state.step,
-               p->error.empty() ? "another rank could not write its shard (its error names the file)" : p->error);
       std::vector<ShardedIndex> parts;
       for (int r = 0; r < plan_.world; ++r) {
         const fs::path list = fs::path(p->tmp) / chunk_list_name(shard_file_name(r, plan_.world));
@@ -129,16 +140,12 @@ void ShardedSaver::commit() {
       final_path = commit_step_directory(opt_.dir, p->tmp, p->state.step);
       apply_retention(opt_.dir, opt_.keep);
     } catch (const std::exception& e) {
-      why = e.what();
+      why = fmt::format("checkpoint of step {}: {}", p->state.step, e.what());
       fs::remove_all(p->tmp, ec);
     }
-  } else if (!p->error.empty()) {
-    why = p->error;
   }
-  auto [ok, unused] = broadcast_verdict(plan_, plan_.is_root() ? why.empty() : true, 0);
-  (void)unused;
-  if (!why.empty()) throw Error(why);
-  MT_CHECK(ok, "checkpoint of step {}: rank 0 could not commit it (its error names the cause)", p->state.step);
+  const std::string failed = agreed_error(plan_, why);
+  if (!failed.empty()) throw Error(failed);
   if (plan_.is_root()) fmt::print("checkpoint {}\n", final_path);
 }
 

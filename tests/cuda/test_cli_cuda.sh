@@ -4,8 +4,10 @@
 # tensor's largest magnitude; 20 f32 training steps of llama-tiny and mixtral-tiny with per-step
 # losses within 1e-5 relative; bf16 on CUDA tracking f32 on the CPU within 2e-2 relative; and,
 # under mpirun on one GPU (host-staged collectives), llama_dp and llama_tp (np 2), llama_dp_tp and
-# mixtral_ep_tp (np 4) training like the single-device run. Without a GPU: `--device cuda` fails with one line naming
-# the flag (checked everywhere), then the script exits 77 (meson: SKIP).
+# mixtral_ep_tp (np 4), mixtral_ep (np 1: NCCL; np 2) training like the single-device run, and sharded
+# checkpoints saved on one device kind and resumed on the other under another plan. Without a GPU:
+# `--device cuda` fails with one line naming the flag (checked everywhere), then the script exits 77
+# (meson: SKIP).
 # usage: test_cli_cuda.sh MESHTRAIN_BINARY COMPARE_PY PLANS_DIR [MPIRUN]
 set -u
 BIN=$1
@@ -84,14 +86,29 @@ grep -q "device cuda:0" "$WORK/llama-tiny.t_cuda.out" && pass "train prints its 
 # ---- several ranks on one GPU: host-staged collectives -----------------------------------------------
 if [ -n "$MPIRUN" ]; then
   mpi() { local np=$1; shift; timeout 300 "$MPIRUN" -np "$np" --oversubscribe --mca btl self,vader "$@"; }
-  for spec in llama_dp:llama-tiny:2 llama_tp:llama-tiny:2 llama_dp_tp:llama-tiny:4 mixtral_ep_tp:mixtral-tiny:4; do
+  for spec in llama_dp:llama-tiny:2 llama_tp:llama-tiny:2 llama_dp_tp:llama-tiny:4 mixtral_ep:mixtral-tiny:1 \
+      mixtral_ep:mixtral-tiny:2 mixtral_ep_tp:mixtral-tiny:4; do
     IFS=: read -r plan model np <<<"$spec"
     mpi $np "$BIN" $TRAIN --config $model --plan "$PLANS/$plan.plan" --device cuda --metrics "$WORK/$plan.jsonl" \
       >/dev/null 2>"$WORK/err" || fail "$plan np $np cuda: $(grep -m 1 '\] error: ' "$WORK/err" || tail -n 3 "$WORK/err")"
     r=$(python3 "$CMP" losses "$WORK/$model.t_cpu.jsonl" "$WORK/$plan.jsonl" 1e-5 rel 2>&1) \
-      && pass "$plan np $np on one GPU (host-staged) vs one CPU device: $r" || fail "$plan np $np cuda: $r"
+      && pass "$plan np $np on one GPU vs one CPU device: $r" || fail "$plan np $np cuda: $r"
   done
   grep -q "staged through host memory" "$WORK/err" && pass "one-line host-staging notice" || fail "no staging notice: $(head -n 3 "$WORK/err")"
+  # Sharded checkpoints across devices and plans (docs/checkpoints.md): saved at step 10 on the GPU
+  # under llama_tp, resumed on the CPU under llama_dp; and saved on the CPU, resumed on the GPU. Both
+  # runs' 20 losses stay within 1e-5 of the single CPU device.
+  for way in cuda:cpu cpu:cuda; do
+    IFS=: read -r from to <<<"$way"
+    ck="$WORK/ck_$from"
+    mpi 2 "$BIN" $TRAIN --config llama-tiny --plan "$PLANS/llama_tp.plan" --device "$from" --metrics "$ck.jsonl" \
+      --checkpoint-dir "$ck" --stop-at 10 >/dev/null 2>"$WORK/err" || fail "save on $from: $(grep -m 1 '\] error: ' "$WORK/err")"
+    mpi 2 "$BIN" $TRAIN --config llama-tiny --plan "$PLANS/llama_dp.plan" --device "$to" --metrics "$ck.jsonl" \
+      --checkpoint-dir "$ck" --resume >/dev/null 2>"$WORK/err" || fail "resume on $to: $(grep -m 1 '\] error: ' "$WORK/err")"
+    r=$(python3 "$CMP" losses "$WORK/llama-tiny.t_cpu.jsonl" "$ck.jsonl" 1e-5 rel 2>&1) \
+      && pass "sharded checkpoint saved on $from (llama_tp np 2), resumed on $to (llama_dp np 2): $r" \
+      || fail "sharded checkpoint $from -> $to: $r"
+  done
 fi
 
 echo "$fails failure(s)"

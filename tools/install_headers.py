@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-OWN = r'(?:runtime|kernels|tensor|mesh|optim|plan|models)/[^"]+|config\.h'
+OWN = r'(?:runtime|kernels|tensor|mesh|optim|plan|models|checkpoint)/[^"]+|config\.h'
 PATTERN = re.compile(r'^(\s*#\s*include\s+)"(' + OWN + r')"', re.M)
 
 root = os.path.join(os.environ['MESON_INSTALL_DESTDIR_PREFIX'], sys.argv[1], 'meshtrain')

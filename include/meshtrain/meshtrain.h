@@ -3,6 +3,9 @@
 // headers (<meshtrain/tensor/ops.h>, ...); `meson install` rewrites the includes below to that form.
 #pragma once
 
+#include "checkpoint/chunk_index.h"
+#include "checkpoint/shard_reader.h"
+#include "checkpoint/shard_writer.h"
 #include "mesh/device_mesh.h"
 #include "mesh/dtensor.h"
 #include "mesh/placement.h"

@@ -20,7 +20,7 @@ grep -q '^prefix=${pcfiledir}' "$PC" || { echo "FAIL: meshtrain.pc hard-codes it
 if grep -E '^Cflags:.*(-std=|-fopenmp)' "$PC"; then echo "FAIL: meshtrain.pc imposes -std or -fopenmp"; exit 1; fi
 grep -q '^Cflags: -I${includedir}$' "$PC" || { echo "FAIL: meshtrain.pc Cflags should be -I\${includedir} only:"; grep Cflags "$PC"; exit 1; }
 # Installed headers name each other <meshtrain/...>: none is left with an in-tree "tensor/ops.h".
-if grep -rEn '#\s*include\s+"(runtime|kernels|tensor|mesh|optim|plan|models)/' "$WORK/moved"; then
+if grep -rEn '#\s*include\s+"(runtime|kernels|tensor|mesh|optim|plan|models|checkpoint)/' "$WORK/moved"; then
   echo "FAIL: installed headers still include meshtrain headers by their in-tree paths"; exit 1
 fi
 # A consumer's own models/config.h (first on its include path) must not shadow meshtrain's.

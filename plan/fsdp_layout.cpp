@@ -3,16 +3,21 @@
 // For a fixed tensor order and shard size S, placing each tensor at the leftmost offset where it
 // fits is optimal: which offsets a tensor may start at depends only on S and the tensor, so a
 // smaller end of the previous tensor never leaves fewer choices (induction over the order). The
-// search is therefore over S and the order. Feasibility is not monotone in S (a shard size that
-// is a multiple of a large block can fit where a slightly larger one cannot), so small ranges are
-// scanned exhaustively and large ones binary-searched between the lower bound and shard sizes
-// known to fit (multiples of the least common multiple of the largest blocks).
+// search is therefore over S and the order. A tensor longer than two shards forces S to a
+// multiple of its block, which splits the sizes into ranges with one such multiple each
+// (shard_ranges); the first candidate of the first range is the lower bound. Feasibility is not
+// monotone in S (a multiple of a large block can fit where a slightly larger size cannot), so
+// ranges are scanned candidate by candidate while that is cheap, and binary-searched otherwise
+// between their first candidate and a size known to fit.
 #include "plan/fsdp_layout.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -22,7 +27,6 @@ namespace mt {
 namespace {
 
 constexpr int64_t kNone = -1;
-constexpr int64_t kExhaustiveSteps = 4096;  // shard sizes tried one by one below this many
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -76,54 +80,94 @@ bool fits(const std::vector<Item>& items, const std::vector<int64_t>& order, int
   return true;
 }
 
-// The smallest shard size (a multiple of A, >= lb) at which `order` fits, or kNone.
+// Shard sizes S with the same set of "long" tensors (n > 2S: wherever such a tensor starts it
+// crosses two shard boundaries, and both fall on its block edges only if S is a multiple of its
+// block): every S in [lo, hi) that can fit is a multiple of L. The set shrinks as S grows, so the
+// ranges come in increasing order of S with L dividing the previous range's L.
+struct ShardRange {
+  int64_t lo = 0, hi = 0, L = 0;
+};
+
+std::vector<ShardRange> shard_ranges(const std::vector<Item>& items, int64_t A, int64_t group) {
+  int64_t payload = 0, largest_block = 1;
+  for (const Item& t : items) {
+    payload += t.n;
+    largest_block = std::max(largest_block, t.b);
+  }
+  const int64_t base = round_up(std::max((payload + group - 1) / group, largest_block), A);
+  std::vector<size_t> by_length(items.size());
+  std::iota(by_length.begin(), by_length.end(), size_t{0});
+  std::sort(by_length.begin(), by_length.end(), [&](size_t a, size_t b) { return items[a].n < items[b].n; });
+  // Tensor j is long while S < ceil(n_j / 2); from position k of the sorted list on, all are long
+  // for S in [ceil(n_{k-1} / 2), ceil(n_k / 2)).
+  std::vector<ShardRange> out;
+  const size_t m = by_length.size();
+  for (size_t k = 0; k <= m; ++k) {
+    const int64_t lo = std::max(base, k == 0 ? int64_t{0} : (items[by_length[k - 1]].n + 1) / 2);
+    const int64_t hi = k == m ? std::numeric_limits<int64_t>::max() / 4 : (items[by_length[k]].n + 1) / 2;
+    if (lo >= hi) continue;
+    int64_t L = A;
+    for (size_t j = k; j < m && L != 0; ++j) L = lcm_or_zero(L, items[by_length[j]].b);
+    if (L == 0 || L > std::numeric_limits<int64_t>::max() / 4 - lo) continue;  // no such size fits
+    if (round_up(lo, L) < hi) out.push_back({lo, hi, L});
+  }
+  return out;
+}
+
+// The smallest shard size at which `order` fits, or kNone. Each range's candidates (multiples of
+// its L) are tried one by one while that stays cheap (kScanBudget placements in all); a larger
+// range is binary-searched between its first candidate and a size known to fit (a multiple of
+// the largest blocks' lcm, where each tensor only rounds its start up to its step), then the
+// sizes just below the result are tried (feasibility is not monotone in S).
 int64_t smallest_shard(const std::vector<Item>& items, const std::vector<int64_t>& order, int64_t ta,
-                       int64_t A, int64_t lb, int64_t group) {
+                       const std::vector<ShardRange>& ranges, int64_t group) {
+  constexpr int64_t kScanBudget = int64_t{1} << 21;
   auto ok = [&](int64_t S) { return fits(items, order, ta, S, group, nullptr); };
-  if (ok(lb)) return lb;
-  // Sizes known to fit: S a multiple of every block of at least some size (then each tensor
-  // only rounds its start up to its step). Try the largest blocks first.
+  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(items.size()));
+  int64_t budget = kScanBudget;
   std::vector<int64_t> blocks;
   for (const Item& t : items) blocks.push_back(t.b);
   std::sort(blocks.begin(), blocks.end(), std::greater<>());
   blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
-  int64_t best = kNone;
-  int64_t L = A;
-  for (int64_t b : blocks) {
-    L = lcm_or_zero(L, b);
-    if (L == 0 || L > std::numeric_limits<int64_t>::max() / 4 - lb) {
-      L = 0;
-      break;
+  int64_t need = 0, extra = 0;
+  for (const Item& t : items) {
+    need += t.n;
+    extra += t.step > 0 ? t.step : t.b;
+  }
+  for (const ShardRange& r : ranges) {
+    const int64_t first = round_up(r.lo, r.L);
+    const int64_t count = (r.hi - 1 - first) / r.L + 1;
+    if (count <= budget / n) {
+      budget -= count * n;
+      for (int64_t S = first; S < r.hi; S += r.L)
+        if (ok(S)) return S;
+      continue;
     }
-    const int64_t S = round_up(lb, L);
-    if ((best == kNone || S < best) && ok(S)) best = S;
-  }
-  if (L != 0) {  // every block divides L: guaranteed to fit with room for each start's rounding
-    int64_t extra = 0;
-    for (const Item& t : items) extra += t.step > 0 ? t.step : t.b;
-    int64_t need = 0;
-    for (const Item& t : items) need += t.n;
-    const int64_t S = round_up(std::max<int64_t>(lb, (need + extra + group - 1) / group), L);
-    if ((best == kNone || S < best) && ok(S)) best = S;
-  }
-  for (int64_t S = lb * 2; best == kNone && S > 0 && S < std::numeric_limits<int64_t>::max() / 4; S *= 2)
-    if (ok(round_up(S, A))) best = round_up(S, A);
-  if (best == kNone) return kNone;
-  if ((best - lb) / A <= kExhaustiveSteps) {
-    for (int64_t S = lb + A; S < best; S += A)
+    // Sizes known to fit, or likely to: multiples of L and of the largest blocks.
+    int64_t best = kNone;
+    int64_t Lb = r.L;
+    for (int64_t b : blocks) {
+      Lb = lcm_or_zero(Lb, b);
+      if (Lb == 0 || Lb > std::numeric_limits<int64_t>::max() / 4 - first) break;
+      const int64_t S = round_up(first, Lb);
+      if (S < r.hi && (best == kNone || S < best) && ok(S)) best = S;
+    }
+    if (Lb != 0 && Lb <= std::numeric_limits<int64_t>::max() / 4 - first) {  // every block divides Lb
+      const int64_t S = round_up(std::max(first, (need + extra + group - 1) / group), Lb);
+      if (S < r.hi && (best == kNone || S < best) && ok(S)) best = S;
+    }
+    if (best == kNone) continue;
+    if (ok(first)) return first;
+    int64_t lo = first, hi = best;  // lo does not fit, hi does
+    while (hi - lo > r.L) {
+      const int64_t mid = lo + ((hi - lo) / 2) / r.L * r.L;
+      (ok(mid) ? hi : lo) = mid;
+    }
+    for (int64_t S = std::max(first + r.L, hi - 64 * r.L); S < hi; S += r.L)
       if (ok(S)) return S;
-    return best;
+    return hi;
   }
-  int64_t lo = lb, hi = best;  // lo does not fit, hi does
-  while (hi - lo > A) {
-    const int64_t mid = lo + ((hi - lo) / 2) / A * A;
-    if (mid == lo) break;
-    (ok(mid) ? hi : lo) = mid;
-  }
-  // Non-monotone: a few sizes below the found one may still fit.
-  for (int64_t S = std::max(lb + A, hi - 64 * A); S < hi; S += A)
-    if (ok(S)) return S;
-  return hi;
+  return kNone;
 }
 
 void check_options(const LayoutOptions& o) {
@@ -147,38 +191,18 @@ int64_t shard_alignment(const LayoutOptions& o) {
   return A;
 }
 
-// The smallest shard size no layout can beat: at least the even split and the largest block, a
-// multiple of A, and a multiple of every block of a tensor longer than two shards (such a tensor
-// crosses two shard boundaries wherever it starts, and both fall on its block edges only if the
-// shard size is a multiple of its block). The set of those tensors shrinks as the size grows, so
-// each range of sizes with the same set is tried in turn.
-int64_t lower_bound_shard(const std::vector<Item>& items, int64_t A, int64_t group) {
-  int64_t payload = 0, largest_block = 1;
-  for (const Item& t : items) {
-    payload += t.n;
-    largest_block = std::max(largest_block, t.b);
-  }
-  const int64_t base = round_up(std::max((payload + group - 1) / group, largest_block), A);
-  std::vector<const Item*> by_length;
-  for (const Item& t : items) by_length.push_back(&t);
-  std::sort(by_length.begin(), by_length.end(), [](const Item* a, const Item* b) { return a->n < b->n; });
-  // Sizes S < n / 2 (n > 2S) make a tensor "long". From the longest tensors down, the range of S
-  // in which exactly the tensors from position k on are long is [ceil(n_{k-1} / 2), ceil(n_k / 2)).
-  const size_t m = by_length.size();
-  for (size_t k = 0; k <= m; ++k) {  // k: the first long tensor (m: none)
-    const int64_t lo = std::max(base, k == 0 ? int64_t{0} : (by_length[k - 1]->n + 1) / 2);
-    const int64_t hi = k == m ? std::numeric_limits<int64_t>::max() : (by_length[k]->n + 1) / 2;
-    if (lo >= hi) continue;
-    int64_t L = A;
-    for (size_t j = k; j < m && L != 0; ++j) L = lcm_or_zero(L, by_length[j]->b);
-    if (L == 0 || L > std::numeric_limits<int64_t>::max() / 4 - lo) continue;
-    const int64_t S = round_up(lo, L);
-    if (S < hi) return S;
-  }
-  return base;
+}  // namespace
+
+int64_t PlacedTensor::blocks_on(int64_t rank) const {
+  const int64_t i = rank - first_rank;
+  return i >= 0 && i < static_cast<int64_t>(blocks.size()) ? blocks[static_cast<size_t>(i)] : 0;
 }
 
-}  // namespace
+std::vector<int64_t> PlacedTensor::ragged_units(int64_t group) const {
+  std::vector<int64_t> units(static_cast<size_t>(group), 0);
+  for (int64_t r = 0; r < group; ++r) units[static_cast<size_t>(r)] = blocks_on(r);
+  return units;
+}
 
 double FsdpLayout::padding_ratio() const {
   return payload > 0 ? static_cast<double>(padding()) / static_cast<double>(payload) : 0.0;
@@ -198,7 +222,9 @@ FsdpLayout plan_fsdp_layout(const std::vector<LayoutTensor>& tensors, const Layo
   FsdpLayout layout;
   layout.group = options.group;
   layout.payload = payload;
-  layout.lower_bound = lower_bound_shard(items, A, options.group);
+  const std::vector<ShardRange> ranges = shard_ranges(items, A, options.group);
+  // No layout has a smaller shard size than the first range's first candidate.
+  layout.lower_bound = ranges.empty() ? 0 : round_up(ranges.front().lo, ranges.front().L);
   if (tensors.empty()) {
     layout.shard_size = 0;
     return layout;
@@ -221,7 +247,7 @@ FsdpLayout plan_fsdp_layout(const std::vector<LayoutTensor>& tensors, const Layo
   int64_t best_S = kNone;
   size_t best_order = 0;
   for (size_t k = 0; k < orders.size(); ++k) {
-    const int64_t S = smallest_shard(items, orders[k], ta, A, layout.lower_bound, options.group);
+    const int64_t S = smallest_shard(items, orders[k], ta, ranges, options.group);
     if (S != kNone && (best_S == kNone || S < best_S)) {
       best_S = S;
       best_order = k;
@@ -239,15 +265,30 @@ FsdpLayout plan_fsdp_layout(const std::vector<LayoutTensor>& tensors, const Layo
     PlacedTensor p;
     p.index = idx;
     p.offset = starts[i];
-    p.blocks.assign(static_cast<size_t>(options.group), 0);
-    const int64_t first = p.offset / best_S, last = (p.offset + t.n - 1) / best_S;
-    for (int64_t r = first; r <= last; ++r) {
+    p.first_rank = p.offset / best_S;
+    const int64_t last = (p.offset + t.n - 1) / best_S;
+    for (int64_t r = p.first_rank; r <= last; ++r) {
       const int64_t lo = std::max(p.offset, r * best_S), hi = std::min(p.offset + t.n, (r + 1) * best_S);
-      p.blocks[static_cast<size_t>(r)] = (hi - lo) / t.b;
+      p.blocks.push_back((hi - lo) / t.b);
     }
     layout.tensors.push_back(std::move(p));
   }
   return layout;
+}
+
+std::vector<FsdpLayout> plan_fsdp_layouts(const std::vector<std::vector<LayoutTensor>>& units,
+                                          const LayoutOptions& options) {
+  std::map<std::vector<std::array<int64_t, 3>>, size_t> planned;  // shapes -> index into out
+  std::vector<FsdpLayout> out;
+  out.reserve(units.size());
+  for (const auto& unit : units) {
+    std::vector<std::array<int64_t, 3>> key;
+    key.reserve(unit.size());
+    for (const LayoutTensor& t : unit) key.push_back({t.rows, t.cols, t.block_rows});
+    auto [it, fresh] = planned.emplace(std::move(key), out.size());
+    out.push_back(fresh ? plan_fsdp_layout(unit, options) : out[it->second]);
+  }
+  return out;
 }
 
 void check_fsdp_layout(const std::vector<LayoutTensor>& tensors, const LayoutOptions& options,
@@ -274,17 +315,23 @@ void check_fsdp_layout(const std::vector<LayoutTensor>& tensors, const LayoutOpt
              t.name, p.offset, options.tensor_align);
     MT_CHECK(p.offset + n <= S * P, "FSDP layout: tensor '{}' ends at {}, past the buffer of {} elements", t.name,
              p.offset + n, S * P);
-    MT_CHECK(p.blocks.size() == static_cast<size_t>(P), "FSDP layout: tensor '{}' has blocks for {} ranks, not {}",
-             t.name, p.blocks.size(), P);
-    for (int64_t r = 0; r < P; ++r) {
+    const int64_t spanned = static_cast<int64_t>(p.blocks.size());
+    MT_CHECK(p.first_rank >= 0 && spanned >= 1 && p.first_rank + spanned <= P,
+             "FSDP layout: tensor '{}' records blocks on ranks {} to {} of {}", t.name, p.first_rank,
+             p.first_rank + spanned - 1, P);
+    int64_t recorded = 0;
+    for (int64_t b_on : p.blocks) recorded += b_on;
+    MT_CHECK(recorded == t.rows / t.block_rows, "FSDP layout: tensor '{}' records {} blocks, it has {}", t.name,
+             recorded, t.rows / t.block_rows);
+    for (int64_t r = p.offset / S; r <= (p.offset + n - 1) / S; ++r) {
       const int64_t lo = std::max(p.offset, r * S), hi = std::min(p.offset + n, (r + 1) * S);
       const int64_t on_rank = std::max<int64_t>(0, hi - lo);
       MT_CHECK(on_rank % b == 0 && (on_rank == 0 || (lo - p.offset) % b == 0),
                "FSDP layout: tensor '{}' (blocks of {} rows) is cut inside a block at the start of rank {}'s shard",
                t.name, t.block_rows, r);
-      MT_CHECK(p.blocks[static_cast<size_t>(r)] == on_rank / b,
-               "FSDP layout: tensor '{}' records {} blocks on rank {}, its offset puts {} there", t.name,
-               p.blocks[static_cast<size_t>(r)], r, on_rank / b);
+      MT_CHECK(p.blocks_on(r) == on_rank / b,
+               "FSDP layout: tensor '{}' records {} blocks on rank {}, its offset puts {} there", t.name, p.blocks_on(r),
+               r, on_rank / b);
     }
     end = p.offset + n;
   }
@@ -297,13 +344,9 @@ std::string describe_fsdp_layout(const std::vector<LayoutTensor>& tensors, const
       layout.padding(), 100 * layout.padding_ratio(), layout.order == TensorOrder::kAny ? ", reordered" : "");
   for (const PlacedTensor& p : layout.tensors) {
     const LayoutTensor& t = tensors[static_cast<size_t>(p.index)];
-    int64_t first = 0, last = static_cast<int64_t>(p.blocks.size()) - 1;
-    while (first < last && p.blocks[static_cast<size_t>(first)] == 0) ++first;
-    while (last > first && p.blocks[static_cast<size_t>(last)] == 0) --last;
-    std::string blocks;
-    for (int64_t r = first; r <= last; ++r) blocks += fmt::format("{}{}", r > first ? "," : "", p.blocks[static_cast<size_t>(r)]);
     out += fmt::format("  {} [{}, {}] block {} rows: offset {}, ranks {}..{} hold [{}] blocks\n", t.name, t.rows,
-                       t.cols, t.block_rows, p.offset, first, last, blocks);
+                       t.cols, t.block_rows, p.offset, p.first_rank,
+                       p.first_rank + static_cast<int64_t>(p.blocks.size()) - 1, fmt::join(p.blocks, ","));
   }
   return out;
 }

@@ -39,8 +39,14 @@ struct LayoutOptions {
 struct PlacedTensor {
   int64_t index = 0;   // into the planner's input
   int64_t offset = 0;  // element offset in the unit's buffer (of group * shard_size elements)
-  // Blocks on each rank, in rank order (a RaggedShard over the rows, block `block_rows`).
+  // Blocks on the ranks the tensor spans: blocks[i] on rank first_rank + i (a tensor spans a few
+  // ranks of a large group, so only those are stored).
+  int64_t first_rank = 0;
   std::vector<int64_t> blocks;
+  int64_t blocks_on(int64_t rank) const;
+  // Blocks on every rank of the group: the units of its RaggedShard over the rows (block
+  // `block_rows`).
+  std::vector<int64_t> ragged_units(int64_t group) const;
 };
 
 struct FsdpLayout {
@@ -58,9 +64,16 @@ struct FsdpLayout {
 
 // The layout with the smallest shard size the planner finds. Throws naming the tensor when a
 // block size does not divide its rows (or is not positive), or an option is not positive.
-// `lower_bound` is the shard size a layout would need if tensors could be cut anywhere:
-// max(ceil(payload / group), largest block) rounded up to the alignment.
+// `lower_bound`: no layout has a smaller shard size. It is at least the even split and the largest
+// block, rounded up to the alignment, and a multiple of the block of every tensor longer than two
+// shards (such a tensor crosses two shard boundaries, and both are on its block edges only if the
+// shard size is a multiple of its block).
 FsdpLayout plan_fsdp_layout(const std::vector<LayoutTensor>& tensors, const LayoutOptions& options);
+
+// Plans every unit (an FSDP unit per decoder layer, say); units with the same shapes and blocks,
+// names aside, are planned once and share the result (layers of one model usually are).
+std::vector<FsdpLayout> plan_fsdp_layouts(const std::vector<std::vector<LayoutTensor>>& units,
+                                          const LayoutOptions& options);
 
 // Checks every invariant of `layout` against its tensors (contiguous, inside the buffer, no
 // overlaps, every block on one rank, aligned, blocks per rank consistent); throws naming the

@@ -115,9 +115,9 @@ TEST_CASE("fsdp layout: placements by hand", "[fsdp]") {
   FsdpLayout l = plan_fsdp_layout(ts, opt);
   CHECK(l.shard_size == 8);
   CHECK(l.padding() == 0);
-  CHECK(l.tensors[0].blocks == std::vector<int64_t>{8, 2});
+  CHECK(l.tensors[0].ragged_units(2) == std::vector<int64_t>{8, 2});
   CHECK(l.tensors[1].offset == 10);
-  CHECK(l.tensors[1].blocks == std::vector<int64_t>{0, 6});
+  CHECK(l.tensors[1].ragged_units(2) == std::vector<int64_t>{0, 6});
   // Blocks of 3 rows x 2 columns (6 elements), 2 blocks each: shard 8 cannot cut either tensor on
   // a block edge past the first; the planner pads to 12 (one tensor per rank), the lower bound is 12
   // (the payload 24 over 2 ranks).
@@ -125,8 +125,8 @@ TEST_CASE("fsdp layout: placements by hand", "[fsdp]") {
   l = plan_fsdp_layout(ts, opt);
   CHECK(l.shard_size == 12);
   CHECK(l.lower_bound == 12);
-  CHECK(l.tensors[0].blocks == std::vector<int64_t>{2, 0});
-  CHECK(l.tensors[1].blocks == std::vector<int64_t>{0, 2});
+  CHECK(l.tensors[0].ragged_units(2) == std::vector<int64_t>{2, 0});
+  CHECK(l.tensors[1].ragged_units(2) == std::vector<int64_t>{0, 2});
   // A one-element tensor first shifts the blocked one: [n (1 element), w (2 blocks of 4)] at shard 5
   // (the lower bound): w starts at 1, so rank 0's boundary at 5 falls on w's block edge.
   ts = {{"n", 1, 1, 1}, {"w", 2, 4, 1}};
@@ -134,7 +134,7 @@ TEST_CASE("fsdp layout: placements by hand", "[fsdp]") {
   CHECK(l.lower_bound == 5);
   CHECK(l.shard_size == 5);
   CHECK(l.tensors[1].offset == 1);
-  CHECK(l.tensors[1].blocks == std::vector<int64_t>{1, 1});
+  CHECK(l.tensors[1].ragged_units(2) == std::vector<int64_t>{1, 1});
   // Aligned starts (tensor_align 4) move w to 4 and make 5 impossible: 8 is the answer.
   opt.tensor_align = 4;
   opt.shard_align = 1;

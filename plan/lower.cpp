@@ -143,6 +143,123 @@ std::string redist_on(const Placements& src, const Placements& dst, const PlanMe
   return s;
 }
 
+
+// `fsdp` entries, after every other entry (the placements on the other mesh dims apply first, the
+// ragged split runs over the local shards): each matched module is a unit; a parameter belongs to
+// the last entry that claims it, and within one entry to the deepest matched module. Its storage
+// on the unit's dim becomes the planner's RaggedShard over tensor dim 0, its compute placement
+// there Replicate.
+using FsdpEntries = std::vector<std::pair<const PlanEntry*, std::vector<size_t>>>;  // entry, matched modules
+
+std::vector<FsdpUnit> lower_fsdp(const FsdpEntries& entries, const std::vector<ModuleState>& modules,
+                                 std::vector<ParamState>& params, const PlanMesh& mesh) {
+  struct Claim {
+    const PlanEntry* entry = nullptr;
+    size_t unit = 0;  // module index
+  };
+  std::vector<Claim> claims(params.size());
+  auto depth = [](const std::string& path) { return path.empty() ? 0 : 1 + std::count(path.begin(), path.end(), '.'); };
+  for (const auto& [e, matched] : entries) {
+    const DimPlacement& d = e->how[0];
+    MT_CHECK(mesh.dim_index(d.dim) >= 0, "{}: mesh dim '{}' is not in mesh {}", d.loc.str(), d.dim, mesh.str());
+    PathRegex tre(e->tensor, e->tensor_loc, "a regex over parameter paths in the unit");
+    std::vector<size_t> units = matched;
+    std::stable_sort(units.begin(), units.end(),
+                     [&](size_t a, size_t b) { return depth(modules[a].path) < depth(modules[b].path); });
+    size_t hits = 0;
+    for (size_t mi : units) {
+      const std::string& u = modules[mi].path;
+      for (size_t pi = 0; pi < params.size(); ++pi) {
+        const std::string& path = params[pi].path;
+        if (!u.empty() && path.rfind(u + ".", 0) != 0) continue;
+        if (!tre.full_match(u.empty() ? path : path.substr(u.size() + 1))) continue;
+        claims[pi] = {e, mi};
+        ++hits;
+      }
+    }
+    MT_CHECK(hits > 0, "{}: parameter regex '{}' matches no parameter path inside the units matched by '{}' (paths "
+             "are relative to the unit, e.g. 'mlp\\.down_proj\\.weight' or '.*')",
+             e->tensor_loc.str(), e->tensor, e->module_re);
+  }
+  std::vector<FsdpUnit> units;
+  std::map<std::pair<size_t, int>, size_t> unit_index;  // (module, dim) -> units
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    const Claim& c = claims[pi];
+    if (!c.entry) continue;
+    const DimPlacement& how = c.entry->how[0];
+    const int dim = mesh.dim_index(how.dim);
+    ParamState& p = params[pi];
+    for (const auto* slot : {&p.init[static_cast<size_t>(dim)], &p.run[static_cast<size_t>(dim)]})
+      MT_CHECK(!*slot, "{}: parameter {} is in an FSDP unit over mesh dim '{}', but {} also places it on '{}'; "
+               "expected one of the two",
+               how.loc.str(), p.path, how.dim, (*slot)->loc.str(), how.dim);
+    MT_CHECK(!p.shape.empty(), "{}: parameter {} is a scalar; FSDP splits tensor dim 0 (leave scalars out of the "
+             "unit's parameter regex)",
+             how.loc.str(), p.path);
+    // The local shard the ragged split divides: the placements on every other dim, which must
+    // come before this one in the mesh and split evenly (one layout for every coordinate).
+    Placements ps = resolve_param(p.init, p, mesh, "INIT");
+    for (int j = 0; j < mesh.ndim(); ++j)
+      MT_CHECK(!ps[static_cast<size_t>(j)].splits() || j < dim,
+               "{}: parameter {} is split on mesh dim '{}' ({}), which comes after the FSDP dim '{}' in the mesh; the "
+               "ragged split runs over the local shards, so list '{}' after '{}' in the mesh line",
+               how.loc.str(), p.path, mesh.names[static_cast<size_t>(j)], ps[static_cast<size_t>(j)].str(), how.dim,
+               how.dim, mesh.names[static_cast<size_t>(j)]);
+    std::vector<int64_t> corner;
+    for (int i = 0; i < mesh.shape.size(); ++i) corner.push_back(mesh.shape[i] - 1);
+    const Shape first(std::vector<int64_t>(mesh.shape.size(), 0)), last(corner);
+    const Shape local = local_layout(p.shape, ps, mesh.shape, first).local_shape;
+    MT_CHECK(local == local_layout(p.shape, ps, mesh.shape, last).local_shape,
+             "{}: parameter {} of shape {} has different local shapes under {} on mesh {}; an FSDP unit needs "
+             "even splits on the other mesh dims",
+             how.loc.str(), p.path, p.shape, placements_on(ps, mesh), mesh.str());
+    const int64_t rows = local[0];
+    const int64_t block = how.fsdp_rows == DimPlacement::kFsdpWhole ? rows : how.fsdp_rows;
+    MT_CHECK(rows > 0 && rows % block == 0,
+             "{}: granularity {} does not fit parameter {}: its local shard {} has {} rows along tensor dim 0; "
+             "expected a number of rows that divides {}",
+             how.loc.str(), how.str(), p.path, local, rows, rows);
+    auto [it, fresh] = unit_index.emplace(std::pair(c.unit, dim), units.size());
+    if (fresh) {
+      FsdpUnit u;
+      u.module = modules[c.unit].path;
+      u.mesh_dim = dim;
+      units.push_back(std::move(u));
+    }
+    FsdpUnit& u = units[it->second];
+    u.params.push_back(p.path);
+    u.tensors.push_back({p.path, rows, local.numel() / rows, block});
+    if (std::find_if(u.from.begin(), u.from.end(), [&](const PlanLoc& l) { return l.str() == c.entry->loc.str(); }) ==
+        u.from.end())
+      u.from.push_back(c.entry->loc);
+  }
+  std::map<std::string, size_t> param_index;
+  for (size_t pi = 0; pi < params.size(); ++pi) param_index[params[pi].path] = pi;
+  for (FsdpUnit& u : units) {
+    LayoutOptions opt;
+    opt.group = mesh.shape[static_cast<size_t>(u.mesh_dim)];
+    opt.order = TensorOrder::kGiven;  // parameter order: the buffer reads like the module
+    u.layout = plan_fsdp_layout(u.tensors, opt);
+    for (const PlacedTensor& t : u.layout.tensors) {
+      ParamState& p = params[param_index.at(u.params[static_cast<size_t>(t.index)])];
+      const LayoutTensor& lt = u.tensors[static_cast<size_t>(t.index)];
+      DimPlacement init, run;
+      init.dim = run.dim = mesh.names[static_cast<size_t>(u.mesh_dim)];
+      init.placement = Placement::ragged_shard(0, t.ragged_units(opt.group), lt.block_rows);
+      init.loc = run.loc = u.from.back();
+      p.init[static_cast<size_t>(u.mesh_dim)] = init;
+      p.run[static_cast<size_t>(u.mesh_dim)] = run;
+      for (const PlanLoc& l : u.from) p.from.push_back(l);
+    }
+  }
+  // In module order (pre-order: the root first, layers by index).
+  std::vector<std::pair<size_t, size_t>> order;  // (module index, unit)
+  for (const auto& [key, i] : unit_index) order.emplace_back(key.first, i);
+  std::sort(order.begin(), order.end());
+  std::vector<FsdpUnit> sorted;
+  for (const auto& [module, i] : order) sorted.push_back(std::move(units[i]));
+  return sorted;
+}
 }  // namespace
 
 const char* hook_point_name(HookPoint h) {
@@ -197,6 +314,16 @@ std::string HookIR::str() const {
   return s;
 }
 
+std::string FsdpUnit::str(const PlanMesh& mesh) const {
+  return fmt::format("unit {} over {} ({}): ", module.empty() ? "(root)" : module,
+                     mesh.names[static_cast<size_t>(mesh_dim)], [&] {
+                       std::string l;
+                       for (const PlanLoc& f : from) { l += l.empty() ? "" : ", "; l += f.str(); }
+                       return l;
+                     }()) +
+         describe_fsdp_layout(tensors, layout);
+}
+
 const Placements& HookIR::init_placements(const std::string& path) const {
   for (const auto& r : records)
     if (r.action == HookAction::kInit && (r.module.empty() ? r.tensor : r.module + "." + r.tensor) == path)
@@ -240,6 +367,7 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
   }
 
   // ---- entries ----
+  FsdpEntries fsdp_entries;  // lowered after the others
   for (const PlanEntry& e : plan.entries()) {
     PathRegex mre(e.module_re, e.module_loc, "a regex over module paths");
     std::vector<size_t> matched;
@@ -249,6 +377,10 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
              "{}",
              e.module_loc.str(), e.module_re, nearest(e.module_re, module_paths));
     IoRef io = parse_io_ref(e.tensor);
+    if (e.kind == PlanEntryKind::kFsdp) {
+      fsdp_entries.emplace_back(&e, matched);
+      continue;
+    }
     if (e.kind == PlanEntryKind::kDispatch) {
       for (size_t mi : matched) {
         auto* moe = dynamic_cast<MoeModule*>(model.get_module(modules[mi].path).get());
@@ -308,7 +440,8 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
             }
             break;
           case PlanEntryKind::kFactory:
-          case PlanEntryKind::kDispatch: break;
+          case PlanEntryKind::kDispatch:
+          case PlanEntryKind::kFsdp: break;
         }
       }
       continue;
@@ -337,9 +470,12 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
     }
   }
 
+  std::vector<FsdpUnit> fsdp_units = lower_fsdp(fsdp_entries, modules, params, mesh);
+
   // ---- records ----
   HookIR ir;
   ir.mesh = mesh;
+  ir.fsdp_units = std::move(fsdp_units);
   std::vector<Placements> init_ps(params.size()), run_ps(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     ParamState& p = params[i];

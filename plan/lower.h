@@ -15,6 +15,7 @@
 
 #include "mesh/device_mesh.h"
 #include "mesh/placement.h"
+#include "plan/fsdp_layout.h"
 #include "plan/plan.h"
 #include "runtime/shape.h"
 #include "tensor/module.h"
@@ -54,9 +55,23 @@ struct HookRecord {
   std::string action_str(const PlanMesh& mesh) const;
 };
 
+// One FSDP unit (an `fsdp` entry's module): its parameters' paths and local shapes as the layout
+// planner saw them (after the placements on the other mesh dims), and the planned layout, whose
+// blocks per rank are the parameters' RaggedShards over `mesh_dim` (docs/fsdp.md).
+struct FsdpUnit {
+  std::string module;
+  int mesh_dim = -1;
+  std::vector<std::string> params;       // paths, in layout input order (parameter order)
+  std::vector<LayoutTensor> tensors;     // name = path, [rows, cols] of the local shard, block rows
+  FsdpLayout layout;
+  std::vector<PlanLoc> from;
+  std::string str(const PlanMesh& mesh) const;  // `meshtrain plan --fsdp-layout`
+};
+
 struct HookIR {
   PlanMesh mesh;
   std::vector<HookRecord> records;
+  std::vector<FsdpUnit> fsdp_units;  // in module order
   std::string str() const;  // one record per line
   // The storage (INIT) placements of parameter `path`; throws when it has no record.
   const Placements& init_placements(const std::string& path) const;

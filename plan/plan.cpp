@@ -14,7 +14,7 @@ namespace mt {
 
 namespace {
 
-constexpr const char* kKeywords = "mesh, place, init, run, redistribute, annotate, factory, dispatch";
+constexpr const char* kKeywords = "mesh, place, init, run, redistribute, annotate, factory, dispatch, fsdp";
 // A plan is a page of text (the stock plans are under 2 KiB); anything far larger is not a plan.
 constexpr size_t kMaxPlanBytes = size_t{1} << 20;
 
@@ -109,6 +109,18 @@ DimPlacement parse_dim_placement(const std::string& text, const PlanLoc& loc) {
     d.dispatch = p;
     return d;
   }
+  if (p == "rows" || p == "whole") {
+    d.fsdp_rows = p == "rows" ? 1 : DimPlacement::kFsdpWhole;
+    return d;
+  }
+  if (p.rfind("rows(", 0) == 0 && p.back() == ')') {
+    const std::string n = p.substr(5, p.size() - 6);
+    MT_CHECK(!n.empty() && n.size() <= 9 && n.find_first_not_of("0123456789") == std::string::npos && std::stoll(n) > 0,
+             "{}: '{}': rows(N) needs a positive number of rows of at most 9 digits, e.g. dp=rows(32)", loc.str(),
+             text);
+    d.fsdp_rows = std::stoll(n);
+    return d;
+  }
   if (p.rfind("owner(", 0) == 0 && p.back() == ')') {
     std::string k = p.substr(6, p.size() - 7), dim;
     if (size_t comma = k.find(','); comma != std::string::npos) {
@@ -169,6 +181,9 @@ std::string PlanLoc::str() const {
 
 std::string DimPlacement::placement_str() const {
   if (!dispatch.empty()) return dispatch;
+  if (fsdp_rows == kFsdpWhole) return "whole";
+  if (fsdp_rows == 1) return "rows";
+  if (fsdp_rows > 1) return fmt::format("rows({})", fsdp_rows);
   if (owner >= 0) return owner_dim ? fmt::format("owner({},{})", owner, owner_dim) : fmt::format("owner({})", owner);
   return placement.str();
 }
@@ -209,6 +224,7 @@ std::string PlanEntry::keyword() const {
     case PlanEntryKind::kAnnotate: return "annotate";
     case PlanEntryKind::kFactory: return "factory";
     case PlanEntryKind::kDispatch: return "dispatch";
+    case PlanEntryKind::kFsdp: return "fsdp";
   }
   return "?";
 }
@@ -286,6 +302,15 @@ void Plan::add_entry(PlanEntry e) {
                "ep=all_to_all",
                e.loc.str());
       break;
+    case PlanEntryKind::kFsdp:
+      MT_CHECK(!io_like, "{}: fsdp shards parameters; expected a regex over parameter paths in the unit (e.g. "
+               "'.*' or 'mlp\\..*'), not '{}'",
+               e.tensor_loc.str(), e.tensor);
+      MT_CHECK(e.how.size() == 1 && e.how[0].fsdp_rows != 0,
+               "{}: fsdp takes one mesh dim and the sharding granularity there; expected DIM=rows, DIM=rows(N) or "
+               "DIM=whole, e.g. 'fsdp model\\.layers\\.\\d+ .* dp=rows'",
+               e.loc.str());
+      break;
   }
   if (is_param_entry(e)) {
     (void)PathRegex(e.tensor, e.tensor_loc, "a parameter name such as weight or weight|bias");
@@ -304,6 +329,10 @@ void Plan::add_entry(PlanEntry e) {
       MT_CHECK(known, "{}: '{}' names no mesh dim; expected one of the plan's mesh dims: {}", d.loc.str(),
                d.str(), names);
       MT_CHECK(seen.insert(d.dim).second, "{}: mesh dim '{}' is given twice in one placement", d.loc.str(), d.dim);
+      MT_CHECK(d.fsdp_rows == 0 || e.kind == PlanEntryKind::kFsdp,
+               "{}: '{}' is an FSDP granularity; expected a placement such as {}=S(0) here (rows, rows(N) and "
+               "whole belong to fsdp entries)",
+               d.loc.str(), d.str(), d.dim);
       MT_CHECK(d.dispatch.empty() || e.kind == PlanEntryKind::kDispatch,
                "{}: '{}' says how experts are dispatched; expected a placement such as {}=S(0) here (all_to_all "
                "belongs to dispatch entries)",
@@ -357,7 +386,13 @@ Plan& Plan::add_typed(PlanPhase phase, const std::string& module_re, const std::
   e.module_re = module_re;
   e.tensor = tensor;
   e.loc = e.module_loc = e.tensor_loc = next_builder_loc();
-  for (const auto& [dim, p] : how) e.how.push_back({dim, p, -1, 0, {}, e.loc});
+  for (const auto& [dim, p] : how) {
+    DimPlacement d;
+    d.dim = dim;
+    d.placement = p;
+    d.loc = e.loc;
+    e.how.push_back(std::move(d));
+  }
   add_entry(std::move(e));
   return *this;
 }
@@ -389,6 +424,10 @@ Plan& Plan::factory(const std::string& m, const std::string& name, const std::st
 
 Plan& Plan::dispatch(const std::string& m, const std::string& how) {
   return add_text(PlanEntryKind::kDispatch, PlanPhase::kBoth, m, "experts", how);
+}
+
+Plan& Plan::fsdp(const std::string& m, const std::string& params, const std::string& how) {
+  return add_text(PlanEntryKind::kFsdp, PlanPhase::kBoth, m, params, how);
 }
 
 Plan& Plan::redistribute(const std::string& m, const std::string& t, const std::string& src, const std::string& dst,
@@ -502,12 +541,15 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
       e.kind = PlanEntryKind::kFactory;
     } else if (kw == "dispatch") {
       e.kind = PlanEntryKind::kDispatch;
+    } else if (kw == "fsdp") {
+      e.kind = PlanEntryKind::kFsdp;
     } else {
       MT_FAIL("{}: unknown keyword '{}'; expected one of: {}", e.loc.str(), printable(kw), kKeywords);
     }
     MT_CHECK(toks.size() >= 4,
              "{}: '{}' needs a module regex, a tensor and a placement; expected e.g. '{}'", e.loc.str(), kw,
              kw == "dispatch" ? "dispatch model\\.layers\\.\\d+\\.block_sparse_moe experts ep=all_to_all"
+             : kw == "fsdp"   ? "fsdp model\\.layers\\.\\d+ .* dp=rows"
                               : (kw == "redistribute" ? std::string("place") : kw) +
                                     " model\\.layers\\.\\d+\\.mlp\\.up_proj weight tp=S(0)");
     e.module_re = toks[1].text == "()" ? "" : toks[1].text;

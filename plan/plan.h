@@ -39,28 +39,34 @@ struct DimPlacement {
   int owner_dim = 0;   // owner(k, d)
   // `dispatch` entries: how a MoE layer's experts run over this dim ("all_to_all"); empty elsewhere.
   std::string dispatch;
+  // `fsdp` entries: the sharding granularity over this dim, in rows of tensor dim 0: `rows` (1),
+  // `rows(N)`, `whole` (kFsdpWhole: the tensor on one rank); 0 elsewhere.
+  static constexpr int64_t kFsdpWhole = -1;
+  int64_t fsdp_rows = 0;
   PlanLoc loc;
-  std::string placement_str() const;  // "S(0)", "owner(1)" or "all_to_all"
+  std::string placement_str() const;  // "S(0)", "owner(1)", "all_to_all", "rows(32)"
   std::string str() const { return dim + "=" + placement_str(); }
 };
 using How = std::vector<DimPlacement>;
 
 enum class PlanPhase { kBoth, kInit, kRun };  // keyword place / init / run
-enum class PlanEntryKind { kPlace, kRedistribute, kAnnotate, kFactory, kDispatch };
+enum class PlanEntryKind { kPlace, kRedistribute, kAnnotate, kFactory, kDispatch, kFsdp };
 
 struct PlanEntry {
   PlanEntryKind kind = PlanEntryKind::kPlace;
   PlanPhase phase = PlanPhase::kBoth;  // kPlace only
   std::string module_re;  // fully matched against module paths ("" is the root)
   // A regex over parameter names (fully matched), "<in>:k" / "<out>:k", for factory a label of
-  // the tensors created in the module's forward ("*" = all), for dispatch "experts".
+  // the tensors created in the module's forward ("*" = all), for dispatch "experts", for fsdp a
+  // regex over parameter paths relative to the unit module ("mlp\\..*").
   std::string tensor;
   How how;                    // place, annotate, factory: the placement; redistribute: dst;
-                              // dispatch: one dim with `dispatch` set
+                              // dispatch: one dim with `dispatch` set; fsdp: one
+                              // dim with `fsdp_rows` set
   How src;                    // redistribute
   How grad_src, grad_dst;     // redistribute, optional: gradient redistribution
   PlanLoc loc, module_loc, tensor_loc;
-  std::string keyword() const;  // place, init, run, redistribute, annotate, factory, dispatch
+  std::string keyword() const;  // place, init, run, redistribute, annotate, factory, dispatch, fsdp
   std::string str() const;      // the entry in plan-file syntax
 };
 
@@ -98,6 +104,10 @@ class Plan {
   Plan& factory(const std::string& module_re, const std::string& name, const std::string& how);
   // The experts of the matched MoE layers run over mesh dim DIM: how = "ep=all_to_all".
   Plan& dispatch(const std::string& module_re, const std::string& how);
+  // The matched modules are FSDP units over one mesh dim (docs/fsdp.md): their parameters whose
+  // paths relative to the unit match `params` are laid out by the FSDP layout planner and stored
+  // as RaggedShards, gathered for compute. how = "dp=rows", "dp=rows(32)" or "dp=whole".
+  Plan& fsdp(const std::string& module_re, const std::string& params, const std::string& how);
   using Typed = std::vector<std::pair<std::string, Placement>>;
   Plan& place(const std::string& module_re, const std::string& tensor, const Typed& how);
   Plan& init(const std::string& module_re, const std::string& tensor, const Typed& how);

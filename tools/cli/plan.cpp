@@ -28,6 +28,8 @@ std::vector<FlagSpec> plan_flags() {
       {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
       {"plan", "plan file (see docs/plans.md; stock plans in plans/)", "", false},
       {"world", "number of ranks to plan for", "1", false},
+      {"fsdp-layout", "print each FSDP unit's planned buffer layout: shard size, padding, every tensor's offset and "
+                      "blocks per rank (docs/fsdp.md)", "", true},
   };
   for (FlagSpec& e : estimate_flags()) f.push_back(std::move(e));
   return f;
@@ -84,6 +86,12 @@ int run_plan(int argc, char** argv) {
     check_plan_forward(plan, mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(config); }, ids);
   }
   fmt::print("# plan {} for {} on a world of {}: mesh {}\n", plan_path, args.str("config"), world, mesh.str());
+  if (args.flag("fsdp-layout")) {
+    MT_CHECK(!ir.fsdp_units.empty(), "meshtrain plan --fsdp-layout: plan {} has no fsdp entries", plan_path);
+    fmt::print("# FSDP layouts: {} units\n", ir.fsdp_units.size());
+    for (const FsdpUnit& u : ir.fsdp_units) fmt::print("{}", u.str(mesh));
+    return 0;
+  }
   fmt::print("# hook IR: {} records\n{}", ir.records.size(), ir.str());
   std::string dims = fmt::format("{}", fmt::join(mesh.names, ","));
   fmt::print("# local parameter shapes per mesh coordinate ({})\n", dims);

@@ -37,8 +37,9 @@ const char* config_for(const std::string& plan) {
   return plan.find("mixtral") != std::string::npos ? "mixtral-tiny" : "llama-tiny";
 }
 
-const std::vector<std::string> kStock = {"llama_dp", "llama_tp", "llama_tp_sp", "llama_dp_tp", "llama_zero3",
-                                         "mixtral_ep", "mixtral_ep_tp"};
+const std::vector<std::string> kStock = {"llama_dp",   "llama_tp",      "llama_tp_sp", "llama_dp_tp",
+                                         "llama_zero3", "llama_fsdp",   "llama_fsdp_tp", "mixtral_ep",
+                                         "mixtral_ep_tp", "mixtral_fsdp_ep"};
 
 std::string lower_str(const Plan& p, const std::string& config, int64_t world) {
   auto m = meta_model(config);
@@ -371,8 +372,102 @@ TEST_CASE("plan: the forward check finds uneven head splits, naming the module a
     for (int64_t world : {1, 2, 4}) {
       // 4-way tensor parallelism splits llama-tiny's 2 KV heads; dp_tp and ep_tp need 2 ranks.
       if ((name == "llama_tp" || name == "llama_tp_sp") && world == 4) continue;
-      if ((name == "llama_dp_tp" || name == "mixtral_ep_tp") && world == 1) continue;
+      if ((name == "llama_dp_tp" || name == "mixtral_ep_tp" || name == "llama_fsdp_tp") && world == 1) continue;
       REQUIRE_NOTHROW(check_plan_forward(s, s.resolve_mesh(world), b, meta_ids()));
     }
   }
+}
+
+TEST_CASE("plan: fsdp units lower to the layout planner's RaggedShards", "[cpu][fsdp]") {
+  // llama-tiny: hidden 128, MLP 344, 4 layers. Layers are units with 8-row blocks for the MLP
+  // projections that have 344 rows (gate, up) and whole norms; the root unit keeps the rest.
+  Plan p = parse_plan("mesh dp=*\n"
+                      "fsdp () .* dp=rows\n"
+                      "fsdp model\\.layers\\.\\d+ .* dp=rows\n"
+                      "fsdp model\\.layers\\.\\d+ mlp\\.(gate|up)_proj\\.weight dp=rows(8)\n"
+                      "fsdp model\\.layers\\.\\d+ .*layernorm\\.weight dp=whole\n",
+                      "f.plan");
+  REQUIRE(parse_plan(p.str(), "again.plan").str() == p.str());
+  auto m = meta_model("llama-tiny");
+  for (int64_t world : {2, 3, 4}) {
+    INFO("world " << world);
+    HookIR ir = lower(p, *m, p.resolve_mesh(world));
+    REQUIRE(ir.fsdp_units.size() == 5);
+    CHECK(ir.fsdp_units[0].module == "");
+    CHECK(ir.fsdp_units[1].module == "model.layers.0");
+    CHECK(ir.fsdp_units[4].module == "model.layers.3");
+    CHECK(ir.fsdp_units[0].params == std::vector<std::string>{"model.embed_tokens.weight", "model.norm.weight",
+                                                              "lm_head.weight"});
+    for (const FsdpUnit& u : ir.fsdp_units) {
+      LayoutOptions opt;
+      opt.group = world;
+      opt.order = TensorOrder::kGiven;
+      REQUIRE_NOTHROW(check_fsdp_layout(u.tensors, opt, u.layout));
+      int64_t on_rank_total = 0;
+      for (const PlacedTensor& t : u.layout.tensors) {
+        const LayoutTensor& lt = u.tensors[static_cast<size_t>(t.index)];
+        // The parameter's storage is the RaggedShard of its blocks per rank.
+        REQUIRE(ir.init_placements(lt.name)[0] == Placement::ragged_shard(0, t.ragged_units(world), lt.block_rows));
+        if (lt.name.find("gate_proj") != std::string::npos) CHECK(lt.block_rows == 8);
+        if (lt.name.find("layernorm") != std::string::npos) {
+          CHECK(lt.block_rows == lt.rows);  // whole: on one rank
+          CHECK(std::count_if(t.blocks.begin(), t.blocks.end(), [](int64_t b) { return b > 0; }) == 1);
+        }
+        on_rank_total += lt.numel();
+      }
+      CHECK(on_rank_total == u.layout.payload);
+      CHECK(u.layout.shard_size * world >= u.layout.payload);
+      CHECK(u.str(ir.mesh).find("shard ") != std::string::npos);
+    }
+    // Gathered for compute: a forward_pre redistribute to Replicate and a release per parameter.
+    CHECK(ir.str().find("model.layers.0.mlp.gate_proj.forward_pre:weight:redist(RS(0,") != std::string::npos);
+    CHECK(ir.str().find("model.layers.0.mlp.gate_proj.forward:weight:release") != std::string::npos);
+  }
+  // Under tensor parallelism first (tp before dp in the mesh), the layout divides the local shards.
+  Plan tp = load_plan(plans_dir() + "/llama_fsdp_tp.plan");
+  HookIR ir = lower(tp, *m, tp.resolve_mesh(4));
+  const FsdpUnit& layer = ir.fsdp_units[1];
+  CHECK(layer.tensors[0].name == "model.layers.0.self_attn.q_proj.weight");
+  CHECK(layer.tensors[0].rows == 64);  // 128 output rows split over tp=2
+  CHECK(layer.tensors[3].name == "model.layers.0.self_attn.o_proj.weight");
+  CHECK(layer.tensors[3].cols == 64);  // its input dim split over tp
+}
+
+TEST_CASE("plan: fsdp bad input names the plan line", "[cpu][fsdp]") {
+  using Catch::Matchers::Contains;
+  auto m = meta_model("llama-tiny");
+  auto lowered = [&](const std::string& text, int64_t world) {
+    Plan p = parse_plan(text, "f.plan");
+    return lower(p, *m, p.resolve_mesh(world));
+  };
+  // A granularity that does not divide a parameter's rows (344 MLP rows, blocks of 3).
+  REQUIRE_THAT(error_of([&] { lowered("mesh dp=*\nfsdp model\\.layers\\.\\d+ mlp\\..* dp=rows(3)\n", 2); }),
+               Contains("f.plan:2:") && Contains("granularity dp=rows(3)") && Contains("gate_proj.weight") &&
+                   Contains("344 rows"));
+  // A unit regex that matches no module; a parameter regex that matches nothing in the units.
+  REQUIRE_THAT(error_of([&] { lowered("mesh dp=*\nfsdp model\\.blocks\\.\\d+ .* dp=rows\n", 2); }),
+               Contains("f.plan:2:6") && Contains("matches no module path"));
+  REQUIRE_THAT(error_of([&] { lowered("mesh dp=*\nfsdp model\\.layers\\.\\d+ attn\\..* dp=rows\n", 2); }),
+               Contains("f.plan:2:") && Contains("matches no parameter path inside the units"));
+  // An FSDP dim the mesh does not have; a granularity outside an fsdp entry; fsdp without one.
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh dp=*\nfsdp model .* fsdp=rows\n", "f.plan"); }),
+               Contains("f.plan:2:15") && Contains("names no mesh dim"));
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh dp=*\nplace model weight dp=rows\n", "f.plan"); }),
+               Contains("f.plan:2:") && Contains("FSDP granularity"));
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh dp=*\nfsdp model .* dp=S(0)\n", "f.plan"); }),
+               Contains("f.plan:2:1") && Contains("DIM=rows, DIM=rows(N) or DIM=whole"));
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh dp=*\nfsdp model .* dp=rows(0)\n", "f.plan"); }),
+               Contains("rows(N) needs a positive number"));
+  // A parameter placed on the FSDP dim by another entry.
+  REQUIRE_THAT(error_of([&] {
+                 lowered("mesh dp=*\nplace model\\.norm weight dp=S(0)\nfsdp () .* dp=rows\n", 2);
+               }),
+               Contains("f.plan:3:") && Contains("model.norm.weight") && Contains("f.plan:2:"));
+  // Another dim's split after the FSDP dim in the mesh.
+  REQUIRE_THAT(error_of([&] {
+                 lowered("mesh dp=* tp=2\nplace model\\.layers\\.\\d+\\.mlp\\.up_proj weight tp=S(0)\n"
+                         "fsdp model\\.layers\\.\\d+ .* dp=rows\n",
+                         4);
+               }),
+               Contains("f.plan:3:") && Contains("comes after the FSDP dim 'dp'"));
 }

@@ -39,6 +39,18 @@ has "$tmp/z3.txt" "model.norm.forward_pre:weight:redist(S(0)->R@dp)"
 has "$tmp/z3.txt" "model.norm.weight [128] init S(0)@dp: [32] on all 4 ranks"
 has "$tmp/z3.txt" "model.norm.weight [128] run R: [128] on all 4 ranks"
 
+# FSDP: the planner's layout per unit, and the RaggedShard storage it gives each parameter.
+"$bin" plan --plan "$plans/llama_fsdp.plan" --world 2 --fsdp-layout > "$tmp/fsdp.txt"
+has "$tmp/fsdp.txt" "# FSDP layouts: 5 units"
+grep -qF "llama_fsdp.plan:9:1): 9 tensors over 2 ranks: shard 90752 elements (lower bound 90752), buffer 181504, payload 181504, padding 0 (0.00%)" "$tmp/fsdp.txt" \
+  || fail "no layout of model.layers.0: $(grep 'unit model.layers.0' "$tmp/fsdp.txt")"
+has "$tmp/fsdp.txt" "  model.layers.0.mlp.gate_proj.weight [344, 128] block 1 rows: offset 49152, ranks 0..1 hold [325,19] blocks"
+"$bin" plan --plan "$plans/llama_fsdp.plan" --world 2 > "$tmp/fsdp_ir.txt"
+has "$tmp/fsdp_ir.txt" "model.layers.0.mlp.gate_proj.weight [344, 128] init RS(0,[325,19],b1)@dp: [325, 128] on (0); [19, 128] on (1)"
+has "$tmp/fsdp_ir.txt" "model.layers.0.mlp.gate_proj.forward_pre:weight:redist(RS(0,[325,19],b1)->R@dp)"
+if "$bin" plan --plan "$plans/llama_tp.plan" --world 2 --fsdp-layout 2> "$tmp/nofsdp.txt"; then fail "--fsdp-layout without fsdp entries accepted"; fi
+grep -qF "has no fsdp entries" "$tmp/nofsdp.txt" || fail "--fsdp-layout error: $(cat "$tmp/nofsdp.txt")"
+
 # 2-D mesh with coordinates (dp,tp), and expert ownership.
 "$bin" plan --plan "$plans/llama_dp_tp.plan" --world 4 > "$tmp/dptp.txt"
 has "$tmp/dptp.txt" "# local parameter shapes per mesh coordinate (dp,tp)"

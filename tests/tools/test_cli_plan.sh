@@ -83,7 +83,7 @@ PY
 }
 
 # ---- every stock LLaMA plan ---------------------------------------------------------------------------
-for spec in llama_dp:2 llama_tp:2 llama_tp_sp:2 llama_zero3:2 llama_dp_tp:4; do
+for spec in llama_dp:2 llama_tp:2 llama_tp_sp:2 llama_zero3:2 llama_fsdp:2 llama_dp_tp:4 llama_fsdp_tp:4; do
   plan=${spec%%:*}
   np=${spec##*:}
   P="$PLANS/$plan.plan"
@@ -158,9 +158,9 @@ mpi 2 "$BIN" $TRAIN --precision bf16 --plan "$PLANS/llama_tp.plan" --metrics "$W
 [ "$(wc -l <"$WORK/bf_tp.jsonl")" = 5 ] || fail "bf16 llama_tp: $(wc -l <"$WORK/bf_tp.jsonl") metrics lines, expected 5"
 r=$(python3 "$CMP" losses "$WORK/bf1.jsonl" "$WORK/bf_tp.jsonl" 1e-3 rel 2>&1) && pass "bf16 under llama_tp np 2 tracks one bf16 device: $r" || fail "bf16 under llama_tp: $r"
 # Every other stock plan at np 2 in bf16, against one bf16 device of the same model. The regular
-# build only (MT_SANITIZER_RUN=1 skips it): seven more runs cost minutes under ASan and exercise
+# build only (MT_SANITIZER_RUN=1 skips it): ten more runs cost minutes under ASan and exercise
 # no code the llama_tp run above does not.
-BF16_PLANS="llama_dp llama_tp_sp llama_dp_tp llama_zero3 mixtral_ep mixtral_ep_tp"
+BF16_PLANS="llama_dp llama_tp_sp llama_dp_tp llama_zero3 llama_fsdp llama_fsdp_tp mixtral_ep mixtral_ep_tp mixtral_fsdp_ep"
 [ "${MT_SANITIZER_RUN:-0}" = 1 ] && BF16_PLANS=""
 [ -n "$BF16_PLANS" ] && { "$BIN" $TRAIN --config mixtral-tiny --precision bf16 --metrics "$WORK/bf1_mx.jsonl" >/dev/null \
   || fail "single-device bf16 mixtral"; }

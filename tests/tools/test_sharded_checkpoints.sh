@@ -142,6 +142,18 @@ if [ "$MODE" = slow ]; then
   same_plan llama_dp_tp 4
   same_plan llama_dp_tp 2 --precision bf16
   same_plan mixtral_ep_tp 2 --config mixtral-tiny  # RaggedShard expert placements
+  same_plan llama_fsdp 2  # the FSDP layout planner's RaggedShards (docs/fsdp.md)
+  # Saved under llama_fsdp at np 2, resumed under llama_fsdp at np 4 (another layout) and llama_tp.
+  mpi 2 "$BIN" $T --plan "$PLANS/llama_fsdp.plan" --metrics "$WORK/f.jsonl" --checkpoint-dir "$WORK/f" --stop-at 3 \
+    >/dev/null 2>&1 || fail "cross: save under llama_fsdp exit"
+  for spec in llama_fsdp:4 llama_tp:2; do
+    IFS=: read -r plan np <<<"$spec"
+    cp "$WORK/f.jsonl" "$WORK/f_$plan.jsonl"; rm -rf "$WORK/f_$plan"; cp -a "$WORK/f" "$WORK/f_$plan"
+    mpi "$np" "$BIN" $T --plan "$PLANS/$plan.plan" --metrics "$WORK/f_$plan.jsonl" --checkpoint-dir "$WORK/f_$plan" --resume \
+      >/dev/null 2>"$WORK/err" || fail "cross: resume under $plan np $np exit: $(tail -n 2 "$WORK/err")"
+    r=$(python3 "$CMP" losses "$WORK/single.jsonl" "$WORK/f_$plan.jsonl" 1e-5 rel 2>&1) \
+      && pass "saved under llama_fsdp np 2, resumed under $plan np $np: $r" || fail "cross (llama_fsdp -> $plan np $np): $r"
+  done
   cp "$WORK/x.jsonl" "$WORK/x4.jsonl"; cp -a "$WORK/x" "$WORK/x4"
   mpi 4 "$BIN" $T --plan "$PLANS/llama_dp.plan" --metrics "$WORK/x4.jsonl" --checkpoint-dir "$WORK/x4" --resume >/dev/null 2>"$WORK/err" \
     || fail "cross: resume under llama_dp np 4 exit: $(tail -n 2 "$WORK/err")"

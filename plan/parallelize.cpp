@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include "mesh/redistribute.h"
 #include "mesh/shard_layout.h"
 #include "plan/expert_dispatch.h"
+#include "plan/fsdp_buffer.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/moe.h"
@@ -225,8 +227,10 @@ Tensor gradient(const Tensor& g, const HookRecord& r, const DeviceMesh& mesh) {
 using Records = std::vector<HookRecord>;
 
 // Installs one hook per hook point of `m` carrying out `recs` (that module's records).
+using FsdpBuffers = std::map<std::string, std::shared_ptr<FsdpUnitBuffer>>;  // parameter path -> its unit
+
 void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanMesh& pm, const void* owner,
-             std::vector<HookHandle>& handles) {
+             const FsdpBuffers& fsdp, std::vector<HookHandle>& handles) {
   Records pre, fwd, bwd_pre, bwd;
   for (const auto& r : recs) {
     switch (r.hook) {
@@ -239,8 +243,13 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
   }
   // The stored (INIT) parameters, captured now: the slots hold them between forwards.
   std::map<std::string, Tensor> stored;
+  std::map<std::string, std::shared_ptr<FsdpUnitBuffer>> units;  // parameters of FSDP units
   for (const auto& r : recs)
-    if (r.action == HookAction::kGather) stored[r.tensor] = m.get_parameter(r.tensor);
+    if (r.action == HookAction::kGather) {
+      stored[r.tensor] = m.get_parameter(r.tensor);
+      auto it = fsdp.find(r.module.empty() ? r.tensor : r.module + "." + r.tensor);
+      if (it != fsdp.end()) units[r.tensor] = it->second;
+    }
   auto check_index = [](const HookRecord& r, size_t n) {
     MT_CHECK(r.io_index >= 0 && static_cast<size_t>(r.io_index) < n, "{} names {} {} but the module has {} {}s",
              r.tensor, r.io_input ? "input" : "output", r.io_index, n, r.io_input ? "input" : "output");
@@ -248,7 +257,7 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
   size_t n_factories = 0;
   for (const auto& r : pre) n_factories += r.action == HookAction::kFactory;
   if (!pre.empty())
-    handles.push_back(m.register_forward_pre_hook([pre, stored, mesh, pm, owner, check_index, n_factories](
+    handles.push_back(m.register_forward_pre_hook([pre, stored, units, mesh, pm, owner, check_index, n_factories](
                                                       Module& mod, std::vector<Tensor>& in) {
       if (n_factories > 0)  // left by a forward of this module that threw
         std::erase_if(g_factories,
@@ -256,7 +265,10 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
       for (const HookRecord& r : pre) {
         run_record(r, pm, [&] {
           if (r.action == HookAction::kGather) {
-            mod.parameter_slot(r.tensor) = redistribute(stored.at(r.tensor), *r.dst);
+            auto unit = units.find(r.tensor);  // an FSDP unit gathers all its parameters at once
+            mod.parameter_slot(r.tensor) =
+                unit != units.end() ? unit->second->gathered(r.module.empty() ? r.tensor : r.module + "." + r.tensor)
+                                    : redistribute(stored.at(r.tensor), *r.dst);
           } else if (r.action == HookAction::kFactory) {
             g_factories.push_back({owner, {r.module, r.tensor, mesh, *r.dst}});
           } else {
@@ -443,10 +455,24 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
     }
   }
   std::vector<HookHandle> handles;
+  // FSDP units: one buffer each, gathered once per forward (docs/fsdp.md).
+  FsdpBuffers fsdp;
+  const char* dbuffer = std::getenv("MT_FSDP_DBUFFER");  // "0": per-parameter gathers (benchmarks)
+  if (!(dbuffer && std::string(dbuffer) == "0"))
+    for (const FsdpUnit& u : ir.fsdp_units) {
+      auto buffer = std::make_shared<FsdpUnitBuffer>(u, ir, model, mesh);
+      for (const std::string& p : u.params) fsdp[p] = buffer;
+      std::shared_ptr<Module> m = u.module.empty() ? nullptr : model.get_module(u.module);
+      Module& target = m ? *m : model;
+      handles.push_back(target.register_forward_pre_hook(
+          [buffer](Module&, std::vector<Tensor>&) { buffer->begin_forward(); }));
+      handles.push_back(target.register_forward_hook(
+          [buffer](Module&, const std::vector<Tensor>&, std::vector<Tensor>&) { buffer->end_forward(); }));
+    }
   auto owner = std::make_shared<char>(0);  // identifies this call's factory scopes
   for (auto& [path, recs] : by_module) {
     std::shared_ptr<Module> m = path.empty() ? nullptr : model.get_module(path);
-    install(m ? *m : model, recs, mesh, ir.mesh, owner.get(), handles);
+    install(m ? *m : model, recs, mesh, ir.mesh, owner.get(), fsdp, handles);
   }
   handles.emplace_back([owner] {
     std::erase_if(g_factories, [&](const OwnedScope& f) { return f.owner == owner.get(); });

@@ -1,0 +1,222 @@
+// One FSDP unit's DBuffer (fsdp_buffer.h, docs/fsdp.md).
+#include "plan/fsdp_buffer.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <map>
+
+#include "mesh/collective_count.h"
+#include "mesh/dtensor.h"
+#include "mesh/redistribute.h"
+#include "mesh/shard_layout.h"
+#include "runtime/error.h"
+#include "tensor/autograd.h"
+
+namespace mt {
+namespace {
+
+std::atomic<int64_t> g_all_gathers{0}, g_reduce_scatters{0}, g_forward_bytes{0}, g_backward_bytes{0},
+    g_adoption_bytes{0};
+
+}  // namespace
+
+FsdpCounters fsdp_counters() {
+  return {g_all_gathers.load(), g_reduce_scatters.load(), g_forward_bytes.load(), g_backward_bytes.load(),
+          g_adoption_bytes.load()};
+}
+
+void reset_fsdp_counters() {
+  g_all_gathers = g_reduce_scatters = g_forward_bytes = g_backward_bytes = g_adoption_bytes = 0;
+}
+
+// Everything the autograd node needs outlives the FsdpUnitBuffer (a graph may be alive after the
+// hooks are removed), so it lives here, shared.
+struct FsdpUnitBuffer::State {
+  struct Param {
+    std::string path;
+    Tensor stored;           // the parameter (DTensor of its RaggedShard storage; TensorImpl kept)
+    Shape global_shape;      // of the parameter
+    Placements init, run;    // storage and compute placements
+    Shape run_local;         // compute tensor's local shape (the TP shard the layout divides)
+    int64_t offset = 0;      // in the full buffer (elements)
+    int64_t numel = 0;       // of the compute tensor
+    int64_t shard_offset = 0, shard_numel = 0;  // this rank's piece, in the shard buffer
+    Shape stored_local;      // the piece's local shape
+  };
+  explicit State(const DeviceMesh& m) : mesh(m) {}
+  std::string module;
+  std::vector<std::string> paths;
+  std::map<std::string, size_t> index;
+  std::vector<Param> params;
+  DeviceMesh mesh;
+  int dim = -1;
+  int64_t group = 1, rank = 0, shard_size = 0;
+  Tensor shard;                       // [shard_size]: the parameters' storage
+  std::vector<Tensor> gathered;       // this forward's compute tensors (empty: not gathered yet)
+
+  // Whether every parameter's storage is still its view of `shard`.
+  bool adopted() const {
+    if (!shard.defined()) return false;
+    for (const Param& p : params) {
+      const TensorImpl* impl = p.stored.impl();
+      if (impl->storage.get() != shard.impl()->storage.get() || impl->offset != shard.offset() + p.shard_offset ||
+          impl->device != shard.device() || impl->dtype != shard.dtype())
+        return false;
+    }
+    return true;
+  }
+
+  // Copies every parameter's piece into a new shard buffer (on their device, in their dtype) and
+  // points the parameters' storage at it.
+  void adopt() {
+    const Tensor& first = params.front().stored;
+    for (const Param& p : params)
+      MT_CHECK(p.stored.dtype() == first.dtype() && p.stored.device() == first.device(),
+               "FSDP unit {}: parameter {} is {} on {} but {} is {} on {}; a unit's parameters share one buffer",
+               module.empty() ? "(root)" : module, p.path, p.stored.dtype(), p.stored.device(), params.front().path,
+               first.dtype(), first.device());
+    NoGradGuard ng;
+    Tensor fresh = zeros(Shape{shard_size}, TensorOptions(first.dtype()).with_device(first.device()));
+    for (Param& p : params) {
+      Tensor dst = fresh.narrow(0, p.shard_offset, p.shard_numel);
+      if (p.shard_numel > 0) dst.copy_(local_view(p.stored.detach()).reshape(Shape{p.shard_numel}));
+      g_adoption_bytes += p.shard_numel * dtype_size(first.dtype());
+      Tensor v = dst.view(p.stored_local);
+      TensorImpl* impl = p.stored.impl();
+      impl->storage = v.impl()->storage;
+      impl->sizes = v.shape();
+      impl->strides = v.strides();
+      impl->offset = v.offset();
+    }
+    shard = fresh;
+  }
+
+  // Gradient of the whole unit: every compute tensor's gradient (a DTensor of the compute spec,
+  // Partial over the unit's dim where the batch is split there) taken to Partial(sum) over that
+  // dim, put at its offset in one buffer and reduce-scattered into the shard of gradients.
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) {
+    NoGradGuard ng;
+    const DType dt = shard.dtype();
+    Tensor full = zeros(Shape{group * shard_size}, TensorOptions(dt).with_device(shard.device()));
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Param& p = params[i];
+      Tensor g = grads[i];
+      if (!g.defined() || p.numel == 0) continue;
+      Placements want = p.run;
+      want[static_cast<size_t>(dim)] = Placement::partial();
+      Tensor local;
+      if (g.is_distributed()) {
+        const DTensorSpec& s = dtensor_spec(g, "FSDP unit gradient");
+        local = s.placements() == want
+                    ? local_view(g.detach())
+                    : redistribute_local(local_view(g.detach()), s.global_shape(), s.placements(), want, mesh);
+      } else {  // a plain gradient is this rank's term
+        local = g.detach();
+      }
+      MT_CHECK(local.numel() == p.numel, "FSDP unit {}: gradient of {} has {} elements, its compute tensor {}",
+               module, p.path, local.numel(), p.numel);
+      full.narrow(0, p.offset, p.numel).copy_((local.dtype() == dt ? local : local.to(dt)).reshape(Shape{p.numel}));
+      g_backward_bytes += p.numel * dtype_size(dt);
+    }
+    Tensor out = empty(Shape{shard_size}, TensorOptions(dt).with_device(shard.device()));
+    if (shard.is_meta())  // a plan checked or estimated on meta tensors: shapes and counts only
+      count_collective("reduce_scatter", mesh.dim_label(dim), group, full.numel() * dtype_size(dt));
+    else
+      mesh.comm(dim).reduce_scatter(full, out, CommReduceOp::kSum);
+    ++g_reduce_scatters;
+    std::vector<Tensor> result;
+    for (const Param& p : params)
+      result.push_back(from_local(out.narrow(0, p.shard_offset, p.shard_numel).view(p.stored_local), mesh, p.init,
+                                  p.global_shape));
+    return result;
+  }
+
+  void gather(const std::shared_ptr<State>& self) {
+    const bool record = GradMode::enabled();
+    if (!adopted()) adopt();
+    NoGradGuard ng;
+    Tensor full = empty(Shape{group * shard_size}, TensorOptions(shard.dtype()).with_device(shard.device()));
+    if (shard.is_meta())
+      count_collective("all_gather", mesh.dim_label(dim), group, full.numel() * dtype_size(shard.dtype()));
+    else
+      mesh.comm(dim).all_gather(shard, full);
+    ++g_all_gathers;
+    gathered.clear();
+    std::vector<Tensor*> outs;
+    for (const Param& p : params)
+      gathered.push_back(from_local(full.narrow(0, p.offset, p.numel).view(p.run_local), mesh, p.run, p.global_shape));
+    bool any_grad = false;
+    std::vector<Tensor> inputs;
+    for (const Param& p : params) {
+      inputs.push_back(p.stored);
+      any_grad |= p.stored.requires_grad();
+    }
+    if (!record || !any_grad) return;
+    // The node keeps the state alive while a graph needs it; end_forward() drops the gathered
+    // tensors that point back at the node.
+    auto node = std::make_shared<FunctionNode>("FsdpUnitGather", [self](const std::vector<Tensor>& g) {
+      return self->backward(g);
+    });
+    for (Tensor& t : gathered) outs.push_back(&t);
+    set_history(node, inputs, outs);
+  }
+};
+
+FsdpUnitBuffer::FsdpUnitBuffer(const FsdpUnit& unit, const HookIR& ir, Module& model, const DeviceMesh& mesh)
+    : s_(std::make_shared<State>(mesh)) {
+  State& s = *s_;
+  s.module = unit.module;
+  s.paths = unit.params;
+  s.dim = unit.mesh_dim;
+  s.group = mesh.size(unit.mesh_dim);
+  s.rank = mesh.coordinate_shape()[unit.mesh_dim];
+  s.shard_size = unit.layout.shard_size;
+  std::map<std::string, const Placements*> run;
+  for (const HookRecord& r : ir.records)
+    if (r.action == HookAction::kGather) run[r.module.empty() ? r.tensor : r.module + "." + r.tensor] = &*r.dst;
+  s.params.resize(unit.params.size());
+  for (const PlacedTensor& t : unit.layout.tensors) {
+    State::Param& p = s.params[static_cast<size_t>(t.index)];
+    const LayoutTensor& lt = unit.tensors[static_cast<size_t>(t.index)];
+    p.path = unit.params[static_cast<size_t>(t.index)];
+    p.stored = model.get_parameter(p.path);
+    MT_CHECK(p.stored.is_distributed(), "FSDP unit {}: parameter {} is not a DTensor yet", s.module, p.path);
+    const DTensorSpec& spec = dtensor_spec(p.stored, "FSDP unit");
+    p.global_shape = spec.global_shape();
+    p.init = spec.placements();
+    auto it = run.find(p.path);
+    MT_CHECK(it != run.end(), "FSDP unit {}: parameter {} has no gather record", s.module, p.path);
+    p.run = *it->second;
+    p.run_local = local_layout(p.global_shape, p.run, mesh.shape(), mesh.coordinate_shape()).local_shape;
+    p.offset = t.offset;
+    p.numel = lt.numel();
+    // This rank's piece: the rows of blocks on ranks before it are not here.
+    int64_t before = 0;
+    for (int64_t r = 0; r < s.rank; ++r) before += t.blocks_on(r);
+    p.shard_numel = t.blocks_on(s.rank) * lt.block_numel();
+    p.shard_offset = p.shard_numel > 0 ? t.offset + before * lt.block_numel() - s.rank * s.shard_size : 0;
+    p.stored_local = local_view(p.stored).shape();
+    MT_CHECK(p.stored_local.numel() == p.shard_numel,
+             "FSDP unit {}: parameter {} holds {} elements here, its layout puts {} on rank {}", s.module, p.path,
+             p.stored_local.numel(), p.shard_numel, s.rank);
+  }
+  for (size_t i = 0; i < s.params.size(); ++i) s.index[s.params[i].path] = i;
+  s.adopt();
+}
+
+FsdpUnitBuffer::~FsdpUnitBuffer() = default;
+
+const std::string& FsdpUnitBuffer::module() const { return s_->module; }
+const std::vector<std::string>& FsdpUnitBuffer::params() const { return s_->paths; }
+void FsdpUnitBuffer::begin_forward() { s_->gathered.clear(); }
+void FsdpUnitBuffer::end_forward() { s_->gathered.clear(); }
+
+Tensor FsdpUnitBuffer::gathered(const std::string& path) {
+  auto it = s_->index.find(path);
+  MT_CHECK(it != s_->index.end(), "FSDP unit {}: {} is not one of its parameters", s_->module, path);
+  if (s_->gathered.empty()) s_->gather(s_);
+  return s_->gathered[it->second];
+}
+
+}  // namespace mt

@@ -1,0 +1,61 @@
+// The DBuffer of one FSDP unit (docs/fsdp.md): the unit's shard of the planned layout as one
+// contiguous buffer per rank, whose views ARE the parameters' local tensors (their TensorImpls
+// point into it), so that
+//   forward:  one all-gather of the shard straight into the unit's full buffer; every parameter's
+//             compute tensor is a view of it at the planned offset (no copy in, no copy out);
+//   backward: one autograd node for the whole unit runs once every parameter's gradient is in,
+//             puts them in one gradient buffer and reduce-scatters it straight into the shard of
+//             gradients, whose views are the parameters' gradients.
+// parallelize() builds one per unit and gathers the unit's parameters through it instead of one
+// redistribute per parameter. If something re-points a parameter's storage (Module::to), the next
+// gather adopts the parameters again (one copy, counted).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mesh/device_mesh.h"
+#include "plan/lower.h"
+#include "tensor/module.h"
+
+namespace mt {
+
+// Bytes and calls of every FSDP unit of the process, for tests and benchmarks.
+struct FsdpCounters {
+  int64_t all_gathers = 0;
+  int64_t reduce_scatters = 0;
+  int64_t forward_bytes_copied = 0;   // outside collectives, while gathering (0 on the steady path)
+  int64_t backward_bytes_copied = 0;  // gradients put into the unit's gradient buffer
+  int64_t adoption_bytes = 0;         // parameters moved into a shard buffer (at setup, after Module::to)
+};
+FsdpCounters fsdp_counters();
+void reset_fsdp_counters();
+
+class FsdpUnitBuffer {
+ public:
+  // `unit` from the IR; the unit's parameters must already be DTensors with their RaggedShard
+  // storage (parallelize's param_init). Adopts them: copies their shards into the buffer and
+  // points their storage at it.
+  FsdpUnitBuffer(const FsdpUnit& unit, const HookIR& ir, Module& model, const DeviceMesh& mesh);
+  ~FsdpUnitBuffer();
+  FsdpUnitBuffer(const FsdpUnitBuffer&) = delete;
+  FsdpUnitBuffer& operator=(const FsdpUnitBuffer&) = delete;
+
+  const std::string& module() const;
+  const std::vector<std::string>& params() const;
+  // The unit's forward begins / ends (its module's hooks): the next gathered() gathers anew.
+  void begin_forward();
+  void end_forward();
+  // Parameter `path`'s compute (RUN) tensor: a view of the gathered full buffer. The first call
+  // after begin_forward() all-gathers the unit and records one autograd node for all of it.
+  Tensor gathered(const std::string& path);
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> s_;
+};
+
+}  // namespace mt

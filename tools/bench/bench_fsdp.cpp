@@ -1,0 +1,135 @@
+// FSDP training steps (docs/fsdp.md) against ZeRO-3 and one process, measured in the same run:
+// llama_fsdp with its DBuffer (one all-gather and one reduce-scatter per unit), llama_fsdp with
+// per-parameter gathers (MT_FSDP_DBUFFER=0: the planner's RaggedShards through redistribute), and
+// llama_zero3 (row-wise S(0) storage, per-parameter gathers). Per plan: steps/s and its ratio to
+// one process running the whole global batch, collectives per step (calls and MiB, rank 0), the
+// bytes the DBuffer copies outside collectives per step (forward: 0 on the steady path; backward:
+// the gradients put into each unit's gradient buffer), and rank 0's peak host memory in the step
+// against one process's.
+// `mpirun -np N ./bench_fsdp [plans_dir] [steps] [batch] [seq] [config]`
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "mesh/collective_count.h"
+#include "mesh/dtensor.h"
+#include "mesh/world.h"
+#include "models/config.h"
+#include "models/hf_config.h"
+#include "models/llama.h"
+#include "optim/adamw.h"
+#include "plan/fsdp_buffer.h"
+#include "plan/grad_reducer.h"
+#include "plan/parallelize.h"
+#include "runtime/allocator.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+
+using namespace mt;
+
+namespace {
+
+void barrier() {
+  static DeviceMesh all({world().size()}, {"all"});
+  all.comm().barrier();
+}
+
+std::shared_ptr<CausalLM> build(const ModelConfig& c, bool meta) {
+  manual_seed(1);
+  if (!meta) return build_causal_lm(c);
+  InitDeviceGuard g(Device::meta());
+  return build_causal_lm(c);
+}
+
+struct StepStats {
+  double seconds = 1e30;  // best step
+  int64_t calls = 0, bytes = 0, forward_copied = 0, backward_copied = 0, peak = 0;
+};
+
+// Best of `steps` timed steps after one warm-up; counts from the last step.
+StepStats run(CausalLM& model, const Parallelized* par, const DeviceMesh* mesh, int steps, int64_t B, int64_t T) {
+  std::unique_ptr<GradReducer> reducer;
+  if (par) reducer = std::make_unique<GradReducer>(model, *mesh);
+  AdamW opt(make_param_groups(model.named_parameters(), 0.01), AdamWOptions{});
+  Generator g(7);
+  StepStats st;
+  for (int s = 0; s <= steps; ++s) {
+    Tensor t = randint(0, model.config().vocab_size, {B, T + 1}, DType::kI64, &g);
+    Tensor ids = t.narrow(1, 0, T).contiguous(), tg = t.narrow(1, 1, T).contiguous();
+    if (par) barrier();
+    CollectiveCountScope counting;
+    reset_fsdp_counters();
+    reset_cpu_peak();
+    const int64_t before = cpu_memory_stats().current;
+    auto t0 = std::chrono::steady_clock::now();
+    if (par) {
+      Placements ps = par->input_placements("model");
+      ids = distribute_tensor(ids, *mesh, ps);
+      tg = distribute_tensor(tg, *mesh, ps);
+    }
+    model.loss(ids, tg).backward();
+    if (reducer) reducer->finish();
+    opt.step();
+    opt.zero_grad();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s == 0) continue;
+    st.seconds = std::min(st.seconds, sec);
+    st.calls = st.bytes = 0;
+    for (const auto& [key, tally] : CollectiveCountScope::counts()) {
+      st.calls += tally.calls;
+      st.bytes += tally.bytes;
+    }
+    const FsdpCounters c = fsdp_counters();
+    st.forward_copied = c.forward_bytes_copied + c.adoption_bytes;
+    st.backward_copied = c.backward_bytes_copied;
+    st.peak = cpu_memory_stats().peak - before;
+  }
+  return st;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string dir = argc > 1 ? argv[1] : "plans";
+  const int steps = argc > 2 ? std::stoi(argv[2]) : 5;
+  const int64_t B = argc > 3 ? std::stoll(argv[3]) : 8, T = argc > 4 ? std::stoll(argv[4]) : 64;
+  const ModelConfig cfg = resolve_config(argc > 5 ? argv[5] : "llama-tiny");
+  const int n = world().size();
+  const bool root = world().rank() == 0;
+  StepStats single;
+  if (root) {
+    auto ref = build(cfg, false);
+    single = run(*ref, nullptr, nullptr, steps, B, T);
+    fmt::print("one process: {:.2f} steps/s, peak {:.1f} MiB in the step (batch {} x {})\n", 1 / single.seconds,
+               static_cast<double>(single.peak) / (1 << 20), B, T);
+    fmt::print("| plan | np | steps/s | vs one process | collectives/step (rank 0) | MiB moved/step | bytes copied "
+               "outside collectives/step | peak vs one process |\n|---|---|---|---|---|---|---|---|\n");
+  }
+  barrier();
+  struct Case {
+    const char* label;
+    const char* plan;
+    const char* dbuffer;  // MT_FSDP_DBUFFER
+  };
+  for (const Case& c : {Case{"llama_zero3", "llama_zero3", "1"}, Case{"llama_fsdp, per-parameter gathers", "llama_fsdp", "0"},
+                        Case{"llama_fsdp, DBuffer", "llama_fsdp", "1"}}) {
+    setenv("MT_FSDP_DBUFFER", c.dbuffer, 1);
+    Plan plan = load_plan(dir + "/" + c.plan + ".plan");
+    PlanMesh pm = plan.resolve_mesh(n);
+    DeviceMesh mesh(pm.shape, pm.names);
+    auto model = build(cfg, true);
+    StepStats st;
+    {
+      Parallelized par = parallelize(*model, plan, mesh);
+      st = run(*model, &par, &mesh, steps, B, T);
+    }
+    if (root)
+      fmt::print("| {} | {} | {:.2f} | {:.2f} | {} | {:.2f} | {} | {:.2f} |\n", c.label, n, 1 / st.seconds,
+                 single.seconds / st.seconds, st.calls, static_cast<double>(st.bytes) / (1 << 20),
+                 std::string(c.dbuffer) == "1" && std::string(c.plan) == "llama_fsdp"
+                     ? fmt::format("{} + {}", st.forward_copied, st.backward_copied)
+                     : std::string("n/a (inside redistribute)"),
+                 static_cast<double>(st.peak) / static_cast<double>(std::max<int64_t>(1, single.peak)));
+  }
+  return 0;
+}

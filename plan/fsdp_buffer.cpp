@@ -53,7 +53,18 @@ struct FsdpUnitBuffer::State {
   int dim = -1;
   int64_t group = 1, rank = 0, shard_size = 0;
   Tensor shard;                       // [shard_size]: the parameters' storage
+  Tensor full;                        // [group * shard_size]: the last gather
   std::vector<Tensor> gathered;       // this forward's compute tensors (empty: not gathered yet)
+  bool reshard = false;               // free `full` after the forward, gather again for backward
+  bool resharded = false;             // `full`'s memory is freed
+
+  void all_gather_into_full() {
+    if (shard.is_meta())  // a plan checked or estimated on meta tensors: shapes and counts only
+      count_collective("all_gather", mesh.dim_label(dim), group, full.numel() * dtype_size(shard.dtype()));
+    else
+      mesh.comm(dim).all_gather(shard, full);
+    ++g_all_gathers;
+  }
 
   // Whether every parameter's storage is still its view of `shard`.
   bool adopted() const {
@@ -136,12 +147,9 @@ struct FsdpUnitBuffer::State {
     const bool record = GradMode::enabled();
     if (!adopted()) adopt();
     NoGradGuard ng;
-    Tensor full = empty(Shape{group * shard_size}, TensorOptions(shard.dtype()).with_device(shard.device()));
-    if (shard.is_meta())
-      count_collective("all_gather", mesh.dim_label(dim), group, full.numel() * dtype_size(shard.dtype()));
-    else
-      mesh.comm(dim).all_gather(shard, full);
-    ++g_all_gathers;
+    full = empty(Shape{group * shard_size}, TensorOptions(shard.dtype()).with_device(shard.device()));
+    resharded = false;
+    all_gather_into_full();
     gathered.clear();
     std::vector<Tensor*> outs;
     for (const Param& p : params)
@@ -209,8 +217,31 @@ FsdpUnitBuffer::~FsdpUnitBuffer() = default;
 
 const std::string& FsdpUnitBuffer::module() const { return s_->module; }
 const std::vector<std::string>& FsdpUnitBuffer::params() const { return s_->paths; }
+void FsdpUnitBuffer::set_reshard_after_forward(bool on) { s_->reshard = on; }
 void FsdpUnitBuffer::begin_forward() { s_->gathered.clear(); }
-void FsdpUnitBuffer::end_forward() { s_->gathered.clear(); }
+
+void FsdpUnitBuffer::end_forward() {
+  State& s = *s_;
+  s.gathered.clear();
+  // (A meta buffer of a checked plan may have no storage at all: nothing to free.)
+  if (s.reshard && s.full.defined() && s.full.impl()->storage.get() && !s.resharded) {
+    // The autograd graph keeps views of `full` (saved weights): its memory goes, the storage
+    // object stays, and begin_backward() fills it again before any of them is read.
+    s.full.impl()->storage->free_data();
+    s.resharded = true;
+  }
+}
+
+void FsdpUnitBuffer::begin_backward() {
+  State& s = *s_;
+  if (!s.resharded) return;
+  Storage& storage = *s.full.impl()->storage;
+  storage.allocate_data();
+  const uint32_t version = storage.version;  // the same values again: not a modification
+  s.all_gather_into_full();
+  storage.version = version;
+  s.resharded = false;
+}
 
 Tensor FsdpUnitBuffer::gathered(const std::string& path) {
   auto it = s_->index.find(path);

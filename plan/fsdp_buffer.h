@@ -6,6 +6,8 @@
 //   backward: one autograd node for the whole unit runs once every parameter's gradient is in,
 //             puts them in one gradient buffer and reduce-scatters it straight into the shard of
 //             gradients, whose views are the parameters' gradients.
+// With reshard after forward the full buffer's memory is freed when the unit's forward ends and
+// gathered again (into the same storage) when its backward begins.
 // parallelize() builds one per unit and gathers the unit's parameters through it instead of one
 // redistribute per parameter. If something re-points a parameter's storage (Module::to), the next
 // gather adopts the parameters again (one copy, counted).
@@ -45,9 +47,15 @@ class FsdpUnitBuffer {
 
   const std::string& module() const;
   const std::vector<std::string>& params() const;
-  // The unit's forward begins / ends (its module's hooks): the next gathered() gathers anew.
+  // Reshard after forward: end_forward() frees the gathered buffer's memory and begin_backward()
+  // (the unit module's backward-pre hook) gathers it again into the same storage, so only the
+  // units in use hold full buffers. Off: the buffer stays until the backward no longer needs it.
+  void set_reshard_after_forward(bool on);
+  // The unit's forward begins / ends, its backward begins (its module's hooks): the next
+  // gathered() after begin_forward() gathers anew.
   void begin_forward();
   void end_forward();
+  void begin_backward();
   // Parameter `path`'s compute (RUN) tensor: a view of the gathered full buffer. The first call
   // after begin_forward() all-gathers the unit and records one autograd node for all of it.
   Tensor gathered(const std::string& path);

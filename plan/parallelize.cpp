@@ -461,6 +461,9 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
   if (!(dbuffer && std::string(dbuffer) == "0"))
     for (const FsdpUnit& u : ir.fsdp_units) {
       auto buffer = std::make_shared<FsdpUnitBuffer>(u, ir, model, mesh);
+      // Reshard after forward except the root unit, whose backward starts as its forward ends.
+      const char* reshard = std::getenv("MT_FSDP_RESHARD");  // "0": keep gathered (benchmarks)
+      buffer->set_reshard_after_forward(!u.module.empty() && !(reshard && std::string(reshard) == "0"));
       for (const std::string& p : u.params) fsdp[p] = buffer;
       std::shared_ptr<Module> m = u.module.empty() ? nullptr : model.get_module(u.module);
       Module& target = m ? *m : model;
@@ -468,6 +471,8 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
           [buffer](Module&, std::vector<Tensor>&) { buffer->begin_forward(); }));
       handles.push_back(target.register_forward_hook(
           [buffer](Module&, const std::vector<Tensor>&, std::vector<Tensor>&) { buffer->end_forward(); }));
+      handles.push_back(target.register_backward_pre_hook(
+          [buffer](Module&, std::vector<Tensor>&) { buffer->begin_backward(); }));
     }
   auto owner = std::make_shared<char>(0);  // identifies this call's factory scopes
   for (auto& [path, recs] : by_module) {

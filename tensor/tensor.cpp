@@ -26,11 +26,32 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
 }
 
 Storage::~Storage() {
+  if (freed_) return;
   if (device_.is_meta()) {
     meta_memory_free(nbytes_);
     return;
   }
   device_free(device_, data_, nbytes_);
+}
+
+void Storage::free_data() {
+  if (freed_) return;
+  if (device_.is_meta()) {
+    meta_memory_free(nbytes_);
+  } else {
+    device_free(device_, data_, nbytes_);
+    data_ = nullptr;
+  }
+  freed_ = true;
+}
+
+void Storage::allocate_data() {
+  if (!freed_) return;
+  if (device_.is_meta())
+    meta_memory_alloc(nbytes_);
+  else
+    data_ = device_alloc(device_, nbytes_);
+  freed_ = false;
 }
 
 AutogradMeta& TensorImpl::meta() {

@@ -33,11 +33,18 @@ class Storage : public RefCounted {
   Device device() const { return device_; }
   // Bumped by every in-place write; autograd uses it to catch modified saved tensors.
   uint32_t version = 0;
+  // Frees the memory while every tensor viewing it stays alive (FSDP's reshard after forward,
+  // plan/fsdp_buffer.h); reading it before allocate_data() is a bug. allocate_data() gets
+  // nbytes() again, contents undefined. Meta storages only count.
+  void free_data();
+  void allocate_data();
+  bool has_data() const { return !freed_; }
 
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
+  bool freed_ = false;
 };
 
 using GradHook = std::function<Tensor(const Tensor& grad)>;        // may return a replacement

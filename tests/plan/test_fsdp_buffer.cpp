@@ -1,7 +1,8 @@
 // The FSDP DBuffer (plan/fsdp_buffer.h) under llama_fsdp on every rank of the world: the unit's
 // parameters are views of one shard buffer at the planned offsets; one forward and backward
-// run one all-gather and one reduce-scatter per unit, copy nothing outside collectives in the
-// forward and each gradient once in the backward; the gradients equal the single-device ones
+// run one all-gather (two with reshard after forward) and one reduce-scatter per unit, copy
+// nothing outside collectives in the forward and each gradient once in the backward; resharding
+// lowers the step's peak memory without changing a gradient; the gradients equal the single-device ones
 // and the per-parameter path's; a parameter whose storage was moved (as Module::to does) is
 // adopted again at the next gather.
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "plan/fsdp_buffer.h"
 #include "plan/grad_reducer.h"
 #include "plan/parallelize.h"
+#include "runtime/allocator.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 #include "testing.h"
@@ -117,7 +119,8 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   reset_fsdp_counters();
   const NamedTensors got = grads_of(*model, &par, &mesh, B, T);
   const FsdpCounters c = fsdp_counters();
-  CHECK(c.all_gathers == static_cast<int64_t>(ir.fsdp_units.size()));
+  // Every unit but the root reshards after forward and gathers again for its backward.
+  CHECK(c.all_gathers == 2 * static_cast<int64_t>(ir.fsdp_units.size()) - 1);
   CHECK(c.reduce_scatters == static_cast<int64_t>(ir.fsdp_units.size()));
   CHECK(c.forward_bytes_copied == 0);
   CHECK(c.adoption_bytes == 0);
@@ -142,6 +145,28 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   reset_fsdp_counters();
   CHECK(max_diff(grads_of(*model, &par, &mesh, B, T), want) <= 1e-5);
   CHECK(fsdp_counters().adoption_bytes == 0);  // adopted once, then zero-copy again
+
+  // Without reshard after forward: one all-gather per unit, the same gradients, a higher peak.
+  setenv("MT_FSDP_RESHARD", "0", 1);
+  {
+    auto model3 = build(cfg, true);
+    Parallelized par3 = parallelize(*model3, plan, mesh);
+    reset_fsdp_counters();
+    reset_cpu_peak();
+    const int64_t before_keep = cpu_memory_stats().current;
+    CHECK(max_diff(grads_of(*model3, &par3, &mesh, B, T), got) == 0);
+    const int64_t peak_keep = cpu_memory_stats().peak - before_keep;
+    CHECK(fsdp_counters().all_gathers == static_cast<int64_t>(ir.fsdp_units.size()));
+    reset_cpu_peak();
+    const int64_t before_reshard = cpu_memory_stats().current;
+    (void)grads_of(*model, &par, &mesh, B, T);
+    const int64_t peak_reshard = cpu_memory_stats().peak - before_reshard;
+    if (world().rank() == 0)
+      fmt::print("fsdp buffer np {}: step peak {} B with reshard after forward, {} B without\n", n, peak_reshard,
+                 peak_keep);
+    if (n > 1) CHECK(peak_reshard < peak_keep);
+  }
+  unsetenv("MT_FSDP_RESHARD");
 
   // The per-parameter path (MT_FSDP_DBUFFER=0) gives the same gradients.
   setenv("MT_FSDP_DBUFFER", "0", 1);

@@ -35,6 +35,8 @@ void add_scaled(KernelCost& into, const KernelCost& part, int64_t times) {
   into.other_bytes += part.other_bytes * x;
   into.kernels += part.kernels * times;
   into.matmuls += part.matmuls * times;
+  into.dist_ops += part.dist_ops * times;
+  into.redistributes += part.redistributes * times;
 }
 
 }  // namespace

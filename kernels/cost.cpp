@@ -60,8 +60,10 @@ void count_host_call(HostCall c) {
   if (!g_active) return;
   if (c == HostCall::kDistOp)
     ++g_cost.dist_ops;
-  else
+  else if (c == HostCall::kRedistribute)
     ++g_cost.redistributes;
+  else
+    ++g_cost.blocking_collectives;
 }
 
 void detail::add_kernel_cost(const KernelWork& w) {

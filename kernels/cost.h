@@ -25,6 +25,9 @@ struct KernelCost {
   // their backward), counted whether or not they move data.
   int64_t dist_ops = 0;
   int64_t redistributes = 0;
+  // Counted collectives that block the rank until its peers join (all but the gradient reducer's
+  // bucket launches, which overlap backward; mesh/collective_count.h).
+  int64_t blocking_collectives = 0;
 };
 
 class KernelCostScope {
@@ -50,7 +53,7 @@ struct KernelWork {
   int n_views = 0;
 };
 
-enum class HostCall : uint8_t { kDistOp, kRedistribute };
+enum class HostCall : uint8_t { kDistOp, kRedistribute, kBlockingCollective };
 // Adds one host call to this thread's KernelCostScope (a no-op when none is active).
 void count_host_call(HostCall c);
 

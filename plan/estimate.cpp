@@ -37,6 +37,7 @@ void add_scaled(KernelCost& into, const KernelCost& part, int64_t times) {
   into.matmuls += part.matmuls * times;
   into.dist_ops += part.dist_ops * times;
   into.redistributes += part.redistributes * times;
+  into.blocking_collectives += part.blocking_collectives * times;
 }
 
 }  // namespace

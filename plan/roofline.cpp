@@ -82,6 +82,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   hw.kernel_overhead_s = non_negative(j, "kernel_overhead_us", 1e-6, source);
   hw.dist_op_overhead_s = non_negative(j, "dist_op_overhead_us", 1e-6, source);
   hw.redistribute_overhead_s = non_negative(j, "redistribute_overhead_us", 1e-6, source);
+  hw.collective_overhead_s = non_negative(j, "collective_overhead_us", 1e-6, source);
   if (j.contains("compute_slots")) {
     const double cs = positive(j, "compute_slots", 1, source);
     MT_CHECK(cs == std::floor(cs), "{}: compute_slots must be an integer, got {}", source, cs);
@@ -131,6 +132,7 @@ std::string hardware_profile_json(const HardwareProfile& hw) {
   if (hw.kernel_overhead_s > 0) j["kernel_overhead_us"] = hw.kernel_overhead_s * 1e6;
   if (hw.dist_op_overhead_s > 0) j["dist_op_overhead_us"] = hw.dist_op_overhead_s * 1e6;
   if (hw.redistribute_overhead_s > 0) j["redistribute_overhead_us"] = hw.redistribute_overhead_s * 1e6;
+  if (hw.collective_overhead_s > 0) j["collective_overhead_us"] = hw.collective_overhead_s * 1e6;
   if (hw.compute_slots > 0) j["compute_slots"] = hw.compute_slots;
   return j.dump(2) + "\n";
 }
@@ -182,6 +184,8 @@ StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareP
     t.comm_s += c.seconds;
     t.collectives.push_back(c);
   }
+  t.collective_overhead_s = static_cast<double>(est.cost.blocking_collectives) * hw.collective_overhead_s;
+  t.comm_s += t.collective_overhead_s;
   t.total_s = (t.matmul_s + t.memory_s + t.overhead_s) * t.sharing + t.comm_s;
   return t;
 }

@@ -38,6 +38,10 @@ struct HardwareProfile {
   // --calibrate on a plan step and on timed redistributions; 0 for GPU profiles.
   double dist_op_overhead_s = 0;
   double redistribute_overhead_s = 0;
+  // Time per blocking collective call beyond its alpha-beta time (on a host whose ranks share
+  // cores: the wait for a peer that is not running), fitted by --calibrate on a ZeRO-3 step; 0 for
+  // GPU profiles.
+  double collective_overhead_s = 0;
   // Ranks of one node that compute at full speed at once (cores / threads per rank on a CPU host;
   // default devices_per_node). More ranks than that on a node share the compute.
   int64_t compute_slots = 0;  // 0: devices_per_node
@@ -65,7 +69,8 @@ struct StepTime {
   double dist_overhead_s = 0;          // DTensor op dispatches x the per-dispatch overhead
   double redistribute_overhead_s = 0;  // redistributions x the per-redistribution overhead
   double sharing = 1;     // compute stretched by ranks per node / compute slots (>= 1)
-  double comm_s = 0;      // sum of the collectives
+  double collective_overhead_s = 0;  // blocking collective calls x the per-collective overhead
+  double comm_s = 0;      // sum of the collectives (alpha-beta) + collective_overhead_s
   double total_s = 0;
   std::vector<CollectiveTime> collectives;
 };

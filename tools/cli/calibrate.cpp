@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <fstream>
 #include <functional>
@@ -65,6 +66,13 @@ constexpr const char* kDpPlan =
     "mesh dp=*\n"
     "place    model  <in>:0  dp=S(0)\n"
     "factory  model  rope    dp=R\n";
+// The stock ZeRO-3 plan (plans/llama_zero3.plan).
+constexpr const char* kZero3Plan =
+    "mesh dp=*\n"
+    "init     .*     .*      dp=S(0)\n"
+    "run      .*     .*      dp=R\n"
+    "place    model  <in>:0  dp=S(0)\n"
+    "factory  model  rope    dp=R\n";
 
 // Host time per DTensor redistribution beyond its kernels and its collective: a small [8 K, 16]
 // f32 DTensor is redistributed Shard(0) -> Replicate over the whole world (one all_gather; a copy
@@ -96,24 +104,84 @@ Fit redistribute_overhead(const HardwareProfile& hw, double sharing) {
   return f;
 }
 
-// Host time per kernel call and per DTensor op dispatch, fitted on two real llama-tiny training
-// steps (f32, AdamW, batch 2 x seq 16 per rank) that run on every rank at once, interleaved
-// (plain, plan, plain, plan, ...: a shared machine's load falls on both alike), best of 10 each:
-//  - plain: the model without a plan. Its kernel calls, matmul FLOPs and memory-bound bytes are
-//    counted (kernels/cost.h) by a dry run on meta tensors, as the estimate counts them (the
-//    optimizer is modelled as the estimate models it: 7 f32 accesses per element); what the GEMM and copy rates do not explain (compute stretched by
-//    the ranks sharing the cores, as the roofline does) is spread over its kernel calls: dispatch,
-//    autograd, allocation, views, and the small GEMMs' shortfall from the n=384 rate;
-//  - plan: the same model parallelized by the data-parallel plan over the whole world, with the
-//    gradient reducer (64 KiB buckets); its kernels, DTensor dispatches, redistributions and
-//    collectives are counted by the estimate itself (estimate_rank on this rank's coordinate). What the roofline with every other fitted figure
-//    (GEMM, copy, per-kernel and per-redistribution overheads, sharing, alpha-beta collectives)
-//    does not explain is spread over the DTensor dispatches: it takes in module hooks, the DTensor
-//    autograd nodes and the reducer's bookkeeping, which run once per dispatch or less.
-std::pair<Fit, Fit> fit_step_overheads(HardwareProfile& hw) {
+// One plan's training step on llama-tiny over the whole world, f32, the gradient reducer (one
+// 25 MiB bucket: a handful of collectives) and AdamW, and the same step counted by the estimate
+// itself (estimate_rank on this rank's coordinate: the fitted costs are per call as the estimate
+// counts calls; meta fills, for one, run no kernel).
+struct PlanStep {
+  PlanStep(const char* text, const char* name, const ModelConfig& cfg, const Tensor& ids_g, const Tensor& targets_g)
+      : plan(parse_plan(text, fmt::format("<meshtrain plan --calibrate: {}>", name))),
+        pm(plan.resolve_mesh(world().size())),
+        mesh(pm.shape, pm.names),
+        ids(ids_g),
+        targets(targets_g) {
+    manual_seed(1234);
+    model = build_causal_lm(cfg);
+    par.emplace(parallelize(*model, plan, mesh));
+    reducer.emplace(*model, mesh, GradReducerOptions{});
+    AdamWOptions ao;
+    ao.lr = 1e-3;
+    opt.emplace(make_param_groups(model->named_parameters(), 0.0), ao);
+    in_ps = par->input_placements("model");
+    run();  // the reducer fixes its buckets on the first step
+    EstimateModel em;
+    em.build_meta = [&] {
+      InitDeviceGuard on_meta(Device::meta());
+      return std::static_pointer_cast<Module>(build_causal_lm(cfg));
+    };
+    em.loss = [](Module& m, const Tensor& i, const Tensor& t) { return static_cast<CausalLM&>(m).loss(i, t); };
+    EstimateOptions eo;
+    eo.batch = ids.shape()[0];
+    eo.seq = ids.shape()[1];
+    eo.precision = DType::kF32;
+    eo.bucket_bytes = GradReducerOptions{}.bucket_bytes;
+    counted = estimate_rank(em, plan, pm, {world().rank()}, eo);
+  }
+  void run() {
+    Tensor i = distribute_tensor(ids, mesh, in_ps), t = distribute_tensor(targets, mesh, in_ps);
+    model->loss(i, t).backward();
+    reducer->finish();
+    opt->step();
+    opt->zero_grad();
+    model->zero_grad();
+  }
+  Plan plan;
+  PlanMesh pm;
+  DeviceMesh mesh;
+  Tensor ids, targets;
+  std::shared_ptr<CausalLM> model;
+  std::optional<Parallelized> par;
+  std::optional<GradReducer> reducer;
+  std::optional<AdamW> opt;
+  Placements in_ps;
+  RankEstimate counted;
+};
+
+struct StepFits {
+  Fit kernel, dist_op, collective;
+};
+
+// Host time per kernel call, per DTensor op dispatch and per collective call, fitted on three real
+// llama-tiny training steps (f32, AdamW, batch 2 x seq 32 per rank) that run on every rank at once,
+// interleaved (plain, dp, zero3, plain, ...: a shared machine's load falls on all alike), best of
+// 10 each:
+//  - plain: the model without a plan, its kernel calls, matmul FLOPs and memory-bound bytes
+//    counted by a meta dry run as the estimate counts them (the optimizer modelled as the estimate
+//    models it: 7 f32 accesses per element). What the GEMM and copy rates do not explain (compute
+//    stretched by the ranks sharing the cores, as the roofline does) is spread over its kernel
+//    calls: dispatch, autograd, allocation, views, and the small GEMMs' shortfall from the n=384 rate;
+//  - dp: the data-parallel plan (DTensor ops, a few collectives) and zero3: the ZeRO-3 plan (the
+//    same DTensor ops, and an all_gather and a reduce_scatter per parameter). Their roofline with
+//    every other fitted figure leaves a remainder; the two remainders give the cost per DTensor
+//    dispatch (module hooks, the DTensor autograd nodes, the reducer's bookkeeping: once per
+//    dispatch or less) and per collective call beyond its alpha-beta time (a rank waiting for a
+//    peer that is not running: the collectives of a real step are not back to back), solved
+//    together (least squares of two equations; a negative one is set to 0 and the other refitted).
+//    In a world of one no collective runs and the second is 0.
+StepFits fit_step_overheads(const HardwareProfile& hw) {
   const int64_t k = world().size();
   const ModelConfig cfg = builtin_config("llama-tiny");
-  const int64_t seq = 16;
+  const int64_t seq = 32;
   Generator g(7);
   const Tensor t = randint(0, cfg.vocab_size, {2 * k, seq + 1}, DType::kI64, &g);
   const Tensor ids_g = t.narrow(1, 0, seq).contiguous(), targets_g = t.narrow(1, 1, seq).contiguous();
@@ -130,32 +198,8 @@ std::pair<Fit, Fit> fit_step_overheads(HardwareProfile& hw) {
     plain_opt.zero_grad();
     plain->zero_grad();
   };
-
-  const Plan plan = parse_plan(kDpPlan, "<meshtrain plan --calibrate: llama_dp>");
-  const PlanMesh pm = plan.resolve_mesh(k);
-  DeviceMesh mesh(pm.shape, pm.names);
-  manual_seed(1234);
-  std::shared_ptr<CausalLM> model = build_causal_lm(cfg);
-  Parallelized par = parallelize(*model, plan, mesh);
-  GradReducerOptions ro;
-  ro.bucket_bytes = int64_t{1} << 16;
-  GradReducer reducer(*model, mesh, ro);
-  AdamW opt(make_param_groups(model->named_parameters(), 0.0), ao);
-  const Placements in_ps = par.input_placements("model");
-  auto plan_step = [&] {
-    Tensor ids = distribute_tensor(ids_g, mesh, in_ps), targets = distribute_tensor(targets_g, mesh, in_ps);
-    model->loss(ids, targets).backward();
-    reducer.finish();
-    opt.step();
-    opt.zero_grad();
-    model->zero_grad();
-  };
-
   plain_step();
-  plan_step();  // the reducer fixes its buckets on the first step
-  // The calls are counted as the estimate counts them, by the same dry run on meta tensors (meta
-  // fills, for one, run no kernel): the fitted costs are per counted call.
-  RankEstimate plain_count, plan_count;
+  RankEstimate plain_count;
   {
     std::shared_ptr<CausalLM> meta;
     {
@@ -170,45 +214,56 @@ std::pair<Fit, Fit> fit_step_overheads(HardwareProfile& hw) {
     KernelCostScope cost;
     meta->loss(empty(Shape{2, seq}, io), empty(Shape{2, seq}, io)).backward();
     plain_count.cost = KernelCostScope::totals();
-    // The optimizer as the estimate models it (estimate.cpp): the fused AdamW loop, 7 f32 accesses per element.
     plain_count.cost.other_bytes += 7 * 4 * static_cast<double>(cfg.num_parameters());
   }
-  {
-    EstimateModel em;
-    em.build_meta = [&] {
-      InitDeviceGuard on_meta(Device::meta());
-      return std::static_pointer_cast<Module>(build_causal_lm(cfg));
-    };
-    em.loss = [](Module& m, const Tensor& ids, const Tensor& tg) { return static_cast<CausalLM&>(m).loss(ids, tg); };
-    EstimateOptions eo;
-    eo.batch = 2 * k;
-    eo.seq = seq;
-    eo.precision = DType::kF32;
-    eo.bucket_bytes = ro.bucket_bytes;
-    plan_count = estimate_rank(em, plan, pm, {world().rank()}, eo);
-  }
-  double t_plain = 1e30, t_plan = 1e30;
+  PlanStep dp(kDpPlan, "llama_dp", cfg, ids_g, targets_g);
+  PlanStep z3(kZero3Plan, "llama_zero3", cfg, ids_g, targets_g);
+
+  double t_plain = 1e30, t_dp = 1e30, t_z3 = 1e30;
   for (int i = 0; i < 10; ++i) {
     t_plain = std::min(t_plain, best_time(0, plain_step, false));
-    t_plan = std::min(t_plan, best_time(0, plan_step, false));
+    t_dp = std::min(t_dp, best_time(0, [&] { dp.run(); }, false));
+    t_z3 = std::min(t_z3, best_time(0, [&] { z3.run(); }, false));
   }
-  const PlanMesh one{{"dp"}, Shape{k}};  // the plain step's ranks share the cores as the plan's do
+  const PlanMesh one{{"dp"}, Shape{k}};  // the plain step's ranks share the cores as the plans' do
   HardwareProfile h = hw;
-  h.kernel_overhead_s = h.dist_op_overhead_s = 0;
+  h.kernel_overhead_s = h.dist_op_overhead_s = h.collective_overhead_s = 0;
   const StepTime rp = roofline(plain_count, one, h, DType::kF32);
-  std::pair<Fit, Fit> f;
-  f.first.per_call_s = std::max(0.0, t_plain / rp.sharing - rp.total_s / rp.sharing) /
-                       static_cast<double>(std::max<int64_t>(plain_count.cost.kernels, 1));
-  f.first.note = fmt::format("per kernel: llama-tiny step {:.3f} ms, GEMM + copy {:.3f} ms (sharing {:.2g}), {} kernel calls",
-                             t_plain * 1e3, rp.total_s * 1e3, rp.sharing, plain_count.cost.kernels);
-  h.kernel_overhead_s = f.first.per_call_s;
-  const StepTime r = roofline(plan_count, pm, h, DType::kF32);
-  f.second.per_call_s = std::max(0.0, (t_plan - r.total_s) / r.sharing) /
-                        static_cast<double>(std::max<int64_t>(plan_count.cost.dist_ops, 1));
-  f.second.note = fmt::format("per DTensor op: llama_dp step {:.3f} ms, roofline without it {:.3f} ms (comm {:.3f} ms, "
-                              "sharing {:.2g}), {} kernel calls, {} DTensor ops, {} redistributions",
-                              t_plan * 1e3, r.total_s * 1e3, r.comm_s * 1e3, r.sharing, plan_count.cost.kernels,
-                              plan_count.cost.dist_ops, plan_count.cost.redistributes);
+  StepFits f;
+  f.kernel.per_call_s = std::max(0.0, (t_plain - rp.total_s) / rp.sharing) /
+                        static_cast<double>(std::max<int64_t>(plain_count.cost.kernels, 1));
+  f.kernel.note = fmt::format("per kernel: llama-tiny step {:.3f} ms, GEMM + copy {:.3f} ms (sharing {:.2g}), {} kernel calls",
+                              t_plain * 1e3, rp.total_s * 1e3, rp.sharing, plain_count.cost.kernels);
+  h.kernel_overhead_s = f.kernel.per_call_s;
+  // Remainder_p = sharing x dist_ops_p x c_d + collective_calls_p x c_c, p = dp, zero3.
+  const StepTime rd = roofline(dp.counted, dp.pm, h, DType::kF32), rz = roofline(z3.counted, z3.pm, h, DType::kF32);
+  const double a1 = rd.sharing * static_cast<double>(dp.counted.cost.dist_ops), y1 = t_dp - rd.total_s;
+  const double a2 = rz.sharing * static_cast<double>(z3.counted.cost.dist_ops), y2 = t_z3 - rz.total_s;
+  const double b1 = static_cast<double>(dp.counted.cost.blocking_collectives);
+  const double b2 = static_cast<double>(z3.counted.cost.blocking_collectives);
+  double cd = 0, cc = 0;
+  const double det = a1 * b2 - a2 * b1;
+  if (std::abs(det) > 1e-9 * std::max(1.0, std::abs(a1 * b2))) {
+    cd = (y1 * b2 - y2 * b1) / det;
+    cc = (a1 * y2 - a2 * y1) / det;
+  }
+  if (cd <= 0 || cc <= 0 || b1 + b2 == 0) {  // one unknown alone, least squares over both steps
+    const bool only_d = cc <= 0 || b1 + b2 == 0 || cd > 0;
+    if (only_d) {
+      cc = 0;
+      cd = std::max(0.0, (a1 * y1 + a2 * y2) / std::max(a1 * a1 + a2 * a2, 1e-30));
+    } else {
+      cd = 0;
+      cc = std::max(0.0, (b1 * y1 + b2 * y2) / std::max(b1 * b1 + b2 * b2, 1e-30));
+    }
+  }
+  f.dist_op.per_call_s = cd;
+  f.collective.per_call_s = cc;
+  f.dist_op.note = fmt::format("per DTensor op and per collective call: llama_dp step {:.3f} ms, roofline without them "
+                               "{:.3f} ms ({} DTensor ops, {} blocking collectives, sharing {:.2g}); llama_zero3 step "
+                               "{:.3f} ms, roofline without them {:.3f} ms ({} DTensor ops, {} blocking collectives)",
+                               t_dp * 1e3, rd.total_s * 1e3, dp.counted.cost.dist_ops, b1, rd.sharing, t_z3 * 1e3,
+                               rz.total_s * 1e3, z3.counted.cost.dist_ops, b2);
   return f;
 }
 
@@ -299,15 +354,15 @@ int run_calibrate(const std::string& out) {
     const Fit fr = redistribute_overhead(hw, sharing);
     hw.redistribute_overhead_s = fr.per_call_s;
     GradMode::set(true);
-    const auto [fk, fd] = fit_step_overheads(hw);
+    const StepFits sf = fit_step_overheads(hw);
     GradMode::set(prev);
-    notes.push_back(fk.note);
+    notes.push_back(sf.kernel.note);
     notes.push_back(fr.note);
-    notes.push_back(fd.note);
-    std::vector<double> fit{fk.per_call_s, fd.per_call_s, fr.per_call_s};
+    notes.push_back(sf.dist_op.note);
+    std::vector<double> fit{sf.kernel.per_call_s, sf.dist_op.per_call_s, fr.per_call_s, sf.collective.per_call_s};
     if (k > 1) {
       DeviceMesh all(Shape{k}, {"world"});
-      Tensor f = from_vector<double>(fit, Shape{3});
+      Tensor f = from_vector<double>(fit, Shape{4});
       all.comm().broadcast(f, 0);
       fit = f.to_vector<double>();
     }
@@ -315,6 +370,7 @@ int run_calibrate(const std::string& out) {
     hw.dist_op_overhead_s = fit[1];
     // The redistribution's own kernel calls are charged the per-kernel overhead apart.
     hw.redistribute_overhead_s = std::max(0.0, fit[2] - fr.kernels_per_call * fit[0]);
+    hw.collective_overhead_s = fit[3];
   }
   if (w.rank() == 0) {
     std::ofstream f(out);

@@ -167,6 +167,7 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
     overhead("per-kernel overhead", e.cost.kernels, t.kernel_overhead_s);
     overhead("per-DTensor-op overhead", e.cost.dist_ops, t.dist_overhead_s);
     overhead("per-redistribute overhead", e.cost.redistributes, t.redistribute_overhead_s);
+    overhead("per-collective wait", e.cost.blocking_collectives, t.collective_overhead_s);
     const std::string sharing =
         t.sharing > 1 ? fmt::format(" x {:.2g} (ranks sharing a node's compute)", t.sharing) : std::string();
     fmt::print("  {:<28} {:>14}  {}  (compute {}{} + communication {}, no overlap; {:.0f} tokens/s per model "
@@ -200,9 +201,11 @@ nlohmann::ordered_json rank_json(const RankEstimate& e, const StepTime& t, const
   j["kernels"] = e.cost.kernels;
   j["dist_ops"] = e.cost.dist_ops;
   j["redistributes"] = e.cost.redistributes;
+  j["blocking_collectives"] = e.cost.blocking_collectives;
   j["step_time"] = {{"matmul_s", t.matmul_s}, {"memory_s", t.memory_s}, {"overhead_s", t.overhead_s},
                     {"kernel_overhead_s", t.kernel_overhead_s}, {"dist_overhead_s", t.dist_overhead_s},
                     {"redistribute_overhead_s", t.redistribute_overhead_s},
+                    {"collective_overhead_s", t.collective_overhead_s},
                     {"sharing", t.sharing},  {"comm_s", t.comm_s},     {"total_s", t.total_s},
                     {"source", kModel}};
   j["memory_source"] = kShapes;

@@ -6,7 +6,8 @@
 //     (LLaMA plans; Mixtral's expert activations depend on the routing, i.e. on the data);
 //   - the bytes alive when the step starts (parameters + AdamW moments) equal to the prediction;
 //   - the collectives counted during the measured step (calls and bytes per kind and mesh dims)
-//     equal to the predicted ones (Mixtral: bytes only, its number of expert calls depends on the
+//     and its DTensor dispatches, redistributions and blocking collectives (kernels/cost.h) equal
+//     to the predicted ones (Mixtral: bytes only, its number of expert calls depends on the
 //     routing, i.e. on the data).
 // MT_ESTIMATE_CONFIG picks the model (default llama-tiny; the slow suite runs a ~30M config),
 // MT_ESTIMATE_HARDWARE a profile whose roofline step time is printed next to the measured one.
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "kernels/cost.h"
 #include "mesh/collective_count.h"
 #include "mesh/dtensor.h"
 #include "mesh/world.h"
@@ -65,6 +67,7 @@ std::shared_ptr<CausalLM> build(const ModelConfig& c) {
 struct Measured {
   int64_t persistent = 0, peak = 0;
   CollectiveCounts comm;
+  KernelCost cost;  // its host calls: DTensor dispatches, redistributions, blocking collectives
   double step_s = 0;
 };
 
@@ -112,8 +115,10 @@ Measured run_real(const ModelConfig& cfg, const Plan& plan, const PlanMesh& pm, 
     const auto t0 = std::chrono::steady_clock::now();
     {
       CollectiveCountScope count;
+      KernelCostScope cost;
       step(1);
       m.comm = CollectiveCountScope::counts();
+      m.cost = KernelCostScope::totals();
     }
     m.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.peak = cpu_memory_stats().peak;
@@ -204,6 +209,13 @@ TEST_CASE("estimate: predicted peak memory and collective bytes match a real ste
     // (meta tensors route every token alike): its peak is printed, not checked.
     const bool moe = name.find("mixtral") != std::string::npos;
     if (!moe) CHECK(std::abs(err) <= 0.10);
+    // The host calls the roofline charges per call are the real step's (Mixtral's expert calls
+    // depend on the routing).
+    if (!moe) {
+      CHECK(est.cost.dist_ops == m.cost.dist_ops);
+      CHECK(est.cost.redistributes == m.cost.redistributes);
+      CHECK(est.cost.blocking_collectives == m.cost.blocking_collectives);
+    }
     REQUIRE(est.comm.size() == m.comm.size());
     for (const auto& [k, t] : m.comm) {
       INFO(k.kind << " over " << k.dims);
@@ -283,4 +295,34 @@ TEST_CASE("roofline: links by node span, the alpha-beta formulas, profile errors
   HardwareProfile back = parse_hardware_profile(hardware_profile_json(hw), "z.json");
   CHECK(back.inter.bandwidth == Approx(hw.inter.bandwidth));
   CHECK(back.intra.alpha_s == Approx(hw.intra.alpha_s));
+  // The host costs per call: optional, >= 0, read back, each one charged to its own count.
+  CHECK(hw.kernel_overhead_s == 0);
+  CHECK(hw.dist_op_overhead_s == 0);
+  hw.kernel_overhead_s = 10e-6;
+  hw.dist_op_overhead_s = 2e-6;
+  hw.redistribute_overhead_s = 3e-6;
+  hw.collective_overhead_s = 50e-6;
+  hw.compute_slots = 2;
+  back = parse_hardware_profile(hardware_profile_json(hw), "z.json");
+  CHECK(back.dist_op_overhead_s == Approx(2e-6));
+  CHECK(back.redistribute_overhead_s == Approx(3e-6));
+  CHECK(back.collective_overhead_s == Approx(50e-6));
+  std::string bad = hardware_profile_json(hw);
+  bad.replace(bad.find("\"collective_overhead_us\": "), 26, "\"collective_overhead_us\": -");
+  CHECK_THROWS_WITH(parse_hardware_profile(bad, "w.json"),
+                    Catch::Contains("w.json") && Catch::Contains("collective_overhead_us"));
+  RankEstimate est;
+  est.cost.kernels = 100;
+  est.cost.dist_ops = 40;
+  est.cost.redistributes = 5;
+  est.cost.blocking_collectives = 4;
+  PlanMesh one_node;
+  one_node.names = {"dp"};
+  one_node.shape = Shape{4};  // 4 ranks on 2 compute slots: compute x 2
+  StepTime t = roofline(est, one_node, hw, DType::kF32);
+  CHECK(t.sharing == Approx(2));
+  CHECK(t.overhead_s == Approx(100 * 10e-6 + 40 * 2e-6 + 5 * 3e-6));
+  CHECK(t.collective_overhead_s == Approx(4 * 50e-6));
+  CHECK(t.total_s == Approx(2 * t.overhead_s + t.comm_s));
+  CHECK(t.comm_s == Approx(t.collective_overhead_s));  // no collective counted: their alpha-beta time is 0
 }

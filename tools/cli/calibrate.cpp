@@ -163,8 +163,8 @@ struct StepFits {
 
 // Host time per kernel call, per DTensor op dispatch and per collective call, fitted on three real
 // llama-tiny training steps (f32, AdamW, batch 2 x seq 32 per rank) that run on every rank at once,
-// interleaved (plain, dp, zero3, plain, ...: a shared machine's load falls on all alike), best of
-// 10 each:
+// interleaved (plain, dp, zero3, plain, ...: a shared machine's load falls on all alike), each
+// timed as the step it predicts is measured (best of 3 steps), the median of 7 such:
 //  - plain: the model without a plan, its kernel calls, matmul FLOPs and memory-bound bytes
 //    counted by a meta dry run as the estimate counts them (the optimizer modelled as the estimate
 //    models it: 7 f32 accesses per element). What the GEMM and copy rates do not explain (compute
@@ -219,12 +219,19 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
   PlanStep dp(kDpPlan, "llama_dp", cfg, ids_g, targets_g);
   PlanStep z3(kZero3Plan, "llama_zero3", cfg, ids_g, targets_g);
 
-  double t_plain = 1e30, t_dp = 1e30, t_z3 = 1e30;
-  for (int i = 0; i < 10; ++i) {
-    t_plain = std::min(t_plain, best_time(0, plain_step, false));
-    t_dp = std::min(t_dp, best_time(0, [&] { dp.run(); }, false));
-    t_z3 = std::min(t_z3, best_time(0, [&] { z3.run(); }, false));
+  // The statistic of the measured steps it predicts (best of 3 steps), taken 7 times per step
+  // kind, interleaved, and the median kept: a shared machine's load varies from second to second.
+  std::vector<double> s_plain, s_dp, s_z3;
+  for (int i = 0; i < 7; ++i) {
+    s_plain.push_back(best_time(3, plain_step, false));
+    s_dp.push_back(best_time(3, [&] { dp.run(); }, false));
+    s_z3.push_back(best_time(3, [&] { z3.run(); }, false));
   }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const double t_plain = median(s_plain), t_dp = median(s_dp), t_z3 = median(s_z3);
   const PlanMesh one{{"dp"}, Shape{k}};  // the plain step's ranks share the cores as the plans' do
   HardwareProfile h = hw;
   h.kernel_overhead_s = h.dist_op_overhead_s = h.collective_overhead_s = 0;
@@ -279,11 +286,32 @@ int64_t compute_slots() {
   return std::max<int64_t>(1, cores / threads);
 }
 
+// Seconds per call of f sustained over at least 0.25 s (after one warm-up call): a long step on a
+// shared host runs at the rate the host gives it over seconds, not in its quietest millisecond.
+double sustained_time(const std::function<void()>& f) {
+  f();
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t calls = 0;
+  double elapsed = 0;
+  do {
+    f();
+    ++calls;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < 0.25);
+  return elapsed / static_cast<double>(calls);
+}
+
 double gemm_rate(DType dt) {
   const int64_t n = 384;
   Tensor a = ones(Shape{n, n}, dt), b = ones(Shape{n, n}, dt);
-  const double t = best_time(10, [&] { (void)matmul(a, b); });
+  const double t = sustained_time([&] { (void)matmul(a, b); });
   return 2.0 * static_cast<double>(n * n * n) / t;
+}
+
+// Waits for a collective without spinning (MPI's blocking waits poll a core): the ranks that do not
+// time the rates must leave the cores to those that do.
+void quiet_wait(Work w) {
+  while (!w.is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 }  // namespace
@@ -299,7 +327,8 @@ int run_calibrate(const std::string& out) {
   hw.compute_slots = compute_slots();
   // The per-rank rates are those of a rank with its own compute slot: only the first
   // min(ranks, slots) ranks time them, at once (the roofline stretches compute by ranks / slots
-  // itself); rank 0's figures are then given to every rank.
+  // itself), the others wait without spinning; rank 0's figures are then given to every rank. GEMM and
+  // copy rates are sustained over 0.25 s each.
   const int k = w.size();
   std::vector<double> rates(3, 0.0);
   std::vector<std::string> notes;
@@ -308,11 +337,12 @@ int run_calibrate(const std::string& out) {
     rates[1] = gemm_rate(DType::kBF16);
     const int64_t n = int64_t{16} << 20;  // 64 MiB of f32
     Tensor src = ones(Shape{n}), dst = empty(Shape{n});
-    const double t = best_time(5, [&] { dst.copy_(src); });
+    const double t = sustained_time([&] { dst.copy_(src); });
     rates[2] = 2.0 * 4.0 * static_cast<double>(n) / t;  // read + written, as kernels/cost.h counts
   }
   if (k > 1) {
     DeviceMesh all(Shape{k}, {"world"});
+    quiet_wait(all.comm().barrier_async());
     Tensor r = from_vector<double>(rates, Shape{3});
     all.comm().broadcast(r, 0);
     rates = r.to_vector<double>();

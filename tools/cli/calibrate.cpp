@@ -53,6 +53,16 @@ double best_time(int reps, const std::function<void()>& f, bool warm_up = true) 
   return best;
 }
 
+// The statistic the validation measures a step with (best of 3 calls), taken 7 times and the
+// median kept: a shared machine's load varies from second to second.
+double median_best_of_3(const std::function<void()>& f) {
+  f();
+  std::vector<double> v;
+  for (int i = 0; i < 7; ++i) v.push_back(best_time(3, f, false));
+  std::nth_element(v.begin(), v.begin() + 3, v.end());
+  return v[3];
+}
+
 // One fitted per-call cost and how it was fitted (printed as a comment after the profile).
 struct Fit {
   double per_call_s = 0;
@@ -286,25 +296,10 @@ int64_t compute_slots() {
   return std::max<int64_t>(1, cores / threads);
 }
 
-// Seconds per call of f sustained over at least 0.25 s (after one warm-up call): a long step on a
-// shared host runs at the rate the host gives it over seconds, not in its quietest millisecond.
-double sustained_time(const std::function<void()>& f) {
-  f();
-  const auto t0 = std::chrono::steady_clock::now();
-  int64_t calls = 0;
-  double elapsed = 0;
-  do {
-    f();
-    ++calls;
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (elapsed < 0.25);
-  return elapsed / static_cast<double>(calls);
-}
-
 double gemm_rate(DType dt) {
   const int64_t n = 384;
   Tensor a = ones(Shape{n, n}, dt), b = ones(Shape{n, n}, dt);
-  const double t = sustained_time([&] { (void)matmul(a, b); });
+  const double t = median_best_of_3([&] { (void)matmul(a, b); });
   return 2.0 * static_cast<double>(n * n * n) / t;
 }
 
@@ -328,7 +323,7 @@ int run_calibrate(const std::string& out) {
   // The per-rank rates are those of a rank with its own compute slot: only the first
   // min(ranks, slots) ranks time them, at once (the roofline stretches compute by ranks / slots
   // itself), the others wait without spinning; rank 0's figures are then given to every rank. GEMM and
-  // copy rates are sustained over 0.25 s each.
+  // copy: the median of 7 best-of-3 timings, the statistic of the step fits below.
   const int k = w.size();
   std::vector<double> rates(3, 0.0);
   std::vector<std::string> notes;
@@ -337,7 +332,7 @@ int run_calibrate(const std::string& out) {
     rates[1] = gemm_rate(DType::kBF16);
     const int64_t n = int64_t{16} << 20;  // 64 MiB of f32
     Tensor src = ones(Shape{n}), dst = empty(Shape{n});
-    const double t = sustained_time([&] { dst.copy_(src); });
+    const double t = median_best_of_3([&] { dst.copy_(src); });
     rates[2] = 2.0 * 4.0 * static_cast<double>(n) / t;  // read + written, as kernels/cost.h counts
   }
   if (k > 1) {

@@ -360,14 +360,15 @@ int run_calibrate(const std::string& out) {
     hw.description = fmt::format(
         "calibrated by `meshtrain plan --calibrate` on {} ranks of this host: f32 GEMM n=384, a 64 MiB copy, "
         "MPI all_reduce of 4 B and 16 MiB, the host time per kernel call fitted on a llama-tiny training step, "
-        "per DTensor redistribution on a timed Shard(0) -> Replicate, per DTensor op dispatch on a llama-tiny step "
-        "under the data-parallel plan over all ranks, and {} compute slots (cores / OpenMP threads per rank)", k, hw.compute_slots);
+        "per DTensor redistribution on a timed Shard(0) -> Replicate, per DTensor op dispatch and per blocking "
+        "collective on llama-tiny steps under the data-parallel and ZeRO-3 plans over all ranks, and {} compute "
+        "slots (cores / OpenMP threads per rank)", k, hw.compute_slots);
   } else {
     // A world of one has no peers to time: a collective is taken as a copy through shared memory.
     hw.intra.alpha_s = 5e-6;
     hw.intra.bandwidth = hw.memory_bandwidth / 2;
     hw.description = "calibrated by `meshtrain plan --calibrate` in a world of one: GEMM, copy, per-kernel, per-redistribution and "
-                     "per-DTensor-op (a one-rank data-parallel plan step) overheads timed; "
+                     "per-DTensor-op (one-rank data-parallel and ZeRO-3 plan steps) overheads timed; "
                      "the links are not (alpha 5 us and half the copy bandwidth assumed; run it under mpirun -np 2 "
                      "or more)";
   }

@@ -83,6 +83,10 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   hw.dist_op_overhead_s = non_negative(j, "dist_op_overhead_us", 1e-6, source);
   hw.redistribute_overhead_s = non_negative(j, "redistribute_overhead_us", 1e-6, source);
   hw.collective_overhead_s = non_negative(j, "collective_overhead_us", 1e-6, source);
+  if (j.contains("cpu_share")) {
+    hw.cpu_share = positive(j, "cpu_share", 1, source);
+    MT_CHECK(hw.cpu_share <= 1, "{}: hardware profile field \"cpu_share\" must be in (0, 1], got {}", source, hw.cpu_share);
+  }
   if (j.contains("compute_slots")) {
     const double cs = positive(j, "compute_slots", 1, source);
     MT_CHECK(cs == std::floor(cs), "{}: compute_slots must be an integer, got {}", source, cs);
@@ -134,6 +138,7 @@ std::string hardware_profile_json(const HardwareProfile& hw) {
   if (hw.redistribute_overhead_s > 0) j["redistribute_overhead_us"] = hw.redistribute_overhead_s * 1e6;
   if (hw.collective_overhead_s > 0) j["collective_overhead_us"] = hw.collective_overhead_s * 1e6;
   if (hw.compute_slots > 0) j["compute_slots"] = hw.compute_slots;
+  if (hw.cpu_share < 1) j["cpu_share"] = hw.cpu_share;
   return j.dump(2) + "\n";
 }
 
@@ -177,7 +182,7 @@ StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareP
   t.overhead_s = t.kernel_overhead_s + t.dist_overhead_s + t.redistribute_overhead_s;
   const int64_t per_node = std::min(mesh.size(), hw.devices_per_node);
   const int64_t slots = hw.compute_slots > 0 ? hw.compute_slots : hw.devices_per_node;
-  t.sharing = std::max(1.0, static_cast<double>(per_node) / static_cast<double>(slots));
+  t.sharing = std::max(1.0, static_cast<double>(per_node) / static_cast<double>(slots)) / hw.cpu_share;
   for (const auto& [key, tally] : est.comm) {
     CollectiveTime c{key, tally, crosses_nodes(mesh, key.dims, hw.devices_per_node), 0};
     c.seconds = collective_seconds(key.kind, tally.calls, tally.bytes, tally.group_size, c.inter_node ? hw.inter : hw.intra);

@@ -45,6 +45,10 @@ struct HardwareProfile {
   // Ranks of one node that compute at full speed at once (cores / threads per rank on a CPU host;
   // default devices_per_node). More ranks than that on a node share the compute.
   int64_t compute_slots = 0;  // 0: devices_per_node
+  // The share of its compute slot a rank gets (0 < share <= 1): below 1 on a host that others load
+  // too (a shared CPU machine), measured by --calibrate as CPU time / wall time of its ranks; 1 for
+  // GPU profiles. Compute is stretched by 1 / share.
+  double cpu_share = 1;
 };
 
 // `name_or_path`: a file (ends in .json or contains '/'), or a stock profile's name looked up as
@@ -68,7 +72,7 @@ struct StepTime {
   double kernel_overhead_s = 0;        // kernel calls x the profile's per-kernel overhead
   double dist_overhead_s = 0;          // DTensor op dispatches x the per-dispatch overhead
   double redistribute_overhead_s = 0;  // redistributions x the per-redistribution overhead
-  double sharing = 1;     // compute stretched by ranks per node / compute slots (>= 1)
+  double sharing = 1;     // compute stretched by ranks per node / compute slots (>= 1), and by 1 / cpu_share
   double collective_overhead_s = 0;  // blocking collective calls x the per-collective overhead
   double comm_s = 0;      // sum of the collectives (alpha-beta) + collective_overhead_s
   double total_s = 0;

@@ -340,4 +340,12 @@ TEST_CASE("roofline: links by node span, the alpha-beta formulas, profile errors
   CHECK(t.collective_overhead_s == Approx(4 * 50e-6));
   CHECK(t.total_s == Approx(2 * t.overhead_s + t.comm_s));
   CHECK(t.comm_s == Approx(t.collective_overhead_s));  // no collective counted: their alpha-beta time is 0
+  // A host loaded by others: half the compute slot's time stretches compute twice more.
+  hw.cpu_share = 0.5;
+  back = parse_hardware_profile(hardware_profile_json(hw), "z.json");
+  CHECK(back.cpu_share == Approx(0.5));
+  CHECK(roofline(est, one_node, back, DType::kF32).sharing == Approx(4));
+  bad = hardware_profile_json(hw);
+  bad.replace(bad.find("\"cpu_share\": "), 13, "\"cpu_share\": 2");
+  CHECK_THROWS_WITH(parse_hardware_profile(bad, "v.json"), Catch::Contains("v.json") && Catch::Contains("cpu_share"));
 }

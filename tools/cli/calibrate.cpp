@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -41,24 +42,34 @@
 namespace mt::cli {
 namespace {
 
+// This process's CPU time (s): the time it ran, not the time it waited to run.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 // Best of `reps` timings (seconds) of f (at least one), after one warm-up call unless `warm_up` is false.
-double best_time(int reps, const std::function<void()>& f, bool warm_up = true) {
+// `cpu_clock`: timed in this process's CPU time instead of wall time.
+double best_time(int reps, const std::function<void()>& f, bool warm_up = true, bool cpu_clock = false) {
   if (warm_up) f();
   double best = 1e30;
   for (int i = 0; i < std::max(reps, 1); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_seconds();
     f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, cpu_clock ? cpu_seconds() - c0
+                                    : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
 
 // The statistic the validation measures a step with (best of 3 calls), taken 7 times and the
 // median kept: a shared machine's load varies from second to second.
-double median_best_of_3(const std::function<void()>& f) {
+double median_best_of_3(const std::function<void()>& f, bool cpu_clock = false) {
   f();
   std::vector<double> v;
-  for (int i = 0; i < 7; ++i) v.push_back(best_time(3, f, false));
+  for (int i = 0; i < 7; ++i) v.push_back(best_time(3, f, false, cpu_clock));
   std::nth_element(v.begin(), v.begin() + 3, v.end());
   return v[3];
 }
@@ -69,6 +80,12 @@ struct Fit {
   double kernels_per_call = 0;  // kernel calls inside one call (a redistribution's copies)
   std::string note;
 };
+
+// Waits for a collective without spinning (MPI's blocking waits poll a core): the ranks that do not
+// time the rates must leave the cores to those that do.
+void quiet_wait(Work w) {
+  while (!w.is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 // The stock data-parallel LLaMA plan (plans/llama_dp.plan), inline so that calibrating needs no
 // plans directory.
@@ -169,7 +186,9 @@ struct PlanStep {
 
 struct StepFits {
   Fit kernel, dist_op, collective;
+  double cpu_share = 1;
 };
+
 
 // Host time per kernel call, per DTensor op dispatch and per collective call, fitted on three real
 // llama-tiny training steps (f32, AdamW, batch 2 x seq 32 per rank) that run on every rank at once,
@@ -232,8 +251,22 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
   // The statistic of the measured steps it predicts (best of 3 steps), taken 7 times per step
   // kind, interleaved, and the median kept: a shared machine's load varies from second to second.
   std::vector<double> s_plain, s_dp, s_z3;
+  double plain_cpu = 0, plain_wall = 0;  // the rank's share of the host while its plain steps run
+  // The ranks run their plain steps together, and none spins in MPI meanwhile (a busy wait would
+  // take a core from the others' plain steps).
+  std::optional<DeviceMesh> all;
+  if (k > 1) all.emplace(Shape{k}, std::vector<std::string>{"world"});
+  auto together = [&] {
+    if (all) quiet_wait(all->comm().barrier_async());
+  };
   for (int i = 0; i < 7; ++i) {
+    together();
+    const double c0 = cpu_seconds();
+    const auto w0 = std::chrono::steady_clock::now();
     s_plain.push_back(best_time(3, plain_step, false));
+    plain_cpu += cpu_seconds() - c0;
+    plain_wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    together();
     s_dp.push_back(best_time(3, [&] { dp.run(); }, false));
     s_z3.push_back(best_time(3, [&] { z3.run(); }, false));
   }
@@ -245,12 +278,18 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
   const PlanMesh one{{"dp"}, Shape{k}};  // the plain step's ranks share the cores as the plans' do
   HardwareProfile h = hw;
   h.kernel_overhead_s = h.dist_op_overhead_s = h.collective_overhead_s = 0;
-  const StepTime rp = roofline(plain_count, one, h, DType::kF32);
   StepFits f;
+  // The plain steps make no MPI call: CPU / wall is the rank's share of the host, of which ranks /
+  // slots is this job's own crowding (the roofline's sharing); the rest is other load.
+  const double own = std::max(1.0, static_cast<double>(k) / static_cast<double>(hw.compute_slots));
+  f.cpu_share = std::clamp(plain_cpu / std::max(plain_wall, 1e-9) * own, 0.05, 1.0);
+  h.cpu_share = f.cpu_share;
+  const StepTime rp = roofline(plain_count, one, h, DType::kF32);
   f.kernel.per_call_s = std::max(0.0, (t_plain - rp.total_s) / rp.sharing) /
                         static_cast<double>(std::max<int64_t>(plain_count.cost.kernels, 1));
-  f.kernel.note = fmt::format("per kernel: llama-tiny step {:.3f} ms, GEMM + copy {:.3f} ms (sharing {:.2g}), {} kernel calls",
-                              t_plain * 1e3, rp.total_s * 1e3, rp.sharing, plain_count.cost.kernels);
+  f.kernel.note = fmt::format("per kernel: llama-tiny step {:.3f} ms, GEMM + copy {:.3f} ms (sharing {:.2g}, CPU share "
+                              "{:.2f}), {} kernel calls", t_plain * 1e3, rp.total_s * 1e3, rp.sharing, f.cpu_share,
+                              plain_count.cost.kernels);
   h.kernel_overhead_s = f.kernel.per_call_s;
   // Remainder_p = sharing x dist_ops_p x c_d + collective_calls_p x c_c, p = dp, zero3.
   const StepTime rd = roofline(dp.counted, dp.pm, h, DType::kF32), rz = roofline(z3.counted, z3.pm, h, DType::kF32);
@@ -299,15 +338,10 @@ int64_t compute_slots() {
 double gemm_rate(DType dt) {
   const int64_t n = 384;
   Tensor a = ones(Shape{n, n}, dt), b = ones(Shape{n, n}, dt);
-  const double t = median_best_of_3([&] { (void)matmul(a, b); });
+  const double t = median_best_of_3([&] { (void)matmul(a, b); }, /*cpu_clock=*/true);
   return 2.0 * static_cast<double>(n * n * n) / t;
 }
 
-// Waits for a collective without spinning (MPI's blocking waits poll a core): the ranks that do not
-// time the rates must leave the cores to those that do.
-void quiet_wait(Work w) {
-  while (!w.is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-}
 
 }  // namespace
 
@@ -323,7 +357,8 @@ int run_calibrate(const std::string& out) {
   // The per-rank rates are those of a rank with its own compute slot: only the first
   // min(ranks, slots) ranks time them, at once (the roofline stretches compute by ranks / slots
   // itself), the others wait without spinning; rank 0's figures are then given to every rank. GEMM and
-  // copy: the median of 7 best-of-3 timings, the statistic of the step fits below.
+  // copy: the median of 7 best-of-3 timings in CPU time (the rate while running; the time a loaded
+  // host does not give the rank is the profile's cpu_share, fitted below).
   const int k = w.size();
   std::vector<double> rates(3, 0.0);
   std::vector<std::string> notes;
@@ -332,7 +367,7 @@ int run_calibrate(const std::string& out) {
     rates[1] = gemm_rate(DType::kBF16);
     const int64_t n = int64_t{16} << 20;  // 64 MiB of f32
     Tensor src = ones(Shape{n}), dst = empty(Shape{n});
-    const double t = median_best_of_3([&] { dst.copy_(src); });
+    const double t = median_best_of_3([&] { dst.copy_(src); }, /*cpu_clock=*/true);
     rates[2] = 2.0 * 4.0 * static_cast<double>(n) / t;  // read + written, as kernels/cost.h counts
   }
   if (k > 1) {
@@ -385,10 +420,11 @@ int run_calibrate(const std::string& out) {
     notes.push_back(sf.kernel.note);
     notes.push_back(fr.note);
     notes.push_back(sf.dist_op.note);
-    std::vector<double> fit{sf.kernel.per_call_s, sf.dist_op.per_call_s, fr.per_call_s, sf.collective.per_call_s};
+    std::vector<double> fit{sf.kernel.per_call_s, sf.dist_op.per_call_s, fr.per_call_s, sf.collective.per_call_s,
+                            sf.cpu_share};
     if (k > 1) {
       DeviceMesh all(Shape{k}, {"world"});
-      Tensor f = from_vector<double>(fit, Shape{4});
+      Tensor f = from_vector<double>(fit, Shape{5});
       all.comm().broadcast(f, 0);
       fit = f.to_vector<double>();
     }
@@ -397,6 +433,7 @@ int run_calibrate(const std::string& out) {
     // The redistribution's own kernel calls are charged the per-kernel overhead apart.
     hw.redistribute_overhead_s = std::max(0.0, fit[2] - fr.kernels_per_call * fit[0]);
     hw.collective_overhead_s = fit[3];
+    hw.cpu_share = fit[4];
   }
   if (w.rank() == 0) {
     std::ofstream f(out);

@@ -169,7 +169,7 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
     overhead("per-redistribute overhead", e.cost.redistributes, t.redistribute_overhead_s);
     overhead("per-collective wait", e.cost.blocking_collectives, t.collective_overhead_s);
     const std::string sharing =
-        t.sharing > 1 ? fmt::format(" x {:.2g} (ranks sharing a node's compute)", t.sharing) : std::string();
+        t.sharing > 1 ? fmt::format(" x {:.2g} (ranks sharing a node's compute, cpu_share)", t.sharing) : std::string();
     fmt::print("  {:<28} {:>14}  {}  (compute {}{} + communication {}, no overlap; {:.0f} tokens/s per model "
                "replica group)\n",
                "step time", seconds_str(t.total_s), kModel, seconds_str(t.matmul_s + t.memory_s + t.overhead_s),

@@ -56,6 +56,16 @@ KernelCostScope::~KernelCostScope() {
 bool KernelCostScope::active() { return g_active; }
 const KernelCost& KernelCostScope::totals() { return g_cost; }
 
+void count_host_call(HostCall c) {
+  if (!g_active) return;
+  if (c == HostCall::kDistOp)
+    ++g_cost.dist_ops;
+  else if (c == HostCall::kRedistribute)
+    ++g_cost.redistributes;
+  else
+    ++g_cost.blocking_collectives;
+}
+
 void detail::add_kernel_cost(const KernelWork& w) {
   g_cost.matmul_flops += w.matmul_flops;
   g_cost.matmul_bytes += w.matmul_bytes;

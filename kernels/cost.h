@@ -19,6 +19,15 @@ struct KernelCost {
   double other_bytes = 0;   // every other kernel: inputs read + outputs written
   int64_t kernels = 0;      // kernel calls
   int64_t matmuls = 0;
+  // Host-side calls above the kernels, each with its own per-call cost in the roofline
+  // (plan/roofline.h): DTensor op dispatches (sharding propagation, local op, wrap; mesh/dispatch.cpp)
+  // and DTensor redistributions (mesh/dtensor.cpp: plan hooks, rule-driven and explicit ones, and
+  // their backward), counted whether or not they move data.
+  int64_t dist_ops = 0;
+  int64_t redistributes = 0;
+  // Counted collectives that block the rank until its peers join (all but the gradient reducer's
+  // bucket launches, which overlap backward; mesh/collective_count.h).
+  int64_t blocking_collectives = 0;
 };
 
 class KernelCostScope {
@@ -43,6 +52,10 @@ struct KernelWork {
   const KView* views[10] = {};
   int n_views = 0;
 };
+
+enum class HostCall : uint8_t { kDistOp, kRedistribute, kBlockingCollective };
+// Adds one host call to this thread's KernelCostScope (a no-op when none is active).
+void count_host_call(HostCall c);
 
 namespace detail {
 void add_kernel_cost(const KernelWork& w);

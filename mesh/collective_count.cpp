@@ -3,12 +3,14 @@
 
 #include <algorithm>
 
+#include "kernels/cost.h"
 #include "runtime/profiler.h"
 
 namespace mt {
 namespace {
 thread_local bool g_active = false;
 thread_local CollectiveCounts g_counts;
+thread_local int g_overlapped = 0;  // OverlappedCollectiveScope depth
 }  // namespace
 
 CollectiveCountScope::CollectiveCountScope() : prev_(g_active) {
@@ -29,6 +31,10 @@ void count_collective(const char* kind, const std::string& dims, int64_t group_s
   ++t.calls;
   t.bytes += bytes;
   t.group_size = std::max(t.group_size, group_size);
+  if (g_overlapped == 0) count_host_call(HostCall::kBlockingCollective);
 }
+
+OverlappedCollectiveScope::OverlappedCollectiveScope() { ++g_overlapped; }
+OverlappedCollectiveScope::~OverlappedCollectiveScope() { --g_overlapped; }
 
 }  // namespace mt

@@ -47,6 +47,17 @@ class CollectiveCountScope {
   bool prev_;
 };
 
+// Collectives counted while one lives on this thread overlap other work (the gradient reducer's
+// bucket launches): they are not counted as blocking (KernelCost::blocking_collectives, which
+// every other counted collective adds to while a KernelCostScope is active).
+class OverlappedCollectiveScope {
+ public:
+  OverlappedCollectiveScope();
+  ~OverlappedCollectiveScope();
+  OverlappedCollectiveScope(const OverlappedCollectiveScope&) = delete;
+  OverlappedCollectiveScope& operator=(const OverlappedCollectiveScope&) = delete;
+};
+
 // Adds one call when a scope is active (a no-op otherwise). Groups of one rank are not counted:
 // they move nothing.
 void count_collective(const char* kind, const std::string& dims, int64_t group_size, int64_t bytes);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "kernels/cost.h"
 #include "kernels/registry.h"
 #include "mesh/dist_composites.h"
 #include "mesh/dtensor.h"
@@ -242,6 +243,7 @@ Tensor wrap_output(Tensor local, const std::shared_ptr<const DTensorSpec>& spec,
 }
 
 std::vector<Tensor> handle(const DistOp& op, const std::vector<Tensor>& in, DistLocalFn local) {
+  count_host_call(HostCall::kDistOp);  // the estimate's per-call host cost (kernels/cost.h)
   if (op.rule == DistRule::kRandomFill) return {dist_random_fill(op, in[0])};
   if (auto composite = dist_composite(op, in)) return {*composite};
   Cache& c = cache();

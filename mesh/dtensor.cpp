@@ -3,6 +3,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kernels/cost.h"
 #include "mesh/dispatch.h"
 #include "mesh/redistribute.h"
 #include "mesh/shard_layout.h"
@@ -172,6 +173,7 @@ Tensor to_local(const Tensor& dt) {
 }
 
 Tensor redistribute(const Tensor& dt, const Placements& dst) {
+  count_host_call(HostCall::kRedistribute);  // the estimate's per-call host cost (kernels/cost.h)
   const DTensorSpec& s = dtensor_spec(dt, "redistribute");
   MT_CHECK(dst.size() == s.placements().size(), "redistribute: {} destination placements {} for mesh {}",
            dst.size(), placements_str(dst), s.mesh().str());

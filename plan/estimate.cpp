@@ -35,6 +35,9 @@ void add_scaled(KernelCost& into, const KernelCost& part, int64_t times) {
   into.other_bytes += part.other_bytes * x;
   into.kernels += part.kernels * times;
   into.matmuls += part.matmuls * times;
+  into.dist_ops += part.dist_ops * times;
+  into.redistributes += part.redistributes * times;
+  into.blocking_collectives += part.blocking_collectives * times;
 }
 
 }  // namespace

@@ -180,6 +180,7 @@ struct GradReducer::State {
     if (!b.buf.defined())
       b.buf = zeros({b.numel}, TensorOptions(b.dtype).with_device(params[static_cast<size_t>(b.params[0])].p.device()));
     const int64_t bytes = b.numel * static_cast<int64_t>(dtype_size(b.dtype));
+    OverlappedCollectiveScope overlapped;  // launched now, waited for in finish()
     if (b.kind == BucketKind::kReduceScatter) {
       b.out = empty({b.segment}, b.buf.options());
       b.work = b.comms[0].reduce_scatter_async(b.buf, b.out);

@@ -26,6 +26,14 @@ double positive(const nlohmann::json& j, const char* key, double scale, const st
   return v * scale;
 }
 
+// An optional field (0 when absent).
+double non_negative(const nlohmann::json& j, const char* key, double scale, const std::string& source) {
+  if (!j.contains(key)) return 0;
+  MT_CHECK(j[key].is_number() && j[key].get<double>() >= 0 && std::isfinite(j[key].get<double>()),
+           "{}: hardware profile field \"{}\" must be a number >= 0", source, key);
+  return j[key].get<double>() * scale;
+}
+
 LinkProfile link(const nlohmann::json& j, const char* key, const std::string& source) {
   MT_CHECK(j.contains("links") && j["links"].is_object() && j["links"].contains(key) && j["links"][key].is_object(),
            "{}: hardware profile field \"links.{}\" (an object with alpha_us and bandwidth_gbs) is missing", source,
@@ -71,11 +79,13 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   hw.devices_per_node = static_cast<int64_t>(dpn);
   hw.intra = link(j, "intra", source);
   hw.inter = link(j, "inter", source);
-  if (j.contains("kernel_overhead_us")) {
-    MT_CHECK(j["kernel_overhead_us"].is_number() && j["kernel_overhead_us"].get<double>() >= 0 &&
-                 std::isfinite(j["kernel_overhead_us"].get<double>()),
-             "{}: hardware profile field \"kernel_overhead_us\" must be a number >= 0", source);
-    hw.kernel_overhead_s = j["kernel_overhead_us"].get<double>() * 1e-6;
+  hw.kernel_overhead_s = non_negative(j, "kernel_overhead_us", 1e-6, source);
+  hw.dist_op_overhead_s = non_negative(j, "dist_op_overhead_us", 1e-6, source);
+  hw.redistribute_overhead_s = non_negative(j, "redistribute_overhead_us", 1e-6, source);
+  hw.collective_overhead_s = non_negative(j, "collective_overhead_us", 1e-6, source);
+  if (j.contains("cpu_share")) {
+    hw.cpu_share = positive(j, "cpu_share", 1, source);
+    MT_CHECK(hw.cpu_share <= 1, "{}: hardware profile field \"cpu_share\" must be in (0, 1], got {}", source, hw.cpu_share);
   }
   if (j.contains("compute_slots")) {
     const double cs = positive(j, "compute_slots", 1, source);
@@ -124,7 +134,11 @@ std::string hardware_profile_json(const HardwareProfile& hw) {
   j["links"]["intra"] = {{"alpha_us", hw.intra.alpha_s * 1e6}, {"bandwidth_gbs", hw.intra.bandwidth / 1e9}};
   j["links"]["inter"] = {{"alpha_us", hw.inter.alpha_s * 1e6}, {"bandwidth_gbs", hw.inter.bandwidth / 1e9}};
   if (hw.kernel_overhead_s > 0) j["kernel_overhead_us"] = hw.kernel_overhead_s * 1e6;
+  if (hw.dist_op_overhead_s > 0) j["dist_op_overhead_us"] = hw.dist_op_overhead_s * 1e6;
+  if (hw.redistribute_overhead_s > 0) j["redistribute_overhead_us"] = hw.redistribute_overhead_s * 1e6;
+  if (hw.collective_overhead_s > 0) j["collective_overhead_us"] = hw.collective_overhead_s * 1e6;
   if (hw.compute_slots > 0) j["compute_slots"] = hw.compute_slots;
+  if (hw.cpu_share < 1) j["cpu_share"] = hw.cpu_share;
   return j.dump(2) + "\n";
 }
 
@@ -162,16 +176,21 @@ StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareP
   const double gemm = precision == DType::kF32 ? hw.gemm_flops_f32 : hw.gemm_flops_bf16;
   t.matmul_s = est.cost.matmul_flops / gemm;
   t.memory_s = est.cost.other_bytes / hw.memory_bandwidth;
-  t.overhead_s = static_cast<double>(est.cost.kernels) * hw.kernel_overhead_s;
+  t.kernel_overhead_s = static_cast<double>(est.cost.kernels) * hw.kernel_overhead_s;
+  t.dist_overhead_s = static_cast<double>(est.cost.dist_ops) * hw.dist_op_overhead_s;
+  t.redistribute_overhead_s = static_cast<double>(est.cost.redistributes) * hw.redistribute_overhead_s;
+  t.overhead_s = t.kernel_overhead_s + t.dist_overhead_s + t.redistribute_overhead_s;
   const int64_t per_node = std::min(mesh.size(), hw.devices_per_node);
   const int64_t slots = hw.compute_slots > 0 ? hw.compute_slots : hw.devices_per_node;
-  t.sharing = std::max(1.0, static_cast<double>(per_node) / static_cast<double>(slots));
+  t.sharing = std::max(1.0, static_cast<double>(per_node) / static_cast<double>(slots)) / hw.cpu_share;
   for (const auto& [key, tally] : est.comm) {
     CollectiveTime c{key, tally, crosses_nodes(mesh, key.dims, hw.devices_per_node), 0};
     c.seconds = collective_seconds(key.kind, tally.calls, tally.bytes, tally.group_size, c.inter_node ? hw.inter : hw.intra);
     t.comm_s += c.seconds;
     t.collectives.push_back(c);
   }
+  t.collective_overhead_s = static_cast<double>(est.cost.blocking_collectives) * hw.collective_overhead_s;
+  t.comm_s += t.collective_overhead_s;
   t.total_s = (t.matmul_s + t.memory_s + t.overhead_s) * t.sharing + t.comm_s;
   return t;
 }

@@ -32,9 +32,23 @@ struct HardwareProfile {
   // Host time per kernel call (op dispatch, autograd, allocation) that is not hidden behind the
   // device's work: measured by --calibrate on a CPU host; 0 for GPU profiles (launches overlap).
   double kernel_overhead_s = 0;
+  // Host time per DTensor op dispatch (sharding propagation, wrapping, the DTensor autograd nodes,
+  // module hooks and the gradient reducer's bookkeeping, fitted per dispatch) and per DTensor
+  // redistribution (its own bookkeeping, beyond the kernels and collectives it runs): fitted by
+  // --calibrate on a plan step and on timed redistributions; 0 for GPU profiles.
+  double dist_op_overhead_s = 0;
+  double redistribute_overhead_s = 0;
+  // Time per blocking collective call beyond its alpha-beta time (on a host whose ranks share
+  // cores: the wait for a peer that is not running), fitted by --calibrate on a ZeRO-3 step; 0 for
+  // GPU profiles.
+  double collective_overhead_s = 0;
   // Ranks of one node that compute at full speed at once (cores / threads per rank on a CPU host;
   // default devices_per_node). More ranks than that on a node share the compute.
   int64_t compute_slots = 0;  // 0: devices_per_node
+  // The share of its compute slot a rank gets (0 < share <= 1): below 1 on a host that others load
+  // too (a shared CPU machine), measured by --calibrate as CPU time / wall time of its ranks; 1 for
+  // GPU profiles. Compute is stretched by 1 / share.
+  double cpu_share = 1;
 };
 
 // `name_or_path`: a file (ends in .json or contains '/'), or a stock profile's name looked up as
@@ -54,9 +68,13 @@ struct CollectiveTime {
 struct StepTime {
   double matmul_s = 0;    // matmul/attention FLOPs / GEMM rate
   double memory_s = 0;    // other kernels' bytes / memory bandwidth
-  double overhead_s = 0;  // kernel calls x the profile's per-call overhead
-  double sharing = 1;     // compute stretched by ranks per node / compute slots (>= 1)
-  double comm_s = 0;      // sum of the collectives
+  double overhead_s = 0;  // host overhead: the three terms below
+  double kernel_overhead_s = 0;        // kernel calls x the profile's per-kernel overhead
+  double dist_overhead_s = 0;          // DTensor op dispatches x the per-dispatch overhead
+  double redistribute_overhead_s = 0;  // redistributions x the per-redistribution overhead
+  double sharing = 1;     // compute stretched by ranks per node / compute slots (>= 1), and by 1 / cpu_share
+  double collective_overhead_s = 0;  // blocking collective calls x the per-collective overhead
+  double comm_s = 0;      // sum of the collectives (alpha-beta) + collective_overhead_s
   double total_s = 0;
   std::vector<CollectiveTime> collectives;
 };

@@ -5,9 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
+#include <ctime>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -16,62 +19,308 @@
 #endif
 
 #include "kernels/cost.h"
+#include "kernels/registry.h"
+#include "mesh/collective_count.h"
 #include "mesh/device_mesh.h"
+#include "mesh/dtensor.h"
 #include "mesh/world.h"
 #include "models/config.h"
 #include "models/llama.h"
 #include "optim/adamw.h"
+#include "plan/estimate.h"
+#include "plan/grad_reducer.h"
+#include "plan/parallelize.h"
+#include "plan/plan.h"
 #include "plan/roofline.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/meta_memory.h"
+#include "tensor/module.h"
 #include "tensor/ops.h"
+#include "tensor/random.h"
 
 namespace mt::cli {
 namespace {
 
-// Best of `reps` timings (seconds) of f, after one warm-up call.
-double best_time(int reps, const std::function<void()>& f) {
-  f();
+// This process's CPU time (s): the time it ran, not the time it waited to run.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Best of `reps` timings (seconds) of f (at least one), after one warm-up call unless `warm_up` is false.
+// `cpu_clock`: timed in this process's CPU time instead of wall time.
+double best_time(int reps, const std::function<void()>& f, bool warm_up = true, bool cpu_clock = false) {
+  if (warm_up) f();
   double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
+  for (int i = 0; i < std::max(reps, 1); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_seconds();
     f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, cpu_clock ? cpu_seconds() - c0
+                                    : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
 
-// Host time per kernel call in an eager training step, fitted on a real one: llama-tiny (batch 2 x
-// seq 16, f32, AdamW) is timed (best of 3 steps), its kernel calls, matmul FLOPs and memory-bound
-// bytes are counted (kernels/cost.h), and what the GEMM and copy rates do not explain is spread
-// over the calls. This takes in everything an eager op costs besides its kernel: dispatch,
-// autograd, allocation, views and module hooks.
-double kernel_overhead(double gemm_flops, double memory_bandwidth) {
-  const ModelConfig cfg = builtin_config("llama-tiny");
-  manual_seed(1234);
-  std::shared_ptr<CausalLM> model = build_causal_lm(cfg);
-  AdamWOptions ao;
-  ao.lr = 1e-3;
-  AdamW opt(make_param_groups(model->named_parameters(), 0.0), ao);
-  Generator g(7);
-  const Tensor t = randint(0, cfg.vocab_size, {2, 17}, DType::kI64, &g);
-  const Tensor ids = t.narrow(1, 0, 16).contiguous(), targets = t.narrow(1, 1, 16).contiguous();
-  auto step = [&] {
-    model->loss(ids, targets).backward();
-    opt.step();
-    opt.zero_grad();
-    model->zero_grad();
-  };
-  step();
+// The statistic the validation measures a step with (best of 3 calls), taken 7 times and the
+// median kept: a shared machine's load varies from second to second.
+double median_best_of_3(const std::function<void()>& f, bool cpu_clock = false) {
+  f();
+  std::vector<double> v;
+  for (int i = 0; i < 7; ++i) v.push_back(best_time(3, f, false, cpu_clock));
+  std::nth_element(v.begin(), v.begin() + 3, v.end());
+  return v[3];
+}
+
+// One fitted per-call cost and how it was fitted (printed as a comment after the profile).
+struct Fit {
+  double per_call_s = 0;
+  double kernels_per_call = 0;  // kernel calls inside one call (a redistribution's copies)
+  std::string note;
+};
+
+// Waits for a collective without spinning (MPI's blocking waits poll a core): the ranks that do not
+// time the rates must leave the cores to those that do.
+void quiet_wait(Work w) {
+  while (!w.is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// The stock data-parallel LLaMA plan (plans/llama_dp.plan), inline so that calibrating needs no
+// plans directory.
+constexpr const char* kDpPlan =
+    "mesh dp=*\n"
+    "place    model  <in>:0  dp=S(0)\n"
+    "factory  model  rope    dp=R\n";
+// The stock ZeRO-3 plan (plans/llama_zero3.plan).
+constexpr const char* kZero3Plan =
+    "mesh dp=*\n"
+    "init     .*     .*      dp=S(0)\n"
+    "run      .*     .*      dp=R\n"
+    "place    model  <in>:0  dp=S(0)\n"
+    "factory  model  rope    dp=R\n";
+
+// Host time per DTensor redistribution beyond its kernels and its collective: a small [8 K, 16]
+// f32 DTensor is redistributed Shard(0) -> Replicate over the whole world (one all_gather; a copy
+// in a world of one), best of 50; the all_gather's alpha-beta time (the links just timed) and the
+// copy kernels at the memory bandwidth are taken off (later also their per-kernel overhead), compute
+// stretched by the ranks sharing the cores as the roofline does.
+Fit redistribute_overhead(const HardwareProfile& hw, double sharing) {
+  const World& w = world();
+  const int64_t k = w.size();
+  DeviceMesh mesh(Shape{k}, {"dp"});
+  Tensor x = distribute_tensor(ones(Shape{8 * k, 16}), mesh, {Placement::shard(0)});
+  const Placements rep{Placement::replicate()};
+  (void)redistribute(x, rep);
   KernelCost cost;
   {
     KernelCostScope scope;
-    step();
+    (void)redistribute(x, rep);
     cost = KernelCostScope::totals();
   }
-  const double t_best = best_time(3, step);
-  const double explained = cost.matmul_flops / gemm_flops + cost.other_bytes / memory_bandwidth;
-  return cost.kernels > 0 ? std::max(0.0, t_best - explained) / static_cast<double>(cost.kernels) : 0.0;
+  const double t = best_time(50, [&] { (void)redistribute(x, rep); });
+  const double comm = collective_seconds("all_gather", 1, 8 * k * 16 * 4, k, hw.intra);
+  const double host = (t - comm) / sharing - cost.other_bytes / hw.memory_bandwidth;
+  Fit f;
+  const double calls = static_cast<double>(std::max<int64_t>(cost.redistributes, 1));
+  f.per_call_s = std::max(0.0, host / calls);
+  f.kernels_per_call = static_cast<double>(cost.kernels) / calls;
+  f.note = fmt::format("per redistribution: {:.1f} us, all_gather {:.1f} us, {} kernel calls, sharing {:.2g}", t * 1e6,
+                       comm * 1e6, cost.kernels, sharing);
+  return f;
+}
+
+// One plan's training step on llama-tiny over the whole world, f32, the gradient reducer (one
+// 25 MiB bucket: a handful of collectives) and AdamW, and the same step counted by the estimate
+// itself (estimate_rank on this rank's coordinate: the fitted costs are per call as the estimate
+// counts calls; meta fills, for one, run no kernel).
+struct PlanStep {
+  PlanStep(const char* text, const char* name, const ModelConfig& cfg, const Tensor& ids_g, const Tensor& targets_g)
+      : plan(parse_plan(text, fmt::format("<meshtrain plan --calibrate: {}>", name))),
+        pm(plan.resolve_mesh(world().size())),
+        mesh(pm.shape, pm.names),
+        ids(ids_g),
+        targets(targets_g) {
+    manual_seed(1234);
+    model = build_causal_lm(cfg);
+    par.emplace(parallelize(*model, plan, mesh));
+    reducer.emplace(*model, mesh, GradReducerOptions{});
+    AdamWOptions ao;
+    ao.lr = 1e-3;
+    opt.emplace(make_param_groups(model->named_parameters(), 0.0), ao);
+    in_ps = par->input_placements("model");
+    run();  // the reducer fixes its buckets on the first step
+    EstimateModel em;
+    em.build_meta = [&] {
+      InitDeviceGuard on_meta(Device::meta());
+      return std::static_pointer_cast<Module>(build_causal_lm(cfg));
+    };
+    em.loss = [](Module& m, const Tensor& i, const Tensor& t) { return static_cast<CausalLM&>(m).loss(i, t); };
+    EstimateOptions eo;
+    eo.batch = ids.shape()[0];
+    eo.seq = ids.shape()[1];
+    eo.precision = DType::kF32;
+    eo.bucket_bytes = GradReducerOptions{}.bucket_bytes;
+    counted = estimate_rank(em, plan, pm, {world().rank()}, eo);
+  }
+  void run() {
+    Tensor i = distribute_tensor(ids, mesh, in_ps), t = distribute_tensor(targets, mesh, in_ps);
+    model->loss(i, t).backward();
+    reducer->finish();
+    opt->step();
+    opt->zero_grad();
+    model->zero_grad();
+  }
+  Plan plan;
+  PlanMesh pm;
+  DeviceMesh mesh;
+  Tensor ids, targets;
+  std::shared_ptr<CausalLM> model;
+  std::optional<Parallelized> par;
+  std::optional<GradReducer> reducer;
+  std::optional<AdamW> opt;
+  Placements in_ps;
+  RankEstimate counted;
+};
+
+struct StepFits {
+  Fit kernel, dist_op, collective;
+  double cpu_share = 1;
+};
+
+
+// Host time per kernel call, per DTensor op dispatch and per collective call, fitted on three real
+// llama-tiny training steps (f32, AdamW, batch 2 x seq 32 per rank) that run on every rank at once,
+// interleaved (plain, dp, zero3, plain, ...: a shared machine's load falls on all alike), each
+// timed as the step it predicts is measured (best of 3 steps), the median of 7 such:
+//  - plain: the model without a plan, its kernel calls, matmul FLOPs and memory-bound bytes
+//    counted by a meta dry run as the estimate counts them (the optimizer modelled as the estimate
+//    models it: 7 f32 accesses per element). What the GEMM and copy rates do not explain (compute
+//    stretched by the ranks sharing the cores, as the roofline does) is spread over its kernel
+//    calls: dispatch, autograd, allocation, views, and the small GEMMs' shortfall from the n=384 rate;
+//  - dp: the data-parallel plan (DTensor ops, a few collectives) and zero3: the ZeRO-3 plan (the
+//    same DTensor ops, and an all_gather and a reduce_scatter per parameter). Their roofline with
+//    every other fitted figure leaves a remainder; the two remainders give the cost per DTensor
+//    dispatch (module hooks, the DTensor autograd nodes, the reducer's bookkeeping: once per
+//    dispatch or less) and per collective call beyond its alpha-beta time (a rank waiting for a
+//    peer that is not running: the collectives of a real step are not back to back), solved
+//    together (least squares of two equations; a negative one is set to 0 and the other refitted).
+//    In a world of one no collective runs and the second is 0.
+StepFits fit_step_overheads(const HardwareProfile& hw) {
+  const int64_t k = world().size();
+  const ModelConfig cfg = builtin_config("llama-tiny");
+  const int64_t seq = 32;
+  Generator g(7);
+  const Tensor t = randint(0, cfg.vocab_size, {2 * k, seq + 1}, DType::kI64, &g);
+  const Tensor ids_g = t.narrow(1, 0, seq).contiguous(), targets_g = t.narrow(1, 1, seq).contiguous();
+
+  manual_seed(1234);
+  std::shared_ptr<CausalLM> plain = build_causal_lm(cfg);
+  AdamWOptions ao;
+  ao.lr = 1e-3;
+  AdamW plain_opt(make_param_groups(plain->named_parameters(), 0.0), ao);
+  const Tensor plain_ids = ids_g.narrow(0, 0, 2).contiguous(), plain_targets = targets_g.narrow(0, 0, 2).contiguous();
+  auto plain_step = [&] {
+    plain->loss(plain_ids, plain_targets).backward();
+    plain_opt.step();
+    plain_opt.zero_grad();
+    plain->zero_grad();
+  };
+  plain_step();
+  RankEstimate plain_count;
+  {
+    std::shared_ptr<CausalLM> meta;
+    {
+      InitDeviceGuard on_meta(Device::meta());
+      meta = build_causal_lm(cfg);
+    }
+    MetaKernelsGuard meta_kernels;
+    MetaMemoryScope meta_bytes;
+    const TensorOptions io = TensorOptions(DType::kI64).with_device(Device::meta());
+    meta->loss(empty(Shape{2, seq}, io), empty(Shape{2, seq}, io)).backward();  // warm-up, as the estimate's
+    meta->zero_grad();
+    KernelCostScope cost;
+    meta->loss(empty(Shape{2, seq}, io), empty(Shape{2, seq}, io)).backward();
+    plain_count.cost = KernelCostScope::totals();
+    plain_count.cost.other_bytes += 7 * 4 * static_cast<double>(cfg.num_parameters());
+  }
+  PlanStep dp(kDpPlan, "llama_dp", cfg, ids_g, targets_g);
+  PlanStep z3(kZero3Plan, "llama_zero3", cfg, ids_g, targets_g);
+
+  // The statistic of the measured steps it predicts (best of 3 steps), taken 7 times per step
+  // kind, interleaved, and the median kept: a shared machine's load varies from second to second.
+  std::vector<double> s_plain, s_dp, s_z3;
+  double plain_cpu = 0, plain_wall = 0;  // the rank's share of the host while its plain steps run
+  // The ranks run their plain steps together, and none spins in MPI meanwhile (a busy wait would
+  // take a core from the others' plain steps).
+  std::optional<DeviceMesh> all;
+  if (k > 1) all.emplace(Shape{k}, std::vector<std::string>{"world"});
+  auto together = [&] {
+    if (all) quiet_wait(all->comm().barrier_async());
+  };
+  for (int i = 0; i < 7; ++i) {
+    together();
+    const double c0 = cpu_seconds();
+    const auto w0 = std::chrono::steady_clock::now();
+    s_plain.push_back(best_time(3, plain_step, false));
+    plain_cpu += cpu_seconds() - c0;
+    plain_wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    together();
+    s_dp.push_back(best_time(3, [&] { dp.run(); }, false));
+    s_z3.push_back(best_time(3, [&] { z3.run(); }, false));
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const double t_plain = median(s_plain), t_dp = median(s_dp), t_z3 = median(s_z3);
+  const PlanMesh one{{"dp"}, Shape{k}};  // the plain step's ranks share the cores as the plans' do
+  HardwareProfile h = hw;
+  h.kernel_overhead_s = h.dist_op_overhead_s = h.collective_overhead_s = 0;
+  StepFits f;
+  // The plain steps make no MPI call: CPU / wall is the rank's share of the host, of which ranks /
+  // slots is this job's own crowding (the roofline's sharing); the rest is other load.
+  const double own = std::max(1.0, static_cast<double>(k) / static_cast<double>(hw.compute_slots));
+  f.cpu_share = std::clamp(plain_cpu / std::max(plain_wall, 1e-9) * own, 0.05, 1.0);
+  h.cpu_share = f.cpu_share;
+  const StepTime rp = roofline(plain_count, one, h, DType::kF32);
+  f.kernel.per_call_s = std::max(0.0, (t_plain - rp.total_s) / rp.sharing) /
+                        static_cast<double>(std::max<int64_t>(plain_count.cost.kernels, 1));
+  f.kernel.note = fmt::format("per kernel: llama-tiny step {:.3f} ms, GEMM + copy {:.3f} ms (sharing {:.2g}, CPU share "
+                              "{:.2f}), {} kernel calls", t_plain * 1e3, rp.total_s * 1e3, rp.sharing, f.cpu_share,
+                              plain_count.cost.kernels);
+  h.kernel_overhead_s = f.kernel.per_call_s;
+  // Remainder_p = sharing x dist_ops_p x c_d + collective_calls_p x c_c, p = dp, zero3.
+  const StepTime rd = roofline(dp.counted, dp.pm, h, DType::kF32), rz = roofline(z3.counted, z3.pm, h, DType::kF32);
+  const double a1 = rd.sharing * static_cast<double>(dp.counted.cost.dist_ops), y1 = t_dp - rd.total_s;
+  const double a2 = rz.sharing * static_cast<double>(z3.counted.cost.dist_ops), y2 = t_z3 - rz.total_s;
+  const double b1 = static_cast<double>(dp.counted.cost.blocking_collectives);
+  const double b2 = static_cast<double>(z3.counted.cost.blocking_collectives);
+  double cd = 0, cc = 0;
+  const double det = a1 * b2 - a2 * b1;
+  if (std::abs(det) > 1e-9 * std::max(1.0, std::abs(a1 * b2))) {
+    cd = (y1 * b2 - y2 * b1) / det;
+    cc = (a1 * y2 - a2 * y1) / det;
+  }
+  if (cd <= 0 || cc <= 0 || b1 + b2 == 0) {  // one unknown alone, least squares over both steps
+    const bool only_d = cc <= 0 || b1 + b2 == 0 || cd > 0;
+    if (only_d) {
+      cc = 0;
+      cd = std::max(0.0, (a1 * y1 + a2 * y2) / std::max(a1 * a1 + a2 * a2, 1e-30));
+    } else {
+      cd = 0;
+      cc = std::max(0.0, (b1 * y1 + b2 * y2) / std::max(b1 * b1 + b2 * b2, 1e-30));
+    }
+  }
+  f.dist_op.per_call_s = cd;
+  f.collective.per_call_s = cc;
+  f.dist_op.note = fmt::format("per DTensor op and per collective call: llama_dp step {:.3f} ms, roofline without them "
+                               "{:.3f} ms ({} DTensor ops, {} blocking collectives, sharing {:.2g}); llama_zero3 step "
+                               "{:.3f} ms, roofline without them {:.3f} ms ({} DTensor ops, {} blocking collectives)",
+                               t_dp * 1e3, rd.total_s * 1e3, dp.counted.cost.dist_ops, b1, rd.sharing, t_z3 * 1e3,
+                               rz.total_s * 1e3, z3.counted.cost.dist_ops, b2);
+  return f;
 }
 
 // Ranks of this host that compute at once: the host's online cores / OpenMP threads per rank
@@ -89,9 +338,10 @@ int64_t compute_slots() {
 double gemm_rate(DType dt) {
   const int64_t n = 384;
   Tensor a = ones(Shape{n, n}, dt), b = ones(Shape{n, n}, dt);
-  const double t = best_time(3, [&] { (void)matmul(a, b); });
+  const double t = median_best_of_3([&] { (void)matmul(a, b); }, /*cpu_clock=*/true);
   return 2.0 * static_cast<double>(n * n * n) / t;
 }
+
 
 }  // namespace
 
@@ -106,31 +356,30 @@ int run_calibrate(const std::string& out) {
   hw.compute_slots = compute_slots();
   // The per-rank rates are those of a rank with its own compute slot: only the first
   // min(ranks, slots) ranks time them, at once (the roofline stretches compute by ranks / slots
-  // itself); rank 0's figures are then given to every rank.
+  // itself), the others wait without spinning; rank 0's figures are then given to every rank. GEMM and
+  // copy: the median of 7 best-of-3 timings in CPU time (the rate while running; the time a loaded
+  // host does not give the rank is the profile's cpu_share, fitted below).
   const int k = w.size();
-  std::vector<double> rates(4, 0.0);
+  std::vector<double> rates(3, 0.0);
+  std::vector<std::string> notes;
   if (w.rank() < hw.compute_slots) {
     rates[0] = gemm_rate(DType::kF32);
     rates[1] = gemm_rate(DType::kBF16);
     const int64_t n = int64_t{16} << 20;  // 64 MiB of f32
     Tensor src = ones(Shape{n}), dst = empty(Shape{n});
-    const double t = best_time(3, [&] { dst.copy_(src); });
+    const double t = median_best_of_3([&] { dst.copy_(src); }, /*cpu_clock=*/true);
     rates[2] = 2.0 * 4.0 * static_cast<double>(n) / t;  // read + written, as kernels/cost.h counts
-    const bool prev = GradMode::enabled();  // run_calibrate holds a NoGradGuard: the step needs autograd
-    GradMode::set(true);
-    rates[3] = kernel_overhead(rates[0], rates[2]);
-    GradMode::set(prev);
   }
   if (k > 1) {
     DeviceMesh all(Shape{k}, {"world"});
-    Tensor r = from_vector<double>(rates, Shape{4});
+    quiet_wait(all.comm().barrier_async());
+    Tensor r = from_vector<double>(rates, Shape{3});
     all.comm().broadcast(r, 0);
     rates = r.to_vector<double>();
   }
   hw.gemm_flops_f32 = rates[0];
   hw.gemm_flops_bf16 = rates[1];
   hw.memory_bandwidth = rates[2];
-  hw.kernel_overhead_s = rates[3];
   if (k > 1) {
     DeviceMesh mesh(Shape{k}, {"world"});
     Communicator c = mesh.comm();
@@ -146,22 +395,53 @@ int run_calibrate(const std::string& out) {
     hw.description = fmt::format(
         "calibrated by `meshtrain plan --calibrate` on {} ranks of this host: f32 GEMM n=384, a 64 MiB copy, "
         "MPI all_reduce of 4 B and 16 MiB, the host time per kernel call fitted on a llama-tiny training step, "
-        "and {} compute slots (cores / OpenMP threads per rank)", k, hw.compute_slots);
+        "per DTensor redistribution on a timed Shard(0) -> Replicate, per DTensor op dispatch and per blocking "
+        "collective on llama-tiny steps under the data-parallel and ZeRO-3 plans over all ranks, and {} compute "
+        "slots (cores / OpenMP threads per rank)", k, hw.compute_slots);
   } else {
     // A world of one has no peers to time: a collective is taken as a copy through shared memory.
     hw.intra.alpha_s = 5e-6;
     hw.intra.bandwidth = hw.memory_bandwidth / 2;
-    hw.description = "calibrated by `meshtrain plan --calibrate` in a world of one: GEMM, copy and per-kernel overhead timed; "
+    hw.description = "calibrated by `meshtrain plan --calibrate` in a world of one: GEMM, copy, per-kernel, per-redistribution and "
+                     "per-DTensor-op (one-rank data-parallel and ZeRO-3 plan steps) overheads timed; "
                      "the links are not (alpha 5 us and half the copy bandwidth assumed; run it under mpirun -np 2 "
                      "or more)";
   }
   hw.inter = hw.intra;
+  // The host costs per call, every rank at once; rank 0's figures are given to every rank.
+  {
+    const bool prev = GradMode::enabled();  // run_calibrate holds a NoGradGuard: the steps need autograd
+    const double sharing = std::max(1.0, static_cast<double>(k) / static_cast<double>(hw.compute_slots));
+    const Fit fr = redistribute_overhead(hw, sharing);
+    hw.redistribute_overhead_s = fr.per_call_s;
+    GradMode::set(true);
+    const StepFits sf = fit_step_overheads(hw);
+    GradMode::set(prev);
+    notes.push_back(sf.kernel.note);
+    notes.push_back(fr.note);
+    notes.push_back(sf.dist_op.note);
+    std::vector<double> fit{sf.kernel.per_call_s, sf.dist_op.per_call_s, fr.per_call_s, sf.collective.per_call_s,
+                            sf.cpu_share};
+    if (k > 1) {
+      DeviceMesh all(Shape{k}, {"world"});
+      Tensor f = from_vector<double>(fit, Shape{5});
+      all.comm().broadcast(f, 0);
+      fit = f.to_vector<double>();
+    }
+    hw.kernel_overhead_s = fit[0];
+    hw.dist_op_overhead_s = fit[1];
+    // The redistribution's own kernel calls are charged the per-kernel overhead apart.
+    hw.redistribute_overhead_s = std::max(0.0, fit[2] - fr.kernels_per_call * fit[0]);
+    hw.collective_overhead_s = fit[3];
+    hw.cpu_share = fit[4];
+  }
   if (w.rank() == 0) {
     std::ofstream f(out);
     MT_CHECK(f.good(), "meshtrain plan --calibrate: cannot write --out {}", out);
     f << hardware_profile_json(hw);
     MT_CHECK(f.good(), "meshtrain plan --calibrate: writing --out {} failed", out);
     fmt::print("{}", hardware_profile_json(hw));
+    for (const std::string& n : notes) fmt::print("# rank 0 fit, {}\n", n);
     fmt::print("# wrote {}\n", out);
   }
   return 0;

@@ -157,12 +157,19 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
                fmt::format("{:.4g}", e.cost.matmul_flops), kShapes, e.cost.matmuls, seconds_str(t.matmul_s), kModel);
     fmt::print("  {:<28} {:>14}  {}  ({} kernels, optimizer {}) -> {} {}\n", "memory-bound bytes",
                human(e.cost.other_bytes), kShapes, e.cost.kernels - e.cost.matmuls, kModel, seconds_str(t.memory_s), kModel);
-    if (t.overhead_s > 0)
-      fmt::print("  {:<28} {:>14}  {}  ({} kernel calls) -> {} {}\n", "per-kernel overhead",
-                 seconds_str(t.overhead_s / static_cast<double>(std::max<int64_t>(e.cost.kernels, 1))), kModel,
-                 e.cost.kernels, seconds_str(t.overhead_s), kModel);
+    // Host overhead per call kind: the calls are counted in the dry run, the cost per call is the profile's.
+    auto overhead = [&](const char* what, int64_t calls, double total) {
+      if (total > 0)
+        fmt::print("  {:<28} {:>14}  {}  ({} calls {}) -> {} {}\n", what,
+                   seconds_str(total / static_cast<double>(std::max<int64_t>(calls, 1))), kModel, calls, kShapes,
+                   seconds_str(total), kModel);
+    };
+    overhead("per-kernel overhead", e.cost.kernels, t.kernel_overhead_s);
+    overhead("per-DTensor-op overhead", e.cost.dist_ops, t.dist_overhead_s);
+    overhead("per-redistribute overhead", e.cost.redistributes, t.redistribute_overhead_s);
+    overhead("per-collective wait", e.cost.blocking_collectives, t.collective_overhead_s);
     const std::string sharing =
-        t.sharing > 1 ? fmt::format(" x {:.2g} (ranks sharing a node's compute)", t.sharing) : std::string();
+        t.sharing > 1 ? fmt::format(" x {:.2g} (ranks sharing a node's compute, cpu_share)", t.sharing) : std::string();
     fmt::print("  {:<28} {:>14}  {}  (compute {}{} + communication {}, no overlap; {:.0f} tokens/s per model "
                "replica group)\n",
                "step time", seconds_str(t.total_s), kModel, seconds_str(t.matmul_s + t.memory_s + t.overhead_s),
@@ -192,7 +199,13 @@ nlohmann::ordered_json rank_json(const RankEstimate& e, const StepTime& t, const
   j["matmul_flops"] = e.cost.matmul_flops;
   j["memory_bound_bytes"] = e.cost.other_bytes;
   j["kernels"] = e.cost.kernels;
+  j["dist_ops"] = e.cost.dist_ops;
+  j["redistributes"] = e.cost.redistributes;
+  j["blocking_collectives"] = e.cost.blocking_collectives;
   j["step_time"] = {{"matmul_s", t.matmul_s}, {"memory_s", t.memory_s}, {"overhead_s", t.overhead_s},
+                    {"kernel_overhead_s", t.kernel_overhead_s}, {"dist_overhead_s", t.dist_overhead_s},
+                    {"redistribute_overhead_s", t.redistribute_overhead_s},
+                    {"collective_overhead_s", t.collective_overhead_s},
                     {"sharing", t.sharing},  {"comm_s", t.comm_s},     {"total_s", t.total_s},
                     {"source", kModel}};
   j["memory_source"] = kShapes;

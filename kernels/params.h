@@ -157,8 +157,10 @@ struct CrossEntropyBwdParams {
 };
 
 // ---- attention --------------------------------------------------------------------------------
-// q [B, Hq, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv], out [B, Hq, T, Dv], all contiguous;
+// q [B, Hq, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv], out [B, Hq, T, Dv], one dtype;
 // Hq % Hkv == 0 (query head h reads kv head h / (Hq / Hkv)). lse [B, Hq, T] f32 (f64 for f64).
+// Layouts: the CPU kernels take any strides and f64, f32, bf16 or f16; CUDA's SIMT kernel
+// contiguous f32/f64, its tensor-core kernel 16-bit with attention_tc_layout_ok operands.
 // causal: query t attends to keys s <= t + (S - T).
 struct AttentionParams {
   KView q, k, v, out, lse;

@@ -1,10 +1,12 @@
 // Scaled dot-product attention front end: validates the [B, H, T, D] layouts and the grouped
 // kv heads, and runs the fused forward, which saves only the per-row
-// log-sum-exp [B, Hq, T]. 16-bit inputs stay 16-bit where the device has a tensor-core kernel
-// for them (CUDA, attention_tensor_core_ok: lse f32), read in place when their strides allow it
-// (no transposing copies for the [B, T, H, D] views models pass), with the output and the
-// gradients written in [B, T, H, D] memory; elsewhere they are cast to f32 and the result cast
-// back. The backward is the fused attention_bwd kernel (no double backward).
+// log-sum-exp [B, Hq, T] (f32; f64 for f64 inputs). The CPU kernels read any strides and dtype
+// (tiles copied to f32 scratch): operands go in place, with no cast or transposing copy. 16-bit
+// inputs stay 16-bit on CUDA where it has a tensor-core kernel for them
+// (attention_tensor_core_ok), read in place when their strides allow it (else a contiguous copy);
+// elsewhere on CUDA they are cast to f32 and the result cast back. In place, the output and the
+// gradients are written in [B, T, H, D] memory (the layout models transpose back into
+// [B, T, H * D] for free). The backward is the fused attention_bwd kernel (no double backward).
 #include <cmath>
 
 #include "kernels/registry.h"
@@ -65,15 +67,17 @@ Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Te
   if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(qs[3]));
 
   const DType in_dtype = q0.dtype();
-  const bool native16 = q0.device().type == DeviceType::kCUDA && attention_tensor_core_ok(in_dtype, qs[3], vs[3]);
+  const DeviceType dev = q0.device().type;
+  const bool native16 = dev == DeviceType::kCUDA && attention_tensor_core_ok(in_dtype, qs[3], vs[3]);
+  const bool in_place = native16 || dev == DeviceType::kCPU;
   Tensor q, k, v, out, lse;
-  if (native16) {  // 16-bit in place on tensor cores; out in [B, T, H, D] memory, lse f32
-    q = tc_operand(q0);
-    k = tc_operand(k0);
-    v = tc_operand(v0);
+  if (in_place) {  // input dtype; out in [B, T, H, D] memory, lse f32 (f64 for f64)
+    q = native16 ? tc_operand(q0) : q0;
+    k = native16 ? tc_operand(k0) : k0;
+    v = native16 ? tc_operand(v0) : v0;
     const TensorOptions opts = q.options().with_grad(false);
     out = empty_bthd(Shape{qs[0], qs[1], qs[2], vs[3]}, opts);
-    lse = empty(Shape{qs[0], qs[1], qs[2]}, opts.with_dtype(DType::kF32));
+    lse = empty(Shape{qs[0], qs[1], qs[2]}, opts.with_dtype(in_dtype == DType::kF64 ? DType::kF64 : DType::kF32));
   } else {  // f32 (f64 for f64), contiguous
     const DType kdt = in_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
     q = q0.to(kdt).contiguous();
@@ -97,12 +101,15 @@ Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Te
   if (needs_grad({&q, &k, &v})) {
     Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
     record("ScaledDotProductAttentionBackward", {q, k, v}, out,
-           [qd, kd, vd, od, lse, scale, is_causal, native16](const auto& g) {
+           [qd, kd, vd, od, lse, scale, is_causal, native16, in_place](const auto& g) {
              Tensor go = g[0].to(od.dtype());
-             go = native16 ? tc_operand(go) : go.contiguous();
-             Tensor gq = native16 ? empty_grad_like(qd) : empty(qd.shape(), qd.options()),
-                    gk = native16 ? empty_grad_like(kd) : empty(kd.shape(), kd.options()),
-                    gv = native16 ? empty_grad_like(vd) : empty(vd.shape(), vd.options());
+             if (native16)
+               go = tc_operand(go);
+             else if (!in_place)
+               go = go.contiguous();
+             Tensor gq = in_place ? empty_grad_like(qd) : empty(qd.shape(), qd.options()),
+                    gk = in_place ? empty_grad_like(kd) : empty(kd.shape(), kd.options()),
+                    gv = in_place ? empty_grad_like(vd) : empty(vd.shape(), vd.options());
              AttentionBwdParams b;
              b.q = qd.view_info();
              b.k = kd.view_info();

@@ -1,13 +1,27 @@
-// Scaled dot-product attention on the CPU, flash-attention style: the forward keeps only the
-// per-row log-sum-exp, and the backward recomputes the probabilities from it, so no [T, S] matrix
-// is ever stored. Scratch: each row uses a thread-local buffer of S + Dv doubles (grown on first
-// use, then reused), the one exception to "kernels never allocate". Dot products and softmax
-// sums accumulate in double. The backward parallelizes over (batch, kv head) and walks that kv
-// head's query heads and rows in a fixed order, so gk/gv do not depend on the thread count.
+// Scaled dot-product attention on the CPU as blocked GEMMs (flash-attention 2): a block of
+// kQBlock queries meets a block of kKBlock keys at a time. The score tile Q·Kᵀ, the P·V product and,
+// in the backward, Pᵀ·dO, dO·Vᵀ, dS·K and dSᵀ·Q are Eigen GEMMs on contiguous scratch tiles; the
+// softmax is online (running row max and sum, rescaling the output accumulator), vectorized over
+// a tile row. No [T, S] matrix is stored: the forward keeps the per-row log-sum-exp, and the
+// backward recomputes P from it. Operands may have any strides (tiles are copied into scratch,
+// 16-bit ones widened to f32); everything accumulates in the compute type, f32 (f64 for f64).
+// Determinism: the forward runs one task per (batch, head, query block), the backward one per
+// (batch, kv head), which walks its key blocks, query heads and query blocks in a fixed order and
+// accumulates dK, dV per key block and dQ in its own scratch; every task runs inside a parallel
+// region, so Eigen never splits a tile GEMM across threads. Results do not depend on the thread
+// count. Scratch is thread-local (grown on first use), the one exception to "kernels never
+// allocate". The scalar double kernels these replaced are kept as the tests' reference
+// (attention_reference.cpp). Decisions and figures: docs/decisions.md, "CPU attention as blocked GEMMs".
+#include <Eigen/Core>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "kernels/cpu/loops.h"
 #include "kernels/registry.h"
@@ -16,144 +30,244 @@
 namespace mt::cpu {
 namespace {
 
+constexpr int64_t kQBlock = 64, kKBlock = 64;
+
 struct Dims {
   int64_t B, Hq, Hkv, T, S, D, Dv, group;
-  explicit Dims(const KView& q, const KView& v)
+  bool causal;
+  Dims(const KView& q, const KView& v, bool c)
       : B(q.sizes[0]), Hq(q.sizes[1]), Hkv(v.sizes[1]), T(q.sizes[2]), S(v.sizes[2]), D(q.sizes[3]),
-        Dv(v.sizes[3]), group(q.sizes[1] / v.sizes[1]) {}
-  // Keys [0, end) are visible to query t.
-  int64_t key_end(int64_t t, bool causal) const { return causal ? std::clamp<int64_t>(t + (S - T) + 1, 0, S) : S; }
+        Dv(v.sizes[3]), group(q.sizes[1] / v.sizes[1]), causal(c) {}
+  // Keys [0, end) are visible to query t (non-decreasing in t).
+  int64_t key_end(int64_t t) const { return causal ? std::clamp<int64_t>(t + (S - T) + 1, 0, S) : S; }
+  // Visible keys of query t within the key block starting at k0 of n keys.
+  int64_t visible(int64_t t, int64_t k0, int64_t n) const { return std::clamp<int64_t>(key_end(t) - k0, 0, n); }
 };
 
-template <class T>
-double dot(const T* a, const T* b, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * static_cast<double>(b[i]);
-  return s;
+template <class C>
+using Tile = Eigen::Map<Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+template <class C>
+using Col = Eigen::Map<Eigen::Matrix<C, Eigen::Dynamic, 1>>;
+
+// Rows [l0, l0 + n) of head (b, h) of a [B, H, L, X] view into dst ([n, X], row-major) times mul.
+template <class T, class C>
+void load_rows(const KView& v, int64_t b, int64_t h, int64_t l0, int64_t n, C* dst, C mul) {
+  const int64_t X = v.sizes[3], sl = v.strides[2], sx = v.strides[3];
+  const T* base = v.ptr<const T>() + b * v.strides[0] + h * v.strides[1] + l0 * sl;
+  for (int64_t i = 0; i < n; ++i) {
+    const T* r = base + i * sl;
+    C* d = dst + i * X;
+    if (sx == 1) {
+      for (int64_t x = 0; x < X; ++x) d[x] = convert<C>(r[x]) * mul;
+    } else {
+      for (int64_t x = 0; x < X; ++x) d[x] = convert<C>(r[x * sx]) * mul;
+    }
+  }
 }
 
-std::vector<double>& scratch(int64_t n) {
-  thread_local std::vector<double> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
-  return buf;
+// src ([n, X], row-major) times mul into rows [l0, l0 + n) of head (b, h) of a [B, H, L, X] view.
+template <class T, class C>
+void store_rows(const KView& v, int64_t b, int64_t h, int64_t l0, int64_t n, const C* src, C mul) {
+  const int64_t X = v.sizes[3], sl = v.strides[2], sx = v.strides[3];
+  T* base = v.ptr<T>() + b * v.strides[0] + h * v.strides[1] + l0 * sl;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t x = 0; x < X; ++x) base[i * sl + x * sx] = convert<T>(src[i * X + x] * mul);
 }
 
-template <class T>
-void attention_typed(const AttentionParams& p) {
-  const Dims d(p.q, p.v);
-  const T* q = p.q.ptr<T>();
-  const T* k = p.k.ptr<T>();
-  const T* v = p.v.ptr<T>();
-  T* out = p.out.ptr<T>();
-  T* lse_out = p.lse.ptr<T>();
-  const int64_t rows = d.B * d.Hq * d.T;
-  parallel_for(rows, d.S * (d.D + d.Dv), [&](int64_t r) {
-    const int64_t t = r % d.T, bh = r / d.T, h = bh % d.Hq, b = bh / d.Hq;
-    const int64_t kvh = b * d.Hkv + h / d.group;
-    const T* qr = q + r * d.D;
-    const T* kh = k + kvh * d.S * d.D;
-    const T* vh = v + kvh * d.S * d.Dv;
-    T* orow = out + r * d.Dv;
-    const int64_t end = d.key_end(t, p.causal);
-    if (end == 0) {  // no visible key (causal with S < T): zero output, lse -inf
-      for (int64_t j = 0; j < d.Dv; ++j) orow[j] = T(0);
-      lse_out[r] = -std::numeric_limits<T>::infinity();
-      return;
-    }
-    std::vector<double>& buf = scratch(end + d.Dv);
-    double* score = buf.data();
-    double* acc = buf.data() + end;
-    double m = -std::numeric_limits<double>::infinity();
-    for (int64_t s = 0; s < end; ++s) {
-      score[s] = p.scale * dot(qr, kh + s * d.D, d.D);
-      m = std::max(m, score[s]);
-    }
-    double sum = 0;
-    for (int64_t s = 0; s < end; ++s) {
-      score[s] = std::exp(score[s] - m);
-      sum += score[s];
-    }
-    for (int64_t j = 0; j < d.Dv; ++j) acc[j] = 0;
-    for (int64_t s = 0; s < end; ++s) {
-      const T* vr = vh + s * d.Dv;
-      const double w = score[s] / sum;
-      for (int64_t j = 0; j < d.Dv; ++j) acc[j] += w * static_cast<double>(vr[j]);
-    }
-    for (int64_t j = 0; j < d.Dv; ++j) orow[j] = static_cast<T>(acc[j]);
-    lse_out[r] = static_cast<T>(m + std::log(sum));
-  });
+// Element (b, h, t) of a [B, H, T] view.
+template <class L>
+L& lse_at(const KView& v, int64_t b, int64_t h, int64_t t) {
+  return v.ptr<L>()[b * v.strides[0] + h * v.strides[1] + t * v.strides[2]];
 }
 
-template <class T>
-void attention_bwd_typed(const AttentionBwdParams& p) {
-  const Dims d(p.q, p.v);
-  const T* q = p.q.ptr<T>();
-  const T* k = p.k.ptr<T>();
-  const T* v = p.v.ptr<T>();
-  const T* out = p.out.ptr<T>();
-  const T* lse = p.lse.ptr<T>();
-  const T* gout = p.gout.ptr<T>();
-  T* gq = p.gq.ptr<T>();
-  T* gk = p.gk.ptr<T>();
-  T* gv = p.gv.ptr<T>();
-  const int64_t tasks = d.B * d.Hkv;
-  parallel_for(tasks, d.group * d.T * d.S * (2 * d.D + 2 * d.Dv), [&](int64_t bg) {
-    const int64_t b = bg / d.Hkv;
-    const T* kh = k + bg * d.S * d.D;
-    const T* vh = v + bg * d.S * d.Dv;
-    T* gkh = gk + bg * d.S * d.D;
-    T* gvh = gv + bg * d.S * d.Dv;
-    for (int64_t i = 0; i < d.S * d.D; ++i) gkh[i] = T(0);
-    for (int64_t i = 0; i < d.S * d.Dv; ++i) gvh[i] = T(0);
-    std::vector<double>& buf = scratch(d.S + d.D);
-    double* ds = buf.data();
-    double* gqacc = buf.data() + d.S;
-    for (int64_t h = (bg % d.Hkv) * d.group; h < (bg % d.Hkv + 1) * d.group; ++h) {
-      for (int64_t t = 0; t < d.T; ++t) {
-        const int64_t r = (b * d.Hq + h) * d.T + t;
-        const T* qr = q + r * d.D;
-        const T* gor = gout + r * d.Dv;
-        T* gqr = gq + r * d.D;
-        const int64_t end = d.key_end(t, p.causal);
-        for (int64_t j = 0; j < d.D; ++j) gqacc[j] = 0;
-        if (end > 0) {
-          const double l = static_cast<double>(lse[r]);
-          const double di = dot(gor, out + r * d.Dv, d.Dv);  // rowsum(dO * O)
-          for (int64_t s = 0; s < end; ++s) {
-            const double prob = std::exp(p.scale * dot(qr, kh + s * d.D, d.D) - l);
-            T* gvr = gvh + s * d.Dv;
-            for (int64_t j = 0; j < d.Dv; ++j) gvr[j] = static_cast<T>(gvr[j] + prob * static_cast<double>(gor[j]));
-            const double dp = dot(gor, vh + s * d.Dv, d.Dv);
-            ds[s] = prob * (dp - di);
-          }
-          for (int64_t s = 0; s < end; ++s) {
-            const double w = p.scale * ds[s];
-            const T* kr = kh + s * d.D;
-            T* gkr = gkh + s * d.D;
-            for (int64_t j = 0; j < d.D; ++j) {
-              gqacc[j] += w * static_cast<double>(kr[j]);
-              gkr[j] = static_cast<T>(gkr[j] + w * static_cast<double>(qr[j]));
-            }
-          }
-        }
-        for (int64_t j = 0; j < d.D; ++j) gqr[j] = static_cast<T>(gqacc[j]);
+// Thread-local scratch of n elements in slot i (each slot grows on first use, then is reused).
+// Aligned for Eigen's packets: its vectorized row sums and maxima start at the first aligned
+// element, so a buffer's address must not change the summation order from one thread to another.
+template <class C>
+C* scratch(int slot, int64_t n) {
+  thread_local std::vector<C, Eigen::aligned_allocator<C>> bufs[8];
+  auto& b = bufs[slot];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+// Runs f(0..n-1), each index once, inside a parallel region whenever there are threads: Eigen
+// then keeps each tile GEMM on its caller's thread, whatever n and the thread count are.
+template <class F>
+void run_tasks(int64_t n, F&& f) {
+#ifdef _OPENMP
+  if (n > 0 && omp_get_max_threads() > 1 && !omp_in_parallel()) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) f(i);
+}
+
+// P = exp(S - m) row by row for one [nq, nk] score tile whose row i starts at query t0 + i and
+// sees keys [0, visible) of the block: masked entries and rows with no visible key become 0.
+// Forward (online): m, l are the running row max and sum, o the output rows rescaled on a new
+// max. Backward: m is the final log-sum-exp, l and o are null.
+template <class C>
+void softmax_tile(const Dims& d, int64_t t0, int64_t k0, Tile<C>& s, C* m, C* l, Tile<C>* o) {
+  const int64_t nk = s.cols();
+  for (int64_t i = 0; i < s.rows(); ++i) {
+    const int64_t e = d.visible(t0 + i, k0, nk);
+    auto row = s.row(i);
+    if (e < nk) row.tail(nk - e).setZero();
+    if (e == 0) continue;
+    C mi = m[i];
+    if (o) {
+      const C mnew = std::max(mi, row.head(e).maxCoeff());
+      if (mnew != mi) {
+        const C alpha = std::exp(mi - mnew);  // 0 when mi was -inf
+        l[i] *= alpha;
+        o->row(i) *= alpha;
+        m[i] = mi = mnew;
       }
     }
+    if (mi == -std::numeric_limits<C>::infinity()) {  // backward: the row saw no key
+      row.head(e).setZero();
+      continue;
+    }
+    row.head(e) = (row.head(e).array() - mi).exp().matrix();
+    if (l) l[i] += row.head(e).sum();
+  }
+}
+
+// One task: query block qb of head (b, h).
+template <class T, class C, class L>
+void forward_block(const AttentionParams& p, const Dims& d, int64_t b, int64_t h, int64_t qb) {
+  const int64_t t0 = qb * kQBlock, nq = std::min(kQBlock, d.T - t0), kvh = h / d.group;
+  const int64_t kend = d.key_end(t0 + nq - 1);
+  C* qs = scratch<C>(0, kQBlock * d.D);
+  C* kt = scratch<C>(1, kKBlock * d.D);
+  C* vt = scratch<C>(2, kKBlock * d.Dv);
+  C* st = scratch<C>(3, kQBlock * kKBlock);
+  C* ot = scratch<C>(4, kQBlock * d.Dv);
+  C* m = scratch<C>(5, kQBlock);
+  C* l = scratch<C>(6, kQBlock);
+  Tile<C> q(qs, nq, d.D), o(ot, nq, d.Dv);
+  o.setZero();
+  std::fill(m, m + nq, -std::numeric_limits<C>::infinity());
+  std::fill(l, l + nq, C(0));
+  if (kend > 0) load_rows<T>(p.q, b, h, t0, nq, qs, static_cast<C>(p.scale));
+  for (int64_t k0 = 0; k0 < kend; k0 += kKBlock) {
+    const int64_t nk = std::min(kKBlock, kend - k0);
+    load_rows<T>(p.k, b, kvh, k0, nk, kt, C(1));
+    load_rows<T>(p.v, b, kvh, k0, nk, vt, C(1));
+    Tile<C> k(kt, nk, d.D), v(vt, nk, d.Dv), s(st, nq, nk);
+    s.noalias() = q * k.transpose();
+    softmax_tile<C>(d, t0, k0, s, m, l, &o);
+    o.noalias() += s * v;
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    if (l[i] > 0) {
+      o.row(i) /= l[i];
+      lse_at<L>(p.lse, b, h, t0 + i) = static_cast<L>(m[i] + std::log(l[i]));
+    } else {  // no visible key (causal with S < T): zero output, lse -inf
+      o.row(i).setZero();
+      lse_at<L>(p.lse, b, h, t0 + i) = -std::numeric_limits<L>::infinity();
+    }
+  }
+  store_rows<T>(p.out, b, h, t0, nq, ot, C(1));
+}
+
+template <class T, class C, class L>
+void attention_typed(const AttentionParams& p) {
+  const Dims d(p.q, p.v, p.causal);
+  const int64_t qblocks = (d.T + kQBlock - 1) / kQBlock;
+  run_tasks(d.B * d.Hq * qblocks, [&](int64_t i) {
+    forward_block<T, C, L>(p, d, i / qblocks / d.Hq, i / qblocks % d.Hq, i % qblocks);
   });
+}
+
+// One task: kv head (b, kvh) and its group of query heads. Key blocks outer; per key block, dK and
+// dV accumulate over the group's query heads and blocks in order, dQ in a [group * T, D] scratch.
+template <class T, class C, class L>
+void backward_head(const AttentionBwdParams& p, const Dims& d, int64_t b, int64_t kvh) {
+  const int64_t rows = d.group * d.T, h0 = kvh * d.group;
+  C* qs = scratch<C>(0, kQBlock * std::max(d.D, d.Dv));  // Q * scale, or O while di is computed
+  C* got = scratch<C>(1, kQBlock * d.Dv);
+  C* kt = scratch<C>(2, kKBlock * d.D);
+  C* vt = scratch<C>(3, kKBlock * d.Dv);
+  C* pt = scratch<C>(4, 2 * kQBlock * kKBlock);
+  C* gkt = scratch<C>(5, kKBlock * (d.D + d.Dv));
+  C* gqa = scratch<C>(6, rows * d.D);
+  C* rowv = scratch<C>(7, 2 * rows);  // per row of the group: lse, then rowsum(dO * O)
+  C *lse = rowv, *di = rowv + rows;
+  Tile<C>(gqa, rows, d.D).setZero();
+  for (int64_t g = 0; g < d.group; ++g)
+    for (int64_t t0 = 0; t0 < d.T; t0 += kQBlock) {
+      const int64_t nq = std::min(kQBlock, d.T - t0), r0 = g * d.T + t0;
+      load_rows<T>(p.out, b, h0 + g, t0, nq, qs, C(1));
+      load_rows<T>(p.gout, b, h0 + g, t0, nq, got, C(1));
+      for (int64_t i = 0; i < nq; ++i) {
+        di[r0 + i] = Col<C>(qs + i * d.Dv, d.Dv).dot(Col<C>(got + i * d.Dv, d.Dv));
+        lse[r0 + i] = static_cast<C>(lse_at<const L>(p.lse, b, h0 + g, t0 + i));
+      }
+    }
+  for (int64_t k0 = 0; k0 < d.S; k0 += kKBlock) {
+    const int64_t nk = std::min(kKBlock, d.S - k0);
+    load_rows<T>(p.k, b, kvh, k0, nk, kt, C(1));
+    load_rows<T>(p.v, b, kvh, k0, nk, vt, C(1));
+    Tile<C> k(kt, nk, d.D), v(vt, nk, d.Dv), gk(gkt, nk, d.D), gv(gkt + nk * d.D, nk, d.Dv);
+    gk.setZero();
+    gv.setZero();
+    for (int64_t g = 0; g < d.group; ++g)
+      for (int64_t t0 = 0; t0 < d.T; t0 += kQBlock) {
+        const int64_t nq = std::min(kQBlock, d.T - t0), r0 = g * d.T + t0;
+        if (d.key_end(t0 + nq - 1) <= k0) continue;  // causal: no query of the block sees these keys
+        load_rows<T>(p.q, b, h0 + g, t0, nq, qs, static_cast<C>(p.scale));
+        load_rows<T>(p.gout, b, h0 + g, t0, nq, got, C(1));
+        Tile<C> q(qs, nq, d.D), go(got, nq, d.Dv), pr(pt, nq, nk), ds(pt + nq * nk, nq, nk);
+        pr.noalias() = q * k.transpose();
+        softmax_tile<C>(d, t0, k0, pr, lse + r0, nullptr, nullptr);
+        gv.noalias() += pr.transpose() * go;
+        ds.noalias() = go * v.transpose();
+        for (int64_t i = 0; i < nq; ++i)
+          ds.row(i) = (pr.row(i).array() * (ds.row(i).array() - di[r0 + i])).matrix();
+        Tile<C>(gqa + r0 * d.D, nq, d.D).noalias() += ds * k;
+        gk.noalias() += ds.transpose() * q;  // q holds Q * scale: dK = scale * dSᵀ Q
+      }
+    store_rows<T>(p.gk, b, kvh, k0, nk, gkt, C(1));
+    store_rows<T>(p.gv, b, kvh, k0, nk, gkt + nk * d.D, C(1));
+  }
+  for (int64_t g = 0; g < d.group; ++g)
+    store_rows<T>(p.gq, b, h0 + g, 0, d.T, gqa + g * d.T * d.D, static_cast<C>(p.scale));
+}
+
+template <class T, class C, class L>
+void attention_bwd_typed(const AttentionBwdParams& p) {
+  const Dims d(p.q, p.v, p.causal);
+  run_tasks(d.B * d.Hkv, [&](int64_t i) { backward_head<T, C, L>(p, d, i / d.Hkv, i % d.Hkv); });
+}
+
+// lse is f64 for f64 inputs and f32 otherwise (16-bit inputs keep an f32 log-sum-exp).
+void check_lse(const char* op, const KView& q, const KView& lse) {
+  const DType want = q.dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  MT_CHECK(lse.dtype == want, "{}: lse dtype {} for inputs {} (expected {})", op, lse.dtype, q.dtype, want);
 }
 
 void attention(const AttentionParams& p) {
+  check_lse("attention", p.q, p.lse);
   switch (p.q.dtype) {
-    case DType::kF64: attention_typed<double>(p); break;
-    case DType::kF32: attention_typed<float>(p); break;
-    default: MT_FAIL("attention: kernel dtype {} is not supported (f32 or f64)", p.q.dtype);
+    case DType::kF64: attention_typed<double, double, double>(p); break;
+    case DType::kF32: attention_typed<float, float, float>(p); break;
+    case DType::kBF16: attention_typed<BFloat16, float, float>(p); break;
+    case DType::kF16: attention_typed<Float16, float, float>(p); break;
+    default: MT_FAIL("attention: kernel dtype {} is not supported (f32, f64, bf16, f16)", p.q.dtype);
   }
 }
 void attention_bwd(const AttentionBwdParams& p) {
+  check_lse("attention_bwd", p.q, p.lse);
   switch (p.q.dtype) {
-    case DType::kF64: attention_bwd_typed<double>(p); break;
-    case DType::kF32: attention_bwd_typed<float>(p); break;
-    default: MT_FAIL("attention_bwd: kernel dtype {} is not supported (f32 or f64)", p.q.dtype);
+    case DType::kF64: attention_bwd_typed<double, double, double>(p); break;
+    case DType::kF32: attention_bwd_typed<float, float, float>(p); break;
+    case DType::kBF16: attention_bwd_typed<BFloat16, float, float>(p); break;
+    case DType::kF16: attention_bwd_typed<Float16, float, float>(p); break;
+    default: MT_FAIL("attention_bwd: kernel dtype {} is not supported (f32, f64, bf16, f16)", p.q.dtype);
   }
 }
 

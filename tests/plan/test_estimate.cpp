@@ -157,8 +157,9 @@ std::string counts_str(const CollectiveCounts& c) {
 
 TEST_CASE("estimate: predicted peak memory and collective bytes match a real step under every stock plan", "[mpi]") {
   const int np = world().size();
-  const std::vector<std::string> plans = {"llama_dp", "llama_dp_tp", "llama_tp", "llama_tp_sp", "llama_zero3",
-                                          "mixtral_ep", "mixtral_ep_tp"};
+  const std::vector<std::string> plans = {"llama_dp",   "llama_dp_tp", "llama_tp",      "llama_tp_sp",
+                                          "llama_zero3", "llama_fsdp", "llama_fsdp_tp", "mixtral_ep",
+                                          "mixtral_ep_tp", "mixtral_fsdp_ep"};
   std::optional<HardwareProfile> hw;
   if (const char* h = std::getenv("MT_ESTIMATE_HARDWARE"); h && *h) hw = load_hardware_profile(h);
   EstimateOptions o;

@@ -102,8 +102,8 @@ int main(int argc, char** argv) {
     single = run(*ref, nullptr, nullptr, steps, B, T);
     fmt::print("one process: {:.2f} steps/s, peak {:.1f} MiB in the step (batch {} x {})\n", 1 / single.seconds,
                static_cast<double>(single.peak) / (1 << 20), B, T);
-    fmt::print("| plan | np | steps/s | vs one process | collectives/step (rank 0) | MiB moved/step | bytes copied "
-               "outside collectives/step | peak vs one process |\n|---|---|---|---|---|---|---|---|\n");
+    fmt::print("| plan | np | steps/s | vs one process | collectives/step (rank 0) | MiB moved/step | DBuffer bytes "
+               "copied/step (forward + backward) | peak vs one process |\n|---|---|---|---|---|---|---|---|\n");
   }
   barrier();
   struct Case {

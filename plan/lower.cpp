@@ -143,7 +143,6 @@ std::string redist_on(const Placements& src, const Placements& dst, const PlanMe
   return s;
 }
 
-
 // `fsdp` entries, after every other entry (the placements on the other mesh dims apply first, the
 // ragged split runs over the local shards): each matched module is a unit; a parameter belongs to
 // the last entry that claims it, and within one entry to the deepest matched module. Its storage

@@ -491,6 +491,19 @@ std::string Plan::str() const {
 Plan parse_plan(std::string_view text, const std::string& filename) {
   MT_CHECK(text.size() <= kMaxPlanBytes, "{}: the plan file is {} bytes; expected a text file of at most {} bytes",
            filename, text.size(), kMaxPlanBytes);
+  // Binary data is not a plan: name the first control byte in the file instead of echoing it back,
+  // before any line is parsed (so the error does not depend on what precedes the byte).
+  for (size_t i = 0, line = 1, col = 1; i < text.size(); ++i, ++col) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == '\n') {
+      ++line;
+      col = 0;
+      continue;
+    }
+    MT_CHECK(c >= 0x20 || c == '\t' || c == '\r',
+             "{}:{}:{}: byte 0x{:02x} is a control character; expected a text plan file (docs/plans.md)", filename, line,
+             col, c);
+  }
   Plan plan;
   plan.set_source(filename);
   int line_no = 0;
@@ -500,13 +513,6 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
     std::string_view line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
     pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
     ++line_no;
-    // Binary data is not a plan: name the first control byte instead of echoing it back.
-    for (size_t i = 0; i < line.size(); ++i) {
-      unsigned char c = static_cast<unsigned char>(line[i]);
-      MT_CHECK(c >= 0x20 || c == '\t' || c == '\r',
-               "{}:{}:{}: byte 0x{:02x} is a control character; expected a text plan file (docs/plans.md)", filename,
-               line_no, i + 1, c);
-    }
     auto toks = tokenize(line, 3);
     if (toks.empty()) continue;
     PlanLoc line_loc{filename, line_no, 1};

@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
   const int64_t B = argc > 3 ? std::stoll(argv[3]) : 8, T = argc > 4 ? std::stoll(argv[4]) : 64;
   const int n = world().size();
   const bool root = world().rank() == 0;
-  for (const std::string name : {"llama_dp", "llama_tp", "llama_tp_sp", "llama_dp_tp", "llama_zero3", "mixtral_ep_tp"}) {
+  for (const std::string name : {"llama_dp", "llama_tp", "llama_tp_sp", "llama_dp_tp", "llama_zero3", "llama_fsdp",
+                                 "llama_fsdp_tp", "mixtral_ep_tp", "mixtral_fsdp_ep"}) {
     Plan plan = load_plan(dir + "/" + name + ".plan");
     PlanMesh pm;
     try {

@@ -243,12 +243,14 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
   }
   // The stored (INIT) parameters, captured now: the slots hold them between forwards.
   std::map<std::string, Tensor> stored;
-  std::map<std::string, std::shared_ptr<FsdpUnitBuffer>> units;  // parameters of FSDP units
+  // Parameters of FSDP units: their unit and their path in it.
+  std::map<std::string, std::pair<std::shared_ptr<FsdpUnitBuffer>, std::string>> units;
   for (const auto& r : recs)
     if (r.action == HookAction::kGather) {
       stored[r.tensor] = m.get_parameter(r.tensor);
-      auto it = fsdp.find(r.module.empty() ? r.tensor : r.module + "." + r.tensor);
-      if (it != fsdp.end()) units[r.tensor] = it->second;
+      std::string path = r.module.empty() ? r.tensor : r.module + "." + r.tensor;
+      auto it = fsdp.find(path);
+      if (it != fsdp.end()) units[r.tensor] = {it->second, std::move(path)};
     }
   auto check_index = [](const HookRecord& r, size_t n) {
     MT_CHECK(r.io_index >= 0 && static_cast<size_t>(r.io_index) < n, "{} names {} {} but the module has {} {}s",
@@ -266,9 +268,8 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
         run_record(r, pm, [&] {
           if (r.action == HookAction::kGather) {
             auto unit = units.find(r.tensor);  // an FSDP unit gathers all its parameters at once
-            mod.parameter_slot(r.tensor) =
-                unit != units.end() ? unit->second->gathered(r.module.empty() ? r.tensor : r.module + "." + r.tensor)
-                                    : redistribute(stored.at(r.tensor), *r.dst);
+            mod.parameter_slot(r.tensor) = unit != units.end() ? unit->second.first->gathered(unit->second.second)
+                                                               : redistribute(stored.at(r.tensor), *r.dst);
           } else if (r.action == HookAction::kFactory) {
             g_factories.push_back({owner, {r.module, r.tensor, mesh, *r.dst}});
           } else {
@@ -457,13 +458,17 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
   std::vector<HookHandle> handles;
   // FSDP units: one buffer each, gathered once per forward (docs/fsdp.md).
   FsdpBuffers fsdp;
-  const char* dbuffer = std::getenv("MT_FSDP_DBUFFER");  // "0": per-parameter gathers (benchmarks)
-  if (!(dbuffer && std::string(dbuffer) == "0"))
+  auto env_off = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v && std::string(v) == "0";
+  };
+  const bool per_parameter = env_off("MT_FSDP_DBUFFER");  // per-parameter gathers (benchmarks)
+  const bool keep_gathered = env_off("MT_FSDP_RESHARD");  // no reshard after forward (benchmarks)
+  if (!per_parameter)
     for (const FsdpUnit& u : ir.fsdp_units) {
       auto buffer = std::make_shared<FsdpUnitBuffer>(u, ir, model, mesh);
       // Reshard after forward except the root unit, whose backward starts as its forward ends.
-      const char* reshard = std::getenv("MT_FSDP_RESHARD");  // "0": keep gathered (benchmarks)
-      buffer->set_reshard_after_forward(!u.module.empty() && !(reshard && std::string(reshard) == "0"));
+      buffer->set_reshard_after_forward(!u.module.empty() && !keep_gathered);
       for (const std::string& p : u.params) fsdp[p] = buffer;
       std::shared_ptr<Module> m = u.module.empty() ? nullptr : model.get_module(u.module);
       Module& target = m ? *m : model;

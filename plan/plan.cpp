@@ -94,6 +94,11 @@ bool is_identifier(const std::string& s) {
   return true;
 }
 
+// A plan number: 1 to 9 decimal digits, so that it fits an int (std::stoll would throw on longer).
+bool small_number(const std::string& s) {
+  return !s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
 // "tp=S(0)" or "ep=owner(1)".
 DimPlacement parse_dim_placement(const std::string& text, const PlanLoc& loc) {
   size_t eq = text.find('=');
@@ -115,7 +120,7 @@ DimPlacement parse_dim_placement(const std::string& text, const PlanLoc& loc) {
   }
   if (p.rfind("rows(", 0) == 0 && p.back() == ')') {
     const std::string n = p.substr(5, p.size() - 6);
-    MT_CHECK(!n.empty() && n.size() <= 9 && n.find_first_not_of("0123456789") == std::string::npos && std::stoll(n) > 0,
+    MT_CHECK(small_number(n) && std::stoll(n) > 0,
              "{}: '{}': rows(N) needs a positive number of rows of at most 9 digits, e.g. dp=rows(32)", loc.str(),
              text);
     d.fsdp_rows = std::stoll(n);
@@ -127,11 +132,7 @@ DimPlacement parse_dim_placement(const std::string& text, const PlanLoc& loc) {
       dim = k.substr(comma + 1);
       k = k.substr(0, comma);
     }
-    // At most 9 digits: K and D then fit an int (std::stoll would throw on longer ones).
-    auto digits = [](const std::string& s) {
-      return !s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos;
-    };
-    MT_CHECK(digits(k) && (dim.empty() || digits(dim)),
+    MT_CHECK(small_number(k) && (dim.empty() || small_number(dim)),
              "{}: '{}': owner(K) or owner(K,D) needs a mesh coordinate K >= 0 (and a tensor dim D), each "
              "at most 9 digits, e.g. ep=owner(1) or ep=owner(1,1)",
              loc.str(), text);

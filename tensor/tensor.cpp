@@ -25,14 +25,7 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
   data_ = device_alloc(device, nbytes);  // CUDA: the caching allocator, on the current stream
 }
 
-Storage::~Storage() {
-  if (freed_) return;
-  if (device_.is_meta()) {
-    meta_memory_free(nbytes_);
-    return;
-  }
-  device_free(device_, data_, nbytes_);
-}
+Storage::~Storage() { free_data(); }
 
 void Storage::free_data() {
   if (freed_) return;

@@ -38,6 +38,36 @@ struct Result {
   Tensor out, lse, gq, gk, gv;
 };
 
+// The kernels' parameters: q, k, v into r.out and r.lse (scale 1/sqrt(D)); then gout into r's
+// gradients, with the forward's operands.
+AttentionParams forward_params(const Tensor& q, const Tensor& k, const Tensor& v, const Result& r, bool causal) {
+  AttentionParams p;
+  p.q = q.view_info();
+  p.k = k.view_info();
+  p.v = v.view_info();
+  p.out = r.out.view_info();
+  p.lse = r.lse.view_info();
+  p.scale = 1 / std::sqrt(static_cast<double>(q.shape()[3]));
+  p.causal = causal;
+  return p;
+}
+
+AttentionBwdParams backward_params(const AttentionParams& p, const Tensor& gout, const Result& r) {
+  AttentionBwdParams b;
+  b.q = p.q;
+  b.k = p.k;
+  b.v = p.v;
+  b.out = p.out;
+  b.lse = p.lse;
+  b.gout = gout.view_info();
+  b.gq = r.gq.view_info();
+  b.gk = r.gk.view_info();
+  b.gv = r.gv.view_info();
+  b.scale = p.scale;
+  b.causal = p.causal;
+  return b;
+}
+
 // Forward and backward of the registered CPU kernels on q, k, v, gout in their own dtype and
 // layout; lse is f32 (f64 for f64). Outputs and gradients are written in [B, T, H, D] memory.
 Result run_kernels(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& gout, bool causal) {
@@ -49,28 +79,9 @@ Result run_kernels(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   r.gq = bthd(zeros(q.shape(), q.dtype()));
   r.gk = bthd(zeros(k.shape(), q.dtype()));
   r.gv = bthd(zeros(v.shape(), q.dtype()));
-  const double scale = 1 / std::sqrt(static_cast<double>(qs[3]));
-  AttentionParams p;
-  p.q = q.view_info();
-  p.k = k.view_info();
-  p.v = v.view_info();
-  p.out = r.out.view_info();
-  p.lse = r.lse.view_info();
-  p.scale = scale;
-  p.causal = causal;
+  const AttentionParams p = forward_params(q, k, v, r, causal);
   kernels(DeviceType::kCPU).attention(p);
-  AttentionBwdParams b;
-  b.q = p.q;
-  b.k = p.k;
-  b.v = p.v;
-  b.out = p.out;
-  b.lse = p.lse;
-  b.gout = gout.view_info();
-  b.gq = r.gq.view_info();
-  b.gk = r.gk.view_info();
-  b.gv = r.gv.view_info();
-  b.scale = scale;
-  b.causal = causal;
+  const AttentionBwdParams b = backward_params(p, gout, r);
   kernels(DeviceType::kCPU).attention_bwd(b);
   return r;
 }
@@ -86,28 +97,9 @@ Result run_reference(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
   r.gq = zeros(q.shape(), DType::kF64);
   r.gk = zeros(k.shape(), DType::kF64);
   r.gv = zeros(v.shape(), DType::kF64);
-  const double scale = 1 / std::sqrt(static_cast<double>(qs[3]));
-  AttentionParams p;
-  p.q = q.view_info();
-  p.k = k.view_info();
-  p.v = v.view_info();
-  p.out = r.out.view_info();
-  p.lse = r.lse.view_info();
-  p.scale = scale;
-  p.causal = causal;
+  const AttentionParams p = forward_params(q, k, v, r, causal);
   cpu::attention_reference(p);
-  AttentionBwdParams b;
-  b.q = p.q;
-  b.k = p.k;
-  b.v = p.v;
-  b.out = p.out;
-  b.lse = p.lse;
-  b.gout = gout.view_info();
-  b.gq = r.gq.view_info();
-  b.gk = r.gk.view_info();
-  b.gv = r.gv.view_info();
-  b.scale = scale;
-  b.causal = causal;
+  const AttentionBwdParams b = backward_params(p, gout, r);
   cpu::attention_bwd_reference(b);
   return r;
 }

@@ -24,22 +24,11 @@
 #include "runtime/allocator.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
+#include "tools/bench/bench_world.h"
 
 using namespace mt;
 
 namespace {
-
-void barrier() {
-  static DeviceMesh all({world().size()}, {"all"});
-  all.comm().barrier();
-}
-
-std::shared_ptr<CausalLM> build(const ModelConfig& c, bool meta) {
-  manual_seed(1);
-  if (!meta) return build_causal_lm(c);
-  InitDeviceGuard g(Device::meta());
-  return build_causal_lm(c);
-}
 
 struct StepStats {
   double seconds = 1e30;  // best step
@@ -56,7 +45,7 @@ StepStats run(CausalLM& model, const Parallelized* par, const DeviceMesh* mesh, 
   for (int s = 0; s <= steps; ++s) {
     Tensor t = randint(0, model.config().vocab_size, {B, T + 1}, DType::kI64, &g);
     Tensor ids = t.narrow(1, 0, T).contiguous(), tg = t.narrow(1, 1, T).contiguous();
-    if (par) barrier();
+    if (par) bench::world_barrier();
     CollectiveCountScope counting;
     reset_fsdp_counters();
     reset_cpu_peak();
@@ -98,14 +87,14 @@ int main(int argc, char** argv) {
   const bool root = world().rank() == 0;
   StepStats single;
   if (root) {
-    auto ref = build(cfg, false);
+    auto ref = bench::build_model(cfg, bench::Materialize::kNow);
     single = run(*ref, nullptr, nullptr, steps, B, T);
     fmt::print("one process: {:.2f} steps/s, peak {:.1f} MiB in the step (batch {} x {})\n", 1 / single.seconds,
                static_cast<double>(single.peak) / (1 << 20), B, T);
     fmt::print("| plan | np | steps/s | vs one process | collectives/step (rank 0) | MiB moved/step | DBuffer bytes "
                "copied/step (forward + backward) | peak vs one process |\n|---|---|---|---|---|---|---|---|\n");
   }
-  barrier();
+  bench::world_barrier();
   struct Case {
     const char* label;
     const char* plan;
@@ -117,7 +106,7 @@ int main(int argc, char** argv) {
     Plan plan = load_plan(dir + "/" + c.plan + ".plan");
     PlanMesh pm = plan.resolve_mesh(n);
     DeviceMesh mesh(pm.shape, pm.names);
-    auto model = build(cfg, true);
+    auto model = bench::build_model(cfg, bench::Materialize::kOnMeta);
     StepStats st;
     {
       Parallelized par = parallelize(*model, plan, mesh);

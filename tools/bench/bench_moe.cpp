@@ -20,15 +20,11 @@
 #include "tensor/moe.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
+#include "tools/bench/bench_world.h"
 
 using namespace mt;
 
 namespace {
-
-void barrier() {
-  static DeviceMesh all({world().size()}, {"all"});
-  all.comm().barrier();
-}
 
 struct Result {
   double step_s = 0;
@@ -40,12 +36,7 @@ Result run(const std::string& path, const ModelConfig& cfg, int steps, int64_t B
   Plan plan = load_plan(path);
   PlanMesh pm = plan.resolve_mesh(world().size());
   DeviceMesh mesh(pm.shape, pm.names);
-  manual_seed(1);
-  std::shared_ptr<CausalLM> model;
-  {
-    InitDeviceGuard g(Device::meta());
-    model = build_causal_lm(cfg);
-  }
+  std::shared_ptr<CausalLM> model = bench::build_model(cfg, bench::Materialize::kOnMeta);
   Parallelized par = parallelize(*model, plan, mesh);
   GradReducer reducer(*model, mesh);
   AdamW opt(make_param_groups(model->named_parameters(), 0.01), AdamWOptions{});
@@ -57,7 +48,7 @@ Result run(const std::string& path, const ModelConfig& cfg, int steps, int64_t B
     Placements ps = par.input_placements("model");
     Tensor ids = distribute_tensor(t.narrow(1, 0, T).contiguous(), mesh, ps);
     Tensor tg = distribute_tensor(t.narrow(1, 1, T).contiguous(), mesh, ps);
-    barrier();
+    bench::world_barrier();
     std::optional<CollectiveCountScope> count;
     if (s == steps) count.emplace();
     auto t0 = std::chrono::steady_clock::now();

@@ -14,22 +14,11 @@
 #include "runtime/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
+#include "tools/bench/bench_world.h"
 
 using namespace mt;
 
 namespace {
-
-void barrier() {
-  static DeviceMesh all({world().size()}, {"all"});
-  all.comm().barrier();
-}
-
-std::shared_ptr<CausalLM> build(const ModelConfig& c, bool meta) {
-  manual_seed(1);
-  if (!meta) return build_causal_lm(c);
-  InitDeviceGuard g(Device::meta());
-  return build_causal_lm(c);
-}
 
 // Seconds per step (best of the timed steps, after one warm-up step).
 double time_steps(CausalLM& model, const Parallelized* par, const DeviceMesh* mesh, int steps, int64_t B,
@@ -42,7 +31,7 @@ double time_steps(CausalLM& model, const Parallelized* par, const DeviceMesh* me
   for (int s = 0; s <= steps; ++s) {
     Tensor t = randint(0, model.config().vocab_size, {B, T + 1}, DType::kI64, &g);
     Tensor ids = t.narrow(1, 0, T).contiguous(), tg = t.narrow(1, 1, T).contiguous();
-    if (par) barrier();
+    if (par) bench::world_barrier();
     auto t0 = std::chrono::steady_clock::now();
     if (par) {
       Placements ps = par->input_placements("model");
@@ -81,12 +70,12 @@ int main(int argc, char** argv) {
     if (name.find("tp") != std::string::npos && n > 2) cfg.num_key_value_heads = cfg.num_attention_heads;
     double single = 0;
     if (root) {
-      auto ref = build(cfg, false);
+      auto ref = bench::build_model(cfg, bench::Materialize::kNow);
       single = time_steps(*ref, nullptr, nullptr, steps, B, T, nullptr);
     }
-    barrier();
+    bench::world_barrier();
     DeviceMesh mesh(pm.shape, pm.names);
-    auto model = build(cfg, true);
+    auto model = bench::build_model(cfg, bench::Materialize::kOnMeta);
     Parallelized par = parallelize(*model, plan, mesh);
     int64_t coll = 0;
     double sec = time_steps(*model, &par, &mesh, steps, B, T, &coll);

@@ -4,7 +4,8 @@
 # tensor's largest magnitude; 20 f32 training steps of llama-tiny and mixtral-tiny with per-step
 # losses within 1e-5 relative; bf16 on CUDA tracking f32 on the CPU within 2e-2 relative; and,
 # under mpirun on one GPU (host-staged collectives), llama_dp and llama_tp (np 2), llama_dp_tp and
-# mixtral_ep_tp (np 4), mixtral_ep (np 1: NCCL; np 2) training like the single-device run, and sharded
+# mixtral_ep_tp (np 4), mixtral_ep (np 1: NCCL; np 2), the FSDP plans llama_fsdp, llama_zero3 (np 2),
+# llama_fsdp_tp (np 4) and mixtral_fsdp_ep (np 2) training like the single-device run, and sharded
 # checkpoints saved on one device kind and resumed on the other under another plan. Without a GPU:
 # `--device cuda` fails with one line naming the flag (checked everywhere), then the script exits 77
 # (meson: SKIP).
@@ -87,7 +88,8 @@ grep -q "device cuda:0" "$WORK/llama-tiny.t_cuda.out" && pass "train prints its 
 if [ -n "$MPIRUN" ]; then
   mpi() { local np=$1; shift; timeout 300 "$MPIRUN" -np "$np" --oversubscribe --mca btl self,vader "$@"; }
   for spec in llama_dp:llama-tiny:2 llama_tp:llama-tiny:2 llama_dp_tp:llama-tiny:4 mixtral_ep:mixtral-tiny:1 \
-      mixtral_ep:mixtral-tiny:2 mixtral_ep_tp:mixtral-tiny:4; do
+      mixtral_ep:mixtral-tiny:2 mixtral_ep_tp:mixtral-tiny:4 llama_fsdp:llama-tiny:2 llama_zero3:llama-tiny:2 \
+      llama_fsdp_tp:llama-tiny:4 mixtral_fsdp_ep:mixtral-tiny:2; do
     IFS=: read -r plan model np <<<"$spec"
     mpi $np "$BIN" $TRAIN --config $model --plan "$PLANS/$plan.plan" --device cuda --metrics "$WORK/$plan.jsonl" \
       >/dev/null 2>"$WORK/err" || fail "$plan np $np cuda: $(grep -m 1 '\] error: ' "$WORK/err" || tail -n 3 "$WORK/err")"

@@ -4,8 +4,8 @@
 // do not change from run to run. Rows load 16 bytes at a time when H and the pointers allow it.
 // The weight/bias gradients are a deterministic two-pass reduction over rows (no float atomics):
 // pass 1 gives each block a fixed chunk of rows and writes one partial row per chunk, pass 2 sums
-// the partials of each column in chunk order. The partials live in stream-ordered scratch
-// (cudaMallocAsync) until the caching allocator offers a workspace.
+// the partials of each column in chunk order. The partials live in scratch from the caching
+// allocator (StreamScratch, common.cuh).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -282,7 +282,7 @@ void rms_norm_bwd_launch(const RmsNormBwdParams& p, int64_t rows, int64_t h) {
   cudaStream_t st = cuda::current_stream();
   const bool want_gw = static_cast<bool>(p.gw) && h > 0;
   const Chunks ch = chunks_of(rows, want_gw);
-  StreamScratch scratch(want_gw ? static_cast<size_t>(ch.n * h) * sizeof(A) : 0, st);
+  StreamScratch scratch(want_gw ? static_cast<size_t>(ch.n * h) * sizeof(A) : 0);
   const bool shared_acc = want_gw && static_cast<size_t>(h) * sizeof(A) <= kSharedAccBytes;
   const size_t smem = shared_acc ? static_cast<size_t>(h) * sizeof(A) : 0;
   if (rows > 0) {
@@ -452,7 +452,7 @@ void layer_norm_bwd_launch(const LayerNormBwdParams& p, int64_t rows, int64_t h)
   cudaStream_t st = cuda::current_stream();
   const bool want = (p.gw || p.gb) && h > 0;
   const Chunks ch = chunks_of(rows, want);
-  StreamScratch scratch(want ? static_cast<size_t>(ch.n * 2 * h) * sizeof(A) : 0, st);
+  StreamScratch scratch(want ? static_cast<size_t>(ch.n * 2 * h) * sizeof(A) : 0);
   const bool shared_acc = want && static_cast<size_t>(2 * h) * sizeof(A) <= kSharedAccBytes;
   const size_t smem = shared_acc ? static_cast<size_t>(2 * h) * sizeof(A) : 0;
   if (rows > 0) {

@@ -110,8 +110,9 @@ const DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF64
 TEST_CASE("cuda rms_norm matches cpu: values, dx, dw", "[cuda]") {
   require_gpu();
   // Odd H (scalar path), H a multiple of 8 (16-byte vectors), many rows (several rows per weight-
-  // gradient chunk), and a wide row whose accumulators do not fit shared memory.
-  const Shape shapes[] = {{3, 5, 17}, {4, 4096}, {1500, 96}, {3, 16384}, {2, 1}};
+  // gradient chunk), a wide row whose accumulators do not fit shared memory, and H = 1000 (the
+  // backward's register path with threads that own no vector of the second round).
+  const Shape shapes[] = {{3, 5, 17}, {4, 4096}, {1500, 96}, {3, 16384}, {2, 1}, {700, 1000}};
   for (DType dt : kFloatTypes)
     for (const Shape& s : shapes) {
       INFO(fmt::format("{} {}", dt, s));

@@ -274,9 +274,10 @@ __global__ void rms_norm_bwd_rows(const T* __restrict__ gy, const T* __restrict_
 // rms_norm_bwd_rows with each thread's R vectors of a row held in registers: the next row's x
 // and gy are loaded before this row's block reduction, so their latency hides behind it, and the
 // weight-gradient terms add up in registers. The arithmetic and its order are those of
-// rms_norm_bwd_rows (the same bits). Needs nv <= R * blockDim.x.
+// rms_norm_bwd_rows (the same bits). Needs nv <= R * blockDim.x. R <= 2 keeps every dtype within
+// 128 registers, so 512-thread blocks launch (R = 4 took over 200 for 16-bit types).
 template <class T, int N, int R>
-__global__ void rms_norm_bwd_rows_reg(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
+__global__ void __launch_bounds__(512) rms_norm_bwd_rows_reg(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
                                       const acc_t<T>* __restrict__ rstd, T* __restrict__ gx, acc_t<T>* partial,
                                       int64_t rows, int64_t h, int64_t per) {
   using A = acc_t<T>;
@@ -389,8 +390,6 @@ void rms_norm_bwd_launch(const RmsNormBwdParams& p, int64_t rows, int64_t h) {
       reg(std::integral_constant<int, 1>{});
     else if (per_thread <= 2)
       reg(std::integral_constant<int, 2>{});
-    else if (per_thread <= 4)
-      reg(std::integral_constant<int, 4>{});
     else
       rms_norm_bwd_rows<T, N><<<static_cast<unsigned>(ch.n), threads, smem, st>>>(
           p.gy.ptr<const T>(), p.x.ptr<const T>(), w, p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows, h,

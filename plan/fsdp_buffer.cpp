@@ -17,18 +17,19 @@ namespace mt {
 namespace {
 
 std::atomic<int64_t> g_all_gathers{0}, g_reduce_scatters{0}, g_forward_bytes{0}, g_backward_bytes{0},
-    g_adoption_bytes{0}, g_prefetches{0}, g_prefetch_hits{0};
+    g_adoption_bytes{0}, g_prefetches{0}, g_prefetch_hits{0}, g_replica_all_reduces{0};
 
 }  // namespace
 
 FsdpCounters fsdp_counters() {
   return {g_all_gathers.load(),    g_reduce_scatters.load(), g_forward_bytes.load(), g_backward_bytes.load(),
-          g_adoption_bytes.load(), g_prefetches.load(),      g_prefetch_hits.load()};
+          g_adoption_bytes.load(), g_prefetches.load(),      g_prefetch_hits.load(),
+          g_replica_all_reduces.load()};
 }
 
 void reset_fsdp_counters() {
   g_all_gathers = g_reduce_scatters = g_forward_bytes = g_backward_bytes = g_adoption_bytes = 0;
-  g_prefetches = g_prefetch_hits = 0;
+  g_prefetches = g_prefetch_hits = g_replica_all_reduces = 0;
 }
 
 // Everything the autograd node needs outlives the FsdpUnitBuffer (a graph may be alive after the
@@ -155,9 +156,36 @@ struct FsdpUnitBuffer::State {
   // Gradient of the whole unit: every compute tensor's gradient (a DTensor of the compute spec,
   // Partial over the unit's dim where the batch is split there) taken to Partial(sum) over that
   // dim, put at its offset in one buffer and reduce-scattered into the shard of gradients.
+  // HSDP: the mesh dims other than the unit's over which every gradient of the unit is
+  // Partial(sum) and every compute tensor Replicate (a batch split over a dim the parameters are
+  // replicated on). Their reduction waits for the unit's shard: one all-reduce per unit and dim
+  // instead of one per parameter. The same on every rank (placements are).
+  std::vector<int> replica_dims(const std::vector<Tensor>& grads) const {
+    std::vector<int> dims;
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      if (d == dim) continue;
+      bool all = false;
+      for (size_t i = 0; i < params.size(); ++i) {
+        const Tensor& g = grads[i];
+        if (!g.defined() || params[i].numel == 0) continue;
+        const Placement& run = params[i].run[static_cast<size_t>(d)];
+        if (!g.is_distributed() || !run.is_replicate()) {
+          all = false;
+          break;
+        }
+        const Placement& got = dtensor_spec(g, "FSDP unit gradient").placements()[static_cast<size_t>(d)];
+        all = got.is_partial() && got.reduce_op() == PartialOp::kSum;
+        if (!all) break;
+      }
+      if (all) dims.push_back(d);
+    }
+    return dims;
+  }
+
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) {
     NoGradGuard ng;
     const DType dt = shard.dtype();
+    const std::vector<int> replicas = replica_dims(grads);
     Tensor full = zeros(Shape{group * shard_size}, TensorOptions(dt).with_device(shard.device()));
     for (size_t i = 0; i < params.size(); ++i) {
       const Param& p = params[i];
@@ -165,6 +193,7 @@ struct FsdpUnitBuffer::State {
       if (!g.defined() || p.numel == 0) continue;
       Placements want = p.run;
       want[static_cast<size_t>(dim)] = Placement::partial();
+      for (int d : replicas) want[static_cast<size_t>(d)] = Placement::partial();
       Tensor local;
       if (g.is_distributed()) {
         const DTensorSpec& s = dtensor_spec(g, "FSDP unit gradient");
@@ -185,6 +214,13 @@ struct FsdpUnitBuffer::State {
     else
       mesh.comm(dim).reduce_scatter(full, out, CommReduceOp::kSum);
     ++g_reduce_scatters;
+    for (int d : replicas) {
+      if (shard.is_meta())
+        count_collective("all_reduce", mesh.dim_label(d), mesh.size(d), out.numel() * dtype_size(dt));
+      else
+        mesh.comm(d).all_reduce(out, CommReduceOp::kSum);
+      ++g_replica_all_reduces;
+    }
     std::vector<Tensor> result;
     for (const Param& p : params)
       result.push_back(from_local(out.narrow(0, p.shard_offset, p.shard_numel).view(p.stored_local), mesh, p.init,

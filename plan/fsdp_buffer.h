@@ -5,7 +5,9 @@
 //             compute tensor is a view of it at the planned offset (no copy in, no copy out);
 //   backward: one autograd node for the whole unit runs once every parameter's gradient is in,
 //             puts them in one gradient buffer and reduce-scatters it straight into the shard of
-//             gradients, whose views are the parameters' gradients.
+//             gradients, whose views are the parameters' gradients; under HSDP (the batch also
+//             split over a dim the unit is replicated on) that shard is then all-reduced over
+//             it, once per unit.
 // With reshard after forward the full buffer's memory is freed when the unit's forward ends and
 // gathered again (into the same storage) when its backward begins.
 // Prefetch (link_prefetch): each unit's all-gather is started ahead, while the unit before it
@@ -39,6 +41,7 @@ struct FsdpCounters {
   int64_t adoption_bytes = 0;         // parameters moved into a shard buffer (at setup, after Module::to)
   int64_t prefetches = 0;             // all-gathers started ahead of their unit (in all_gathers too)
   int64_t prefetch_hits = 0;          // of those, the ones their unit used
+  int64_t replica_all_reduces = 0;    // HSDP: a unit's gradient shard summed over a replica dim
 };
 FsdpCounters fsdp_counters();
 void reset_fsdp_counters();

@@ -39,7 +39,7 @@ const char* config_for(const std::string& plan) {
 
 const std::vector<std::string> kStock = {"llama_dp",   "llama_tp",      "llama_tp_sp", "llama_dp_tp",
                                          "llama_zero3", "llama_fsdp",   "llama_fsdp_tp", "mixtral_ep",
-                                         "mixtral_ep_tp", "mixtral_fsdp_ep"};
+                                         "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp"};
 
 std::string lower_str(const Plan& p, const std::string& config, int64_t world) {
   auto m = meta_model(config);
@@ -372,7 +372,9 @@ TEST_CASE("plan: the forward check finds uneven head splits, naming the module a
     for (int64_t world : {1, 2, 4}) {
       // 4-way tensor parallelism splits llama-tiny's 2 KV heads; dp_tp and ep_tp need 2 ranks.
       if ((name == "llama_tp" || name == "llama_tp_sp") && world == 4) continue;
-      if ((name == "llama_dp_tp" || name == "mixtral_ep_tp" || name == "llama_fsdp_tp") && world == 1) continue;
+      if ((name == "llama_dp_tp" || name == "mixtral_ep_tp" || name == "llama_fsdp_tp" || name == "llama_hsdp") &&
+          world == 1)
+        continue;
       REQUIRE_NOTHROW(check_plan_forward(s, s.resolve_mesh(world), b, meta_ids()));
     }
   }

@@ -5,7 +5,7 @@
 # losses within 1e-5 relative; bf16 on CUDA tracking f32 on the CPU within 2e-2 relative; and,
 # under mpirun on one GPU (host-staged collectives), llama_dp and llama_tp (np 2), llama_dp_tp and
 # mixtral_ep_tp (np 4), mixtral_ep (np 1: NCCL; np 2), the FSDP plans llama_fsdp, llama_zero3 (np 2),
-# llama_fsdp_tp (np 4) and mixtral_fsdp_ep (np 2) training like the single-device run, and sharded
+# llama_fsdp_tp and llama_hsdp (np 4) and mixtral_fsdp_ep (np 2) training like the single-device run, and sharded
 # checkpoints saved on one device kind and resumed on the other under another plan. Without a GPU:
 # `--device cuda` fails with one line naming the flag (checked everywhere), then the script exits 77
 # (meson: SKIP).
@@ -89,7 +89,7 @@ if [ -n "$MPIRUN" ]; then
   mpi() { local np=$1; shift; timeout 300 "$MPIRUN" -np "$np" --oversubscribe --mca btl self,vader "$@"; }
   for spec in llama_dp:llama-tiny:2 llama_tp:llama-tiny:2 llama_dp_tp:llama-tiny:4 mixtral_ep:mixtral-tiny:1 \
       mixtral_ep:mixtral-tiny:2 mixtral_ep_tp:mixtral-tiny:4 llama_fsdp:llama-tiny:2 llama_zero3:llama-tiny:2 \
-      llama_fsdp_tp:llama-tiny:4 mixtral_fsdp_ep:mixtral-tiny:2; do
+      llama_fsdp_tp:llama-tiny:4 mixtral_fsdp_ep:mixtral-tiny:2 llama_hsdp:llama-tiny:4; do
     IFS=: read -r plan model np <<<"$spec"
     mpi $np "$BIN" $TRAIN --config $model --plan "$PLANS/$plan.plan" --device cuda --metrics "$WORK/$plan.jsonl" \
       >/dev/null 2>"$WORK/err" || fail "$plan np $np cuda: $(grep -m 1 '\] error: ' "$WORK/err" || tail -n 3 "$WORK/err")"

@@ -260,14 +260,23 @@ std::vector<Tensor> CausalLM::forward(const std::vector<Tensor>& inputs) {
   // HF computes lm_head in the weights' dtype, then logits.float(). f64 logits stay f64 (only
   // 16-bit logits are upcast), so f64 models keep full precision for gradient checks.
   Tensor logits = lm_head_ ? (*lm_head_)(o[0]) : linear(o[0], model_->embed_tokens()->weight());
-  o[0] = logits.dtype() == DType::kF64 ? logits : logits.to(DType::kF32);
+  o[0] = logits.dtype() == DType::kF64 || head_dtype_logits_ ? logits : logits.to(DType::kF32);
   return o;
 }
 
 Tensor CausalLM::loss(const Tensor& input_ids, const Tensor& targets) {
   MT_CHECK(targets.shape() == input_ids.shape(), "CausalLM::loss: targets {} must have the shape of input_ids {}",
            targets.shape(), input_ids.shape());
-  std::vector<Tensor> o = (*this)(std::vector<Tensor>{input_ids});
+  std::vector<Tensor> o;
+  {
+    // Through the module call (its hooks run), keeping lm_head's dtype: see llama.h.
+    struct Restore {
+      bool& flag;
+      ~Restore() { flag = false; }
+    } restore{head_dtype_logits_};
+    head_dtype_logits_ = true;
+    o = (*this)(std::vector<Tensor>{input_ids});
+  }
   Tensor l = cross_entropy(o[0], targets);
   const bool use_aux = config_.is_moe() && config_.output_router_logits && config_.router_aux_loss_coef != 0;
   const bool use_z = config_.is_moe() && config_.router_z_loss_coef != 0;

@@ -131,7 +131,10 @@ class CausalLM : public Module {
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
   // Mean cross-entropy of logits(input_ids) against targets [B, T] (ignore_index -100), plus
   // router_aux_loss_coef * load_balancing_loss for mixtral when config.output_router_logits, plus
-  // router_z_loss_coef * router_z_loss when that is not 0.
+  // router_z_loss_coef * router_z_loss when that is not 0. 16-bit logits go to cross_entropy as
+  // lm_head computed them: the kernels widen each logit to f32 exactly and accumulate in f32, as
+  // on logits.float(), without the f32 copy of the logits and of their gradient (4.2 GB each for
+  // 8192 tokens of a 128256 vocabulary).
   Tensor loss(const Tensor& input_ids, const Tensor& targets);
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
@@ -141,6 +144,7 @@ class CausalLM : public Module {
   DType dtype_;
   std::shared_ptr<LlamaModel> model_;
   std::shared_ptr<Linear> lm_head_;  // null when tied
+  bool head_dtype_logits_ = false;   // forward() leaves 16-bit logits as they are (loss())
 };
 
 // Validates the config and builds the model; parameters are created on init_device() (meta

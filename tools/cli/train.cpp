@@ -163,7 +163,7 @@ int run_train(int argc, char** argv) {
   if (plan) {
     std::optional<SkipShardInitGuard> no_init;  // sharded resume: every shard is read below
     if (sharded_resume) no_init.emplace();
-    par = std::make_unique<Parallelized>(parallelize(*model, plan->plan, *plan->mesh));
+    par = std::make_unique<Parallelized>(parallelize_run(*model, *plan));
   }
   std::unique_ptr<ShardedCheckpointReader> reader;
   double read_s = 0;  // sharded resume: seconds spent reading this rank's boxes
@@ -226,7 +226,8 @@ int run_train(int argc, char** argv) {
                args.flag("no-fuse") ? "unfused" : "fused buckets");
 
   std::unique_ptr<ShardedSaver> saver;
-  if (plan && !ckpt_dir.empty() && !args.flag("gather-save"))
+  // Pipeline plans save gathered full tensors (docs/pipeline.md, "Checkpoints").
+  if (plan && !ckpt_dir.empty() && !args.flag("gather-save") && !plan->is_pipeline())
     saver = std::make_unique<ShardedSaver>(
         ShardedSaveOptions{ckpt_dir, overwrite, !args.flag("sync-save"), args.integer("keep")}, *plan, cfg);
   double gather_save_s = 0;  // --gather-save: the time spent in saves
@@ -248,7 +249,8 @@ int run_train(int argc, char** argv) {
       return;
     }
     if (!saver) {  // --gather-save: full tensors, gathered by every rank (collective); rank 0 writes
-      NamedTensors weights = cli::full_tensors(master.master_params()), moments = cli::full_tensors(opt.state_dict());
+      NamedTensors weights = gather_stages(*plan, master.master_params()),
+                   moments = gather_stages(*plan, opt.state_dict());
       refuse_non_finite(weights);
       if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s, overwrite));
       if (root) apply_retention(ckpt_dir, args.integer("keep"));

@@ -172,7 +172,8 @@ int run_train(int argc, char** argv) {
     // Each rank reads only the boxes of its shards (docs/checkpoints.md, "Sharded checkpoints").
     reader = std::make_unique<ShardedCheckpointReader>(loaded.path);
     const NamedTensors params = model->named_parameters();
-    const NamedTensors values = reader->load_like("model", params);
+    // A pipeline stage reads only its own modules' tensors (docs/pipeline.md, "Checkpoints").
+    const NamedTensors values = reader->load_like("model", params, !plan->is_pipeline());
     NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       Tensor dst = params[i].second.is_distributed() ? to_local(params[i].second).detach() : params[i].second.detach();
@@ -195,7 +196,7 @@ int run_train(int argc, char** argv) {
     // Checkpoints hold full tensors: with --plan, each rank takes its shards of the moments.
     // Sharded checkpoints: this rank's boxes of the moments only.
     const auto r0 = std::chrono::steady_clock::now();
-    opt.load_state_dict(reader ? reader->load_like("optimizer", opt.state_dict())
+    opt.load_state_dict(reader ? reader->load_like("optimizer", opt.state_dict(), !plan->is_pipeline())
                         : plan ? shard_like(loaded.optimizer, opt.state_dict())
                                : loaded.optimizer);
     if (reader) read_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();

@@ -281,9 +281,6 @@ void CausalLM::set_pipeline_span(int64_t first, int64_t last) {
   const auto n = static_cast<int64_t>(pipeline_units().size());
   MT_CHECK(0 <= first && first < last && last <= n, "CausalLM: pipeline span [{}, {}) outside the {} units", first,
            last, n);
-  MT_CHECK(lm_head_ || last < n || first == 0,
-           "CausalLM: tied word embeddings: the logits need model.embed_tokens.weight, which lives on the first "
-           "pipeline stage (span [{}, {}) of {} units)", first, last, n);
   const int64_t L = config_.num_hidden_layers;
   // unit 0: embedding; 1..L: layers; L + 1: norm; L + 2: lm_head.
   auto clamp = [&](int64_t u) { return std::min(std::max<int64_t>(u - 1, 0), L); };

@@ -149,6 +149,8 @@ class CausalLM : public Module {
   // forward() then runs only units [first, last): input 0 is the ids when first == 0, else the
   // hidden state [B, T, H] unit first - 1 produced; output 0 is the logits when `last` is the
   // unit count, else the hidden state (no router logits). (0, unit count) is the whole model.
+  // With tied embeddings the last stage's logits use model.embed_tokens.weight: that stage must
+  // keep the embedding module (prune_to_stage's `keep`).
   void set_pipeline_span(int64_t first, int64_t last);
 
  private:

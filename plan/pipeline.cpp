@@ -130,13 +130,14 @@ PipelineLayout resolve_pipeline(const Plan& plan, const PlanMesh& mesh, const st
   return l;
 }
 
-void prune_to_stage(Module& model, const PipelineLayout& layout, int64_t stage) {
+void prune_to_stage(Module& model, const PipelineLayout& layout, int64_t stage, const std::vector<std::string>& keep) {
   MT_CHECK(stage >= 0 && stage < layout.size(), "prune_to_stage: stage {} of {}", stage, layout.size());
   for (int64_t s = 0; s < layout.size(); ++s) {
     if (s == stage) continue;
     const PipelineStage& st = layout.stages[static_cast<size_t>(s)];
     for (int64_t i = st.first; i < st.last; ++i)
-      (void)model.replace_module(layout.units[static_cast<size_t>(i)].path, std::make_shared<OtherStageModule>(s));
+      if (std::find(keep.begin(), keep.end(), layout.units[static_cast<size_t>(i)].path) == keep.end())
+        (void)model.replace_module(layout.units[static_cast<size_t>(i)].path, std::make_shared<OtherStageModule>(s));
   }
 }
 

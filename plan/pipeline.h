@@ -49,8 +49,10 @@ PipelineLayout resolve_pipeline(const Plan& plan, const PlanMesh& mesh, const st
 
 // Replaces every unit module of the other stages by an empty module whose forward is an error,
 // so the rank neither holds nor initializes them (call on the model built on meta, before
-// parallelize()).
-void prune_to_stage(Module& model, const PipelineLayout& layout, int64_t stage);
+// parallelize()). Units in `keep` stay (tied weights: the last stage keeps the embedding whose
+// weight its logits use).
+void prune_to_stage(Module& model, const PipelineLayout& layout, int64_t stage,
+                    const std::vector<std::string>& keep = {});
 
 // ---- schedules --------------------------------------------------------------------------------
 

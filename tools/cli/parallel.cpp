@@ -55,11 +55,6 @@ PlanContext load_plan_context(const std::string& path) {
 Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {
   if (ctx.is_pipeline()) {
     const ModelConfig& cfg = model.config();
-    MT_CHECK(!cfg.tie_word_embeddings || ctx.full_mesh.shape[static_cast<size_t>(ctx.full_mesh.dim_index(
-                                             ctx.full_plan.pipeline_dim()))] == 1,
-             "{}: tied word embeddings (tie_word_embeddings in the model config) are not supported under pipeline "
-             "parallelism yet: the logits need model.embed_tokens.weight of the first stage on the last one",
-             ctx.path);
     MT_CHECK(!(cfg.is_moe() && ((cfg.output_router_logits && cfg.router_aux_loss_coef != 0) ||
                                 cfg.router_z_loss_coef != 0)),
              "{}: the MoE router losses need every layer's router logits on the last pipeline stage; not supported "
@@ -67,7 +62,15 @@ Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {
     ctx.pipeline = std::make_shared<PipelineLayout>(
         resolve_pipeline(ctx.full_plan, ctx.full_mesh, pipeline_units_of(model, model.pipeline_units())));
     const PipelineStage& st = ctx.pipeline->stages[static_cast<size_t>(ctx.stage)];
-    prune_to_stage(model, *ctx.pipeline, ctx.stage);
+    // Tied embeddings: the last stage keeps the embedding too (its weight makes the logits); the
+    // two copies start equal (the same init record or checkpoint tensor) and stay equal because
+    // their gradients are summed over the two stages (Trainer).
+    std::vector<std::string> keep;
+    if (cfg.tie_word_embeddings && ctx.pipeline->size() > 1) {
+      ctx.tied_param = "model.embed_tokens.weight";
+      if (ctx.stage + 1 == ctx.pipeline->size()) keep.push_back("model.embed_tokens");
+    }
+    prune_to_stage(model, *ctx.pipeline, ctx.stage, keep);
     model.set_pipeline_span(st.first, st.last);
   }
   return parallelize(model, ctx.plan, *ctx.mesh);

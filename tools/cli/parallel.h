@@ -36,6 +36,9 @@ struct PlanContext {
   std::shared_ptr<DeviceMesh> world_mesh;
   std::shared_ptr<PipelineLayout> pipeline;  // set by parallelize_run
   int64_t stage = 0;
+  // Tied word embeddings over several stages: the parameter both the first and the last stage
+  // hold (its gradient is summed over the two); empty otherwise.
+  std::string tied_param;
   bool is_pipeline() const { return full_plan.is_pipeline(); }
 };
 

@@ -90,11 +90,11 @@ int run_plan(int argc, char** argv) {
   if (plan.is_pipeline()) {
     // Stages, their parameter counts and the schedule for --accum micro-batches (docs/pipeline.md).
     const PipelineLayout layout = resolve_pipeline(plan, mesh, pipeline_units_of(*model, model->pipeline_units()));
-    MT_CHECK(!config.tie_word_embeddings || layout.size() == 1,
-             "{}: tied word embeddings ({}) are not supported under pipeline parallelism yet", plan_path,
-             args.str("config"));
     const int64_t accum = args.integer("accum", 1, 1 << 20);
     fmt::print("# {}", layout.str(accum));
+    if (config.tie_word_embeddings && layout.size() > 1)
+      fmt::print("# tied word embeddings: model.embed_tokens.weight on stages 0 and {}, its gradient summed over the "
+                 "two\n", layout.size() - 1);
     if (layout.schedule == PipelineScheduleKind::kOneFOneB && accum < layout.size())
       fmt::print("# note: 1F1B needs --accum >= {} (the stage count); train and parity refuse --accum {}\n",
                  layout.size(), accum);

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "models/corpus.h"
+#include "mesh/dtensor.h"
 #include "optim/clip.h"
 #include "runtime/error.h"
 #include "tensor/moe.h"
@@ -17,6 +18,7 @@
 namespace mt::cli {
 namespace {
 
+constexpr int kTiedTag = 0x7ed1;  // the tied-embedding pair's communicator
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 // A real flag in [lo, hi] (or [lo, hi) when `open_hi`), named in the error with why.
@@ -179,6 +181,12 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
       const Device device = params.empty() ? Device::cpu() : params.front().second.device();
       pipe_ = std::make_unique<PipelineRunner>(*plan->world_mesh, plan->pipeline->dim, *plan->mesh, kind, device);
       rng_ = std::make_unique<PipelineRng>(model.config());
+      if (!plan->tied_param.empty() && (pipe_->is_first() || pipe_->is_last())) {
+        const std::vector<int>& pp = pipe_->comm().world_ranks();
+        tied_comm_ = Communicator::create({pp.front(), pp.back()}, kTiedTag,
+                                          "tied embeddings (first and last pipeline stage)");
+        tied_param_ = plan->tied_param;
+      }
     }
   }
   // The model holds f32 weights here. For bf16, keep exact f32 copies as the optimizer's master
@@ -250,6 +258,15 @@ StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) 
   pipe_->run(s);
   gen.set_offset(base + static_cast<uint64_t>(accum_) * off.forward);
   reducer_->finish();
+  if (tied_comm_.defined()) {
+    // Both stages hold the tied weight; each has the gradient of its own uses: their sum is the
+    // single-device gradient, on both (then both optimizers make the same update).
+    Tensor g = model_.get_parameter(tied_param_).grad();
+    MT_CHECK(g.defined(), "meshtrain {}: tied parameter {} got no gradient on pipeline stage {}", command_, tied_param_,
+             pipe_->stage());
+    Tensor local = g.is_distributed() ? to_local(g) : g;
+    tied_comm_.all_reduce(local);
+  }
   if (one_pass_)
     master_->attach_model_grads();
   else
@@ -267,7 +284,11 @@ double Trainer::clip(int64_t step, double loss) {
   if (pipe_) {
     // Pipeline: the squares of every stage's gradients summed over the pipeline dim, then the
     // same scaling as clip_grad_norm.
-    const double mine = clip_grad_norm(master_->master_params(), 0);
+    // A tied weight held by two stages counts once (the first stage's).
+    NamedTensors counted;
+    for (const auto& [name, p] : master_->master_params())
+      if (!(pipe_->is_last() && !pipe_->is_first() && name == tied_param_)) counted.emplace_back(name, p);
+    const double mine = clip_grad_norm(counted, 0);
     Tensor sq = from_vector<double>({mine * mine}, Shape{1});
     pipe_->comm().all_reduce(sq);
     norm = std::sqrt(sq.to_vector<double>()[0]);

@@ -115,6 +115,8 @@ class Trainer {
   // Pipeline plans (docs/pipeline.md): the schedule runner and the dropout offsets of the units.
   std::unique_ptr<PipelineRunner> pipe_;
   std::unique_ptr<PipelineRng> rng_;
+  Communicator tied_comm_;  // tied embeddings: the first and the last stage (on those two only)
+  std::string tied_param_;
   StepResult pipeline_gradients(const std::function<TokenBatch()>& next);
 };
 

@@ -3,7 +3,7 @@
 #   plan:   `meshtrain plan` prints the stages, their parameter counts and the schedule;
 #   parity: the stock pipeline plans train like one device (every loss, grad norm, weight and
 #           gradient in the --json report within 1e-5 relative), with dropout 0.1, under 1F1B
-#           and GPipe;
+#           and GPipe; tied word embeddings (the gradient summed over the first and last stage);
 #   checkpoints: a run saved under pp 2 resumes under no plan, pp 4 and pp 2 x dp 2 with the
 #           losses of the uninterrupted single-device run; a sharded checkpoint of llama_tp
 #           resumes under pp 2;
@@ -98,6 +98,16 @@ if [ "$MODE" = fast ]; then
   # Pipeline alone sums every gradient in the single-device order: 1e-5 for everything, 20 steps.
   parity "$PLANS/llama_pp.plan" 2 20 2 1e-5 1e-5
   parity "$WORK/llama_pp_gpipe.plan" 2 3 1 1e-5 1e-5
+  # Tied word embeddings: the first and the last stage both hold the embedding weight and sum its
+  # gradient (in another order than one device: 1e-4 after 20 AdamW steps).
+  python3 - "$WORK/tied.json" <<'PY'
+import json, sys
+json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 128,
+           "intermediate_size": 344, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "hidden_act": "silu", "max_position_embeddings": 1024, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+           "tie_word_embeddings": True, "initializer_range": 0.02, "torch_dtype": "float32"}, open(sys.argv[1], "w"))
+PY
+  parity "$PLANS/llama_pp.plan" 2 20 2 1e-5 1e-4 --config "$WORK/tied.json"
   # With dp the gradient all-reduce rounds differently (as llama_dp): drift-tol after AdamW.
   parity "$PLANS/llama_pp_dp.plan" 4 2 2 1e-5 5e-2 --batch 4
 

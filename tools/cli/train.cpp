@@ -225,6 +225,11 @@ int run_train(int argc, char** argv) {
     fmt::print("plan {} on {} ranks: mesh {}, input placements {}, gradient reduction {}\n", plan->path, plan->world,
                plan->plan_mesh.str(), placements_on(par->input_placements("model"), plan->plan_mesh),
                args.flag("no-fuse") ? "unfused" : "fused buckets");
+  if (plan && plan->is_pipeline())
+    fmt::print("pipeline: {} stages over {} of mesh {}, schedule {}, {} micro-batches (--accum); rank 0 is stage 0 "
+               "with {} parameters; checkpoints are saved as gathered full tensors\n",
+               plan->pipeline->size(), plan->pipeline->dim, plan->full_mesh.str(),
+               schedule_name(plan->pipeline->schedule), accum, plan->pipeline->stages[0].params);
 
   std::unique_ptr<ShardedSaver> saver;
   // Pipeline plans save gathered full tensors (docs/pipeline.md, "Checkpoints").

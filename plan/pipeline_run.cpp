@@ -18,8 +18,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 // (kind, dim) per placement (8 x 2)].
 constexpr int64_t kMaxActDims = 8;
 constexpr int64_t kHeader = 4 + 2 * kMaxActDims + 2 * kMaxActDims;
-// Tags: 4 per micro-batch (header, activation, gradient).
-int tag_of(int64_t micro, int kind) { return static_cast<int>(micro * 4 + kind); }
+// Tags: 4 per (micro-batch, receiving global chunk): header, activation, gradient.
 constexpr int kHeaderTag = 0, kActTag = 1, kGradTag = 2;
 
 int64_t encode_placement(const Placement& p) {
@@ -44,8 +43,8 @@ Placement decode_placement(int64_t kind, int64_t dim) {
 }  // namespace
 
 PipelineRunner::PipelineRunner(const DeviceMesh& mesh, const std::string& dim, const DeviceMesh& stage_mesh,
-                               PipelineScheduleKind schedule, Device device)
-    : stage_mesh_(stage_mesh), comm_(mesh.comm(dim)), schedule_(schedule), device_(device) {
+                               PipelineScheduleKind schedule, Device device, int64_t virtual_stages)
+    : stage_mesh_(stage_mesh), comm_(mesh.comm(dim)), schedule_(schedule), device_(device), virtual_(virtual_stages) {
   stages_ = mesh.size(dim);
   stage_ = mesh.coordinate(dim);
 }
@@ -60,9 +59,9 @@ void PipelineRunner::wait_sends() {
   pending_.clear();
 }
 
-Tensor PipelineRunner::recv_activation(int peer, int tag_micro, Tensor* leaf) {
+Tensor PipelineRunner::recv_activation(int peer, int tag, Tensor* leaf) {
   Tensor h = empty(Shape{kHeader}, DType::kI64);
-  comm_.recv(h, peer, tag_of(tag_micro, kHeaderTag));
+  comm_.recv(h, peer, tag + kHeaderTag);
   std::vector<int64_t> v = h.to_vector<int64_t>();
   const int64_t nd = v[0];
   Shape local, global;
@@ -71,7 +70,7 @@ Tensor PipelineRunner::recv_activation(int peer, int tag_micro, Tensor* leaf) {
     global.push_back(v[static_cast<size_t>(4 + kMaxActDims + i)]);
   }
   Tensor x = empty(local, TensorOptions(static_cast<DType>(v[2])).with_device(device_));
-  comm_.recv(x, peer, tag_of(tag_micro, kActTag));
+  comm_.recv(x, peer, tag + kActTag);
   x.requires_grad_(true);
   *leaf = x;
   if (v[1] == 0) return x;
@@ -98,17 +97,21 @@ Tensor PipelineRunner::recv_like(const Tensor& like, int peer, int tag) {
 void PipelineRunner::run(const Step& step) {
   const auto t_run = Clock::now();
   stats_ = {};
-  const int prev = static_cast<int>(stage_ - 1), next = static_cast<int>(stage_ + 1);
-  std::map<int64_t, Tensor> inputs, outputs;  // per micro-batch, until its backward
-  for (const PipelineAction& a : pipeline_schedule(schedule_, stages_, stage_, step.micros)) {
-    const int64_t m = a.micro;
+  const int64_t p = stages_, V = virtual_, chunks = p * V;
+  // Global chunk of this stage's chunk v; the stage and the tag base of a message to chunk c.
+  auto global = [&](int64_t v) { return v * p + stage_; };
+  auto stage_of = [&](int64_t c) { return static_cast<int>(c % p); };
+  auto tag = [&](int64_t m, int64_t c) { return static_cast<int>((m * chunks + c) * 4); };
+  std::map<std::pair<int64_t, int64_t>, Tensor> inputs, outputs;  // per (micro-batch, chunk), until its backward
+  for (const PipelineAction& a : pipeline_schedule(schedule_, p, stage_, step.micros, V)) {
+    const int64_t m = a.micro, v = a.chunk, c = global(v);
     if (a.forward) {
       Tensor leaf;
-      Tensor x = is_first() ? step.input(m) : recv_activation(prev, m, &leaf);
+      Tensor x = takes_input(v) ? step.input(m) : recv_activation(stage_of(c - 1), tag(m, c), &leaf);
       const auto t0 = Clock::now();
-      Tensor y = step.forward(m, x);
+      Tensor y = step.forward(m, v, x);
       stats_.compute_s += since(t0);
-      if (!is_last()) {
+      if (!makes_loss(v)) {
         const Tensor local = y.is_distributed() ? to_local(y.detach()) : y.detach();
         MT_CHECK(local.dim() <= kMaxActDims, "pipeline: activation of {} dims (at most {})", local.dim(), kMaxActDims);
         std::vector<int64_t> hv(static_cast<size_t>(kHeader), 0);
@@ -117,7 +120,8 @@ void PipelineRunner::run(const Step& step) {
         hv[2] = static_cast<int64_t>(local.dtype());
         for (int i = 0; i < local.dim(); ++i) {
           hv[static_cast<size_t>(4 + i)] = local.size(i);
-          hv[static_cast<size_t>(4 + kMaxActDims + i)] = y.is_distributed() ? dtensor_spec(y, "pipeline").global_shape()[static_cast<size_t>(i)] : local.size(i);
+          hv[static_cast<size_t>(4 + kMaxActDims + i)] =
+              y.is_distributed() ? dtensor_spec(y, "pipeline").global_shape()[static_cast<size_t>(i)] : local.size(i);
         }
         if (y.is_distributed()) {
           const Placements& ps = dtensor_spec(y, "pipeline").placements();
@@ -127,27 +131,27 @@ void PipelineRunner::run(const Step& step) {
             hv[4 + 2 * kMaxActDims + 2 * i + 1] = ps[i].dim();
           }
         }
-        send(from_vector<int64_t>(hv, Shape{kHeader}), next, tag_of(m, kHeaderTag));
-        send(local, next, tag_of(m, kActTag));
+        send(from_vector<int64_t>(hv, Shape{kHeader}), stage_of(c + 1), tag(m, c + 1) + kHeaderTag);
+        send(local, stage_of(c + 1), tag(m, c + 1) + kActTag);
         stats_.messages += 1;
         stats_.bytes += local.numel() * dtype_size(local.dtype());
       }
-      if (!is_first()) inputs[m] = leaf;
-      outputs[m] = y;
+      if (!takes_input(v)) inputs[{m, v}] = leaf;
+      outputs[{m, v}] = y;
     } else {
-      Tensor y = outputs.at(m);
-      outputs.erase(m);
-      Tensor g = is_last() ? Tensor() : recv_like(y, next, tag_of(m, kGradTag));
+      Tensor y = outputs.at({m, v});
+      outputs.erase({m, v});
+      Tensor g = makes_loss(v) ? Tensor() : recv_like(y, stage_of(c + 1), tag(m, c) + kGradTag);
       if (step.before_backward) step.before_backward(m);
       const auto t0 = Clock::now();
       y.backward(g);
       stats_.compute_s += since(t0);
-      if (!is_first()) {
+      if (!takes_input(v)) {
         // The received local tensor is the leaf (from_local's input): its gradient is local.
-        Tensor gx = inputs.at(m).grad();
-        inputs.erase(m);
+        Tensor gx = inputs.at({m, v}).grad();
+        inputs.erase({m, v});
         MT_CHECK(gx.defined(), "pipeline stage {}: micro-batch {}: the input got no gradient", stage_, m);
-        send(gx, prev, tag_of(m, kGradTag));
+        send(gx, stage_of(c - 1), tag(m, c - 1) + kGradTag);
         stats_.messages += 1;
         stats_.bytes += gx.numel() * dtype_size(gx.dtype());
       }

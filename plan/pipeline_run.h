@@ -33,13 +33,19 @@ class PipelineRunner {
  public:
   // `mesh`: the plan's whole mesh; `dim`: the pipeline dim; `stage_mesh`: mesh without `dim` as
   // this rank sees it (DeviceMesh::select of the other dims). Received tensors go to `device`.
+  // `virtual_stages`: chunks per stage under interleaved 1F1B (chunk v of stage s is global chunk
+  // v * stages + s; its output goes to stage s + 1, or from the last stage to stage 0's chunk v + 1).
   PipelineRunner(const DeviceMesh& mesh, const std::string& dim, const DeviceMesh& stage_mesh,
-                 PipelineScheduleKind schedule, Device device = Device::cpu());
+                 PipelineScheduleKind schedule, Device device = Device::cpu(), int64_t virtual_stages = 1);
 
   int64_t stages() const { return stages_; }
   int64_t stage() const { return stage_; }
   bool is_first() const { return stage_ == 0; }
   bool is_last() const { return stage_ + 1 == stages_; }
+  int64_t virtual_stages() const { return virtual_; }
+  // Whether chunk v of this stage takes the model's input / computes the loss.
+  bool takes_input(int64_t v) const { return is_first() && v == 0; }
+  bool makes_loss(int64_t v) const { return is_last() && v + 1 == virtual_; }
   PipelineScheduleKind schedule() const { return schedule_; }
   void set_schedule(PipelineScheduleKind s) { schedule_ = s; }
   Communicator& comm() { return comm_; }  // over the pipeline dim (group rank = stage)
@@ -48,9 +54,9 @@ class PipelineRunner {
     int64_t micros = 1;
     // The first stage's input of micro-batch m (placed on the stage mesh).
     std::function<Tensor(int64_t m)> input;
-    // Runs this stage's modules on x: the output to send on, or on the last stage the (scaled)
-    // scalar loss to run backward from.
-    std::function<Tensor(int64_t m, const Tensor& x)> forward;
+    // Runs this stage's modules (of its chunk v) on x: the output to send on, or where
+    // makes_loss(v) the (scaled) scalar loss to run backward from.
+    std::function<Tensor(int64_t m, int64_t v, const Tensor& x)> forward;
     // Called before micro-batch m's backward (e.g. GradReducer::set_sync on the last one).
     std::function<void(int64_t m)> before_backward;
   };
@@ -60,7 +66,7 @@ class PipelineRunner {
 
  private:
   void send(const Tensor& t, int peer, int tag);
-  Tensor recv_activation(int peer, int micro, Tensor* leaf);
+  Tensor recv_activation(int peer, int tag, Tensor* leaf);
   Tensor recv_like(const Tensor& like, int peer, int tag);
   void wait_sends();
 
@@ -69,6 +75,7 @@ class PipelineRunner {
   int64_t stages_ = 1, stage_ = 0;
   PipelineScheduleKind schedule_;
   Device device_;
+  int64_t virtual_ = 1;
   PipelineStats stats_;
   std::vector<std::pair<Work, Tensor>> pending_;  // sends in flight and what they read
 };

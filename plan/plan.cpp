@@ -362,7 +362,9 @@ void Plan::add_entry(PlanEntry e) {
 
 // ---- pipeline lines ----
 
-const char* schedule_name(PipelineScheduleKind k) { return k == PipelineScheduleKind::kGPipe ? "gpipe" : "1f1b"; }
+const char* schedule_name(PipelineScheduleKind k) {
+  return k == PipelineScheduleKind::kGPipe ? "gpipe" : k == PipelineScheduleKind::kInterleaved ? "interleaved" : "1f1b";
+}
 
 std::string StageEntry::str() const {
   if (even()) return fmt::format("stages {}=even", dim);
@@ -421,11 +423,12 @@ void Plan::add_stage(StageEntry e) {
   stages_.push_back(std::move(e));
 }
 
-void Plan::set_schedule(const std::string& dim, PipelineScheduleKind k, PlanLoc loc) {
+void Plan::set_schedule(const std::string& dim, PipelineScheduleKind k, PlanLoc loc, int64_t virtual_stages) {
   claim_pipeline_dim(dim, loc);
   MT_CHECK(!schedule_set_, "{}: the schedule is set twice (first at {}); expected one schedule line", loc.str(),
            schedule_loc_.str());
   schedule_ = k;
+  virtual_stages_ = virtual_stages;
   schedule_loc_ = std::move(loc);
   schedule_set_ = true;
 }
@@ -449,10 +452,18 @@ StageEntry parse_stage_how(StageEntry e, const std::string& how) {
   return e;
 }
 
-PipelineScheduleKind parse_schedule_value(const std::string& value, const PlanLoc& loc) {
-  MT_CHECK(value == "1f1b" || value == "gpipe", "{}: unknown schedule '{}'; expected 1f1b or gpipe", loc.str(),
-           printable(value));
-  return value == "gpipe" ? PipelineScheduleKind::kGPipe : PipelineScheduleKind::kOneFOneB;
+// "1f1b", "gpipe", "interleaved(V)": the kind and V (1 but for interleaved).
+std::pair<PipelineScheduleKind, int64_t> parse_schedule_value(const std::string& value, const PlanLoc& loc) {
+  if (value == "gpipe") return {PipelineScheduleKind::kGPipe, 1};
+  if (value == "1f1b") return {PipelineScheduleKind::kOneFOneB, 1};
+  const std::string pre = "interleaved(";
+  if (value.rfind(pre, 0) == 0 && value.back() == ')') {
+    const std::string v = value.substr(pre.size(), value.size() - pre.size() - 1);
+    MT_CHECK(small_number(v) && std::stoll(v) >= 2, "{}: interleaved({}) needs V >= 2 virtual stages per rank, e.g. "
+             "interleaved(2)", loc.str(), printable(v));
+    return {PipelineScheduleKind::kInterleaved, std::stoll(v)};
+  }
+  MT_FAIL("{}: unknown schedule '{}'; expected 1f1b, gpipe or interleaved(V)", loc.str(), printable(value));
 }
 
 }  // namespace
@@ -478,7 +489,8 @@ Plan& Plan::stages(const std::string& how) {
 Plan& Plan::schedule(const std::string& how) {
   PlanLoc loc = next_builder_loc();
   auto [dim, value] = dim_value(how, loc, "DIM=1f1b or DIM=gpipe, e.g. pp=1f1b");
-  set_schedule(dim, parse_schedule_value(value, loc), loc);
+  auto [kind, v] = parse_schedule_value(value, loc);
+  set_schedule(dim, kind, loc, v);
   return *this;
 }
 
@@ -622,7 +634,9 @@ std::string Plan::str() const {
   s += "\n";
   for (const auto& e : entries_) s += e.str() + "\n";
   for (const auto& e : stages_) s += e.str() + "\n";
-  if (schedule_set_) s += fmt::format("schedule {}={}\n", pipeline_dim_, schedule_name(schedule_));
+  if (schedule_set_)
+    s += fmt::format("schedule {}={}{}\n", pipeline_dim_, schedule_name(schedule_),
+                     schedule_ == PipelineScheduleKind::kInterleaved ? fmt::format("({})", virtual_stages_) : "");
   return s;
 }
 
@@ -677,13 +691,14 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
     if (kw == "stage" || kw == "stages" || kw == "schedule") {
       const char* expect = kw == "stage"    ? "'stage REGEX pp=K', e.g. 'stage model\\.layers\\.[01] pp=0'"
                            : kw == "stages" ? "'stages pp=even'"
-                                            : "'schedule pp=1f1b' or 'schedule pp=gpipe'";
+                                            : "'schedule pp=1f1b', 'schedule pp=gpipe' or 'schedule pp=interleaved(2)'";
       const size_t want = kw == "stage" ? 3 : 2;
       MT_CHECK(toks.size() == want, "{}: '{}' takes {} word{}; expected {}", loc_of(toks[0]).str(), kw, want - 1,
                want == 2 ? "" : "s", expect);
       if (kw == "schedule") {
         auto [dim, value] = dim_value(toks[1].text, loc_of(toks[1]), expect);
-        plan.set_schedule(dim, parse_schedule_value(value, loc_of(toks[1])), loc_of(toks[0]));
+        auto [kind, v] = parse_schedule_value(value, loc_of(toks[1]));
+        plan.set_schedule(dim, kind, loc_of(toks[0]), v);
         continue;
       }
       StageEntry e;

@@ -94,8 +94,10 @@ struct StageEntry {
 // The one dim of a stage's mesh when the pipeline dim is the plan's only mesh dim.
 inline constexpr const char* kStageDim = "stage";
 
-enum class PipelineScheduleKind { kOneFOneB, kGPipe };
-const char* schedule_name(PipelineScheduleKind k);  // "1f1b", "gpipe"
+// kInterleaved: interleaved 1F1B with virtual stages (`schedule pp=interleaved(V)`: each rank runs
+// V chunks of the layers, chunk c of the p * V on stage c % p).
+enum class PipelineScheduleKind { kOneFOneB, kGPipe, kInterleaved };
+const char* schedule_name(PipelineScheduleKind k);  // "1f1b", "gpipe", "interleaved"
 
 // A plan's mesh resolved for a world size.
 struct PlanMesh {
@@ -148,6 +150,7 @@ class Plan {
   const std::string& pipeline_dim() const { return pipeline_dim_; }
   bool is_pipeline() const { return !pipeline_dim_.empty(); }
   PipelineScheduleKind schedule_kind() const { return schedule_; }
+  int64_t virtual_stages() const { return virtual_stages_; }  // V of interleaved(V), else 1
   const PlanLoc& schedule_loc() const { return schedule_loc_; }
   // The plan each pipeline stage runs: the mesh without the pipeline dim (a mesh `stage=1` when
   // that was the only dim), the entries as they are, no stage lines. A plan without a pipeline
@@ -162,7 +165,7 @@ class Plan {
   // Used by the parser.
   void add_entry(PlanEntry e);
   void add_stage(StageEntry e);
-  void set_schedule(const std::string& dim, PipelineScheduleKind k, PlanLoc loc);
+  void set_schedule(const std::string& dim, PipelineScheduleKind k, PlanLoc loc, int64_t virtual_stages = 1);
   void set_mesh(std::vector<MeshDimDecl> dims, PlanLoc loc);
   void set_source(std::string s) { source_ = std::move(s); }
 
@@ -182,6 +185,7 @@ class Plan {
   PipelineScheduleKind schedule_ = PipelineScheduleKind::kOneFOneB;
   PlanLoc schedule_loc_;
   bool schedule_set_ = false;
+  int64_t virtual_stages_ = 1;
   void claim_pipeline_dim(const std::string& dim, const PlanLoc& loc);
   void check_not_pipeline_dim(const How& how, const PlanEntry& e) const;
 };

@@ -152,7 +152,7 @@ TEST_CASE("pipeline: bad stage lines name the plan line", "[cpu]") {
   CHECK_THAT(error_of([&] { parse_plan("mesh pp=2\nstages pp=even\nstage lm_head pp=1\n", "bad.plan"); }),
              Contains("bad.plan:3:1") && Contains("mixes with 'stages pp=even'"));
   CHECK_THAT(error_of([&] { parse_plan("mesh pp=2\nstages pp=even\nschedule pp=zigzag\n", "bad.plan"); }),
-             Contains("bad.plan:3:10") && Contains("unknown schedule 'zigzag'; expected 1f1b or gpipe"));
+             Contains("bad.plan:3:10") && Contains("unknown schedule 'zigzag'; expected 1f1b, gpipe or interleaved(V)"));
   CHECK_THAT(error_of([&] { parse_plan("mesh pp=2\nstage lm_head\n", "bad.plan"); }),
              Contains("bad.plan:2:1") && Contains("'stage' takes 2 words"));
   CHECK_THAT(error_of([&] { parse_plan("mesh pp=2\nstages pp=odd\n", "bad.plan"); }),

@@ -1,8 +1,9 @@
-// Pipeline schedules (docs/pipeline.md): for GPipe and 1F1B over the mpirun world as pp stages
+// Pipeline schedules (docs/pipeline.md): for GPipe, 1F1B and interleaved 1F1B (2 chunks per stage) over the mpirun world as pp stages
 // (the layers of the model split evenly), and micro-batch counts m, the forward/backward part of
 // a training step (no optimizer: the schedules differ only there) timed per step, and the bubble
 // fraction measured as 1 - (time in this stage's forward and backward) / (step time), averaged
-// over the stages, against the ideal (p-1)/(m+p-1) of equal stages with free communication. Also
+// over the stages, against the ideal (p-1)/(m+p-1) (interleaved: (p-1)/(2m+p-1)) of equal stages with
+// free communication. Also
 // the most micro-batches whose activations a stage keeps at once (1F1B: p - stage, GPipe: m).
 // Printed ratios, not timed tests. One process running the same micro-batches is the reference.
 // `mpirun -np P ./bench_pipeline [steps] [batch] [seq] [layers] [hidden]`
@@ -59,8 +60,7 @@ int main(int argc, char** argv) {
   cfg.intermediate_size = cfg.hidden_size * 3;
   const int p = world().size();
   const bool root = world().rank() == 0;
-  Plan plan = parse_plan("mesh pp=*\nstages pp=even\n", "bench_pipeline.plan");
-  const PlanMesh pm = plan.resolve_mesh(p);
+  const PlanMesh pm = parse_plan("mesh pp=*\nstages pp=even\n", "bench_pipeline.plan").resolve_mesh(p);
   // The world mesh with a size-1 dim for the stage meshes (as the CLI builds it).
   DeviceMesh mesh(Shape{p, 1}, {"pp", kStageDim});
   const DeviceMesh stage_mesh = mesh.select({kStageDim});
@@ -72,8 +72,14 @@ int main(int argc, char** argv) {
   for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}}) {
     const double one = root ? single_step(cfg, steps, m, B, T) : 0;
     double gpipe_s = 0;
-    for (PipelineScheduleKind kind : {PipelineScheduleKind::kGPipe, PipelineScheduleKind::kOneFOneB}) {
-      if (kind == PipelineScheduleKind::kOneFOneB && m < p) continue;
+    for (PipelineScheduleKind kind :
+         {PipelineScheduleKind::kGPipe, PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved}) {
+      if (kind != PipelineScheduleKind::kGPipe && m < p) continue;
+      const int64_t V = kind == PipelineScheduleKind::kInterleaved ? 2 : 1;
+      if (kind == PipelineScheduleKind::kInterleaved && (m % p != 0 || cfg.num_hidden_layers % (p * V) != 0)) continue;
+      Plan plan = parse_plan(fmt::format("mesh pp=*\nstages pp=even\nschedule pp={}\n",
+                                         V > 1 ? "interleaved(2)" : schedule_name(kind)),
+                             "bench_pipeline.plan");
       auto model = bench::build_model(cfg, bench::Materialize::kOnMeta);
       PipelineLayout layout = resolve_pipeline(plan, pm, pipeline_units_of(*model, model->pipeline_units()));
       const int64_t stage = mesh.coordinate("pp");
@@ -81,14 +87,16 @@ int main(int argc, char** argv) {
       prune_to_stage(*model, layout, stage);
       model->set_pipeline_span(st.first, st.last);
       Parallelized par = parallelize(*model, plan.without_pipeline(), stage_mesh);
-      PipelineRunner runner(mesh, "pp", stage_mesh, kind);
+      PipelineRunner runner(mesh, "pp", stage_mesh, kind, Device::cpu(), V);
       PipelineRunner::Step s;
       s.micros = m;
       const Placements rep(1, Placement::replicate());
       s.input = [&](int64_t k) { return distribute_tensor(ids(B, T, cfg.vocab_size, k), stage_mesh, rep); };
-      s.forward = [&](int64_t k, const Tensor& x) {
+      s.forward = [&](int64_t k, int64_t v, const Tensor& x) {
+        const PipelineStage& ch = layout.chunk(stage, v);
+        model->set_pipeline_span(ch.first, ch.last);
         Tensor y = (*model)(std::vector<Tensor>{x})[0];
-        if (!runner.is_last()) return y;
+        if (!runner.makes_loss(v)) return y;
         Tensor l = cross_entropy(y, distribute_tensor(ids(B, T, cfg.vocab_size, k + 1), stage_mesh, rep));
         return div(l, static_cast<double>(m));
       };
@@ -109,10 +117,11 @@ int main(int argc, char** argv) {
       }
       if (kind == PipelineScheduleKind::kGPipe) gpipe_s = best;
       int64_t live = 0, most = 0;
-      for (const auto& a : pipeline_schedule(kind, p, 0, m)) most = std::max(most, live += a.forward ? 1 : -1);
+      for (const auto& a : pipeline_schedule(kind, p, 0, m, V)) most = std::max(most, live += a.forward ? 1 : -1);
       if (root)
-        fmt::print("| {} | {} | {:.2f} | {:.2f}x | {:.2f}x | {:.3f} | {:.3f} | {} |\n", schedule_name(kind), m, 1 / best,
-                   one / best, gpipe_s / best, bubble, bubble_fraction_theory(p, m), most);
+        fmt::print("| {}{} | {} | {:.2f} | {:.2f}x | {:.2f}x | {:.3f} | {:.3f} | {}{} |\n", schedule_name(kind),
+                   V > 1 ? "(2)" : "", m, 1 / best, one / best, gpipe_s / best, bubble,
+                   bubble_fraction_theory(p, m, V), most, V > 1 ? " chunks" : "");
     }
   }
   return 0;

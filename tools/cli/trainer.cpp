@@ -177,9 +177,13 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
                "meshtrain {}: --accum {} gives fewer micro-batches than the {} pipeline stages of {}: 1F1B needs at "
                "least one per stage (raise --accum, or 'schedule {}=gpipe' in the plan)",
                command, accum_, stages, plan->path, plan->pipeline->dim);
+      MT_CHECK(kind != PipelineScheduleKind::kInterleaved || accum_ % stages == 0,
+               "meshtrain {}: --accum {} is not a multiple of the {} pipeline stages of {}: interleaved 1F1B runs the "
+               "micro-batches in groups of one per stage", command, accum_, stages, plan->path);
       const NamedTensors params = model.named_parameters();
       const Device device = params.empty() ? Device::cpu() : params.front().second.device();
-      pipe_ = std::make_unique<PipelineRunner>(*plan->world_mesh, plan->pipeline->dim, *plan->mesh, kind, device);
+      pipe_ = std::make_unique<PipelineRunner>(*plan->world_mesh, plan->pipeline->dim, *plan->mesh, kind, device,
+                                               plan->pipeline->virtual_stages);
       rng_ = std::make_unique<PipelineRng>(model.config());
       if (!plan->tied_param.empty() && (pipe_->is_first() || pipe_->is_last())) {
         const std::vector<int>& pp = pipe_->comm().world_ranks();
@@ -240,16 +244,17 @@ StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) 
   Generator& gen = default_generator();
   const uint64_t base = gen.offset();
   const PipelineRng::Offsets& off = rng_->at(batches.front().inputs.shape());
-  const PipelineStage& st = plan_->pipeline->stages[static_cast<size_t>(plan_->stage)];
   std::vector<double> losses(static_cast<size_t>(accum_), 0.0);
   PipelineRunner::Step s;
   s.micros = accum_;
   s.input = [&](int64_t m) { return place_input(batches[static_cast<size_t>(m)].inputs, *par_, *plan_); };
-  s.forward = [&](int64_t m, const Tensor& x) {
+  s.forward = [&](int64_t m, int64_t v, const Tensor& x) {
+    const PipelineStage& ch = plan_->pipeline->chunk(plan_->stage, v);
+    if (pipe_->virtual_stages() > 1) model_.set_pipeline_span(ch.first, ch.last);
     // Dropout draws exactly the blocks the single-device run draws for these units (pipeline_rng.h).
-    gen.set_offset(base + static_cast<uint64_t>(m) * off.forward + off.unit_start[static_cast<size_t>(st.first)]);
+    gen.set_offset(base + static_cast<uint64_t>(m) * off.forward + off.unit_start[static_cast<size_t>(ch.first)]);
     Tensor y = model_(std::vector<Tensor>{x})[0];
-    if (!pipe_->is_last()) return y;
+    if (!pipe_->makes_loss(v)) return y;
     Tensor loss = cross_entropy(y, place_input(batches[static_cast<size_t>(m)].targets, *par_, *plan_));
     losses[static_cast<size_t>(m)] = scalar_value(loss);
     return accum_ > 1 ? div(loss, static_cast<double>(accum_)) : loss;

@@ -3,6 +3,7 @@
 // inputs of issue 15 fail naming the plan line, the schedules have the textbook order, the
 // pruned model holds only its stage's parameters, and the stock pipeline plans lower and run a
 // meta forward per stage.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -47,7 +48,8 @@ PipelineLayout layout_of(const std::string& text, int64_t world) {
   return resolve_pipeline(p, p.resolve_mesh(world), pipeline_units_of(*m, m->pipeline_units()));
 }
 
-const std::vector<std::string> kPipelineStock = {"llama_pp", "llama_pp_dp", "llama_pp_tp", "llama_pp_dp_tp"};
+const std::vector<std::string> kPipelineStock = {"llama_pp", "llama_pp_dp", "llama_pp_tp", "llama_pp_dp_tp",
+                                                 "llama_pp_interleaved"};
 
 }  // namespace
 
@@ -177,6 +179,62 @@ TEST_CASE("pipeline: GPipe and 1F1B schedules", "[cpu]") {
     CHECK(most == 4 - s);
   }
   CHECK(std::abs(bubble_fraction_theory(4, 8) - 3.0 / 11.0) < 1e-15);
+  CHECK(std::abs(bubble_fraction_theory(4, 8, 2) - 3.0 / 19.0) < 1e-15);
+  // Interleaved (Megatron's order): 2 stages x 2 chunks, 4 micro-batches.
+  auto istr = [](int64_t p, int64_t s, int64_t m, int64_t v) {
+    std::string out;
+    for (const auto& a : pipeline_schedule(PipelineScheduleKind::kInterleaved, p, s, m, v))
+      out += fmt::format("{}{}.{} ", a.forward ? 'F' : 'B', a.micro, a.chunk);
+    return out;
+  };
+  CHECK(istr(2, 0, 4, 2) == "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0 ");
+  CHECK(istr(2, 1, 4, 2) == "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0 ");
+  // Every (micro-batch, chunk) once forward and once backward, backwards per chunk in micro order.
+  for (int64_t s = 0; s < 4; ++s) {
+    auto acts = pipeline_schedule(PipelineScheduleKind::kInterleaved, 4, s, 8, 3);
+    REQUIRE(acts.size() == 2 * 8 * 3);
+    std::vector<int64_t> next_b(3, 0), fwd(3, 0);
+    for (const auto& a : acts) {
+      if (a.forward) {
+        CHECK(a.micro == fwd[a.chunk]++);
+      } else {
+        CHECK(a.micro == next_b[a.chunk]++);
+        CHECK(a.micro < fwd[a.chunk]);
+      }
+    }
+  }
+}
+
+TEST_CASE("pipeline: interleaved chunks", "[cpu]") {
+  PipelineLayout l = layout_of("mesh pp=2\nstages pp=even\nschedule pp=interleaved(2)\n", 2);
+  REQUIRE(l.virtual_stages == 2);
+  REQUIRE(l.chunks.size() == 4);
+  CHECK(l.chunk(0, 0).first == 0);  // embed, layer 0
+  CHECK(l.chunk(0, 0).last == 2);
+  CHECK(l.chunk(1, 0).first == 2);  // layer 1
+  CHECK(l.chunk(0, 1).first == 3);  // layer 2
+  CHECK(l.chunk(1, 1).last == 7);   // layer 3, norm, lm_head
+  CHECK(l.stages[0].params == l.chunk(0, 0).params + l.chunk(0, 1).params);
+  CHECK_THAT(l.str(4), Contains("stage 0: model.embed_tokens .. model.layers.0 + model.layers.2"));
+  CHECK_THAT(l.str(4), Contains("stage 1: F0.0 F1.0 F0.1 B0.1"));
+  auto m = meta_model();
+  prune_to_stage(*m, l, 1);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : m->named_parameters()) names.push_back(name);
+  CHECK(names.front() == "model.layers.1.self_attn.q_proj.weight");
+  CHECK(std::find(names.begin(), names.end(), "model.layers.3.mlp.up_proj.weight") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "model.layers.2.mlp.up_proj.weight") == names.end());
+  // 4 layers do not make 2 x 4 chunks; stage lines do not go with interleaved; V >= 2.
+  CHECK_THAT(error_of([&] { (void)layout_of("mesh pp=2\nstages pp=even\nschedule pp=interleaved(4)\n", 2); }),
+             Contains("p.plan:3:1: interleaved(4) needs the 4 layers to split evenly into pp=2 x 4 chunks"));
+  CHECK_THAT(error_of([&] { (void)layout_of("mesh pp=2\nstage model\\.embed_tokens|model\\.layers\\.[01] pp=0\n"
+                                            "stage model\\.layers\\.[23]|model\\.norm|lm_head pp=1\n"
+                                            "schedule pp=interleaved(2)\n", 2); }),
+             Contains("p.plan:4:1: interleaved(2) splits the layers into 2 x 2 chunks itself"));
+  CHECK_THAT(error_of([&] { parse_plan("mesh pp=2\nstages pp=even\nschedule pp=interleaved(1)\n", "p.plan"); }),
+             Contains("p.plan:3:10: interleaved(1) needs V >= 2"));
+  REQUIRE(parse_plan("mesh pp=2\nstages pp=even\nschedule pp=interleaved(2)\n", "p.plan").str() ==
+          "mesh pp=2\nstages pp=even\nschedule pp=interleaved(2)\n");
 }
 
 TEST_CASE("pipeline: a pruned stage holds only its units' parameters", "[cpu]") {
@@ -202,7 +260,7 @@ TEST_CASE("pipeline: stock pipeline plans parse, print back, lower and run a met
     Plan p = load_plan(plans_dir() + "/" + name + ".plan");
     REQUIRE(p.is_pipeline());
     REQUIRE(parse_plan(p.str(), "again.plan").str() == p.str());
-    const int64_t world = name == "llama_pp_dp_tp" ? 8 : 4;
+    const int64_t world = name == "llama_pp_dp_tp" ? 8 : name == "llama_pp_interleaved" ? 2 : 4;
     const PlanMesh mesh = p.resolve_mesh(world);
     auto m = meta_model();
     PipelineLayout l = resolve_pipeline(p, mesh, pipeline_units_of(*m, m->pipeline_units()));

@@ -3,7 +3,7 @@
 #   plan:   `meshtrain plan` prints the stages, their parameter counts and the schedule;
 #   parity: the stock pipeline plans train like one device (every loss, grad norm, weight and
 #           gradient in the --json report within 1e-5 relative), with dropout 0.1, under 1F1B
-#           and GPipe; tied word embeddings (the gradient summed over the first and last stage);
+#           GPipe and interleaved 1F1B; tied word embeddings (the gradient summed over the first and last stage);
 #   checkpoints: a run saved under pp 2 resumes under no plan, pp 4 and pp 2 x dp 2 with the
 #           losses of the uninterrupted single-device run; a sharded checkpoint of llama_tp
 #           resumes under pp 2;
@@ -98,6 +98,9 @@ if [ "$MODE" = fast ]; then
   # Pipeline alone sums every gradient in the single-device order: 1e-5 for everything, 20 steps.
   parity "$PLANS/llama_pp.plan" 2 20 2 1e-5 1e-5
   parity "$WORK/llama_pp_gpipe.plan" 2 3 1 1e-5 1e-5
+  # Interleaved 1F1B: llama-tiny's 4 layers as 2 x 2 chunks, each micro-batch crossing both stages
+  # twice.
+  parity "$PLANS/llama_pp_interleaved.plan" 2 20 4 1e-5 1e-5
   # Tied word embeddings: the first and the last stage both hold the embedding weight and sum its
   # gradient (in another order than one device: 1e-4 after 20 AdamW steps).
   python3 - "$WORK/tied.json" <<'PY'
@@ -138,6 +141,8 @@ PY
   # ---- bad input --------------------------------------------------------------------------------
   expect_error "1F1B with --accum below the stage count" "--accum 1" "fewer micro-batches than the 2 pipeline stages" \
     "schedule pp=gpipe" -- mpi 2 "$BIN" parity --plan "$PLANS/llama_pp.plan" $SMALL --steps 1 --accum 1
+  expect_error "interleaved with --accum not a multiple of pp" "--accum 3 is not a multiple of the 2 pipeline stages" -- \
+    mpi 2 "$BIN" parity --plan "$PLANS/llama_pp_interleaved.plan" $SMALL --steps 1 --accum 3
   expect_error "pp 3 does not divide 4 layers" "llama_pp.plan:6:1" "split evenly over pp=3" -- \
     mpi 3 "$BIN" parity --plan "$PLANS/llama_pp.plan" $SMALL --steps 1 --accum 3
   printf 'mesh pp=2 dp=*\nstages pp=even\nplace model <in>:0 pp=S(0)\n' > "$WORK/bad.plan"

@@ -108,7 +108,7 @@ NamedTensors gather_stages(const PlanContext& ctx, const NamedTensors& tensors) 
     if (n > 0) comm.broadcast(bytes, s);
     std::string got;
     for (int64_t c : bytes.to_vector<int64_t>()) got += static_cast<char>(c);
-    size_t i = 0, pos = 0;
+    size_t i = 0;
     std::istringstream lines(got);
     std::string line;
     while (std::getline(lines, line)) {
@@ -125,7 +125,6 @@ NamedTensors gather_stages(const PlanContext& ctx, const NamedTensors& tensors) 
       if (seen.insert(name).second) out.emplace_back(name, t);
       ++i;
     }
-    (void)pos;
   }
   return out;
 }

@@ -9,7 +9,8 @@
 #           resumes under pp 2;
 #   bad input (exit 2, naming the flag or plan line): --accum below the stage count under 1F1B,
 #           a pp size that does not divide the layer count, an entry naming the pipeline dim.
-# MODE fast (suite cli/mpi, ~15 s) or slow (pp 4, pp x tp, pp x dp x tp at np 8; suite slow).
+# MODE fast (suite cli/mpi, ~25 s) or slow (pp 4, pp x tp, pp x dp x tp at np 8, pp x ZeRO-3;
+# suite slow, ~25 s).
 # usage: test_pipeline_cli.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
 BIN=$1
@@ -158,6 +159,10 @@ else
   # TP partial sums round differently (as llama_tp): drift-tol after AdamW.
   parity "$PLANS/llama_pp_tp.plan" 4 5 2 1e-5 5e-2
   parity "$PLANS/llama_pp_dp_tp.plan" 8 3 2 1e-5 5e-2 --batch 4
+  # ZeRO-3 within each stage (parameters stored S(0) over dp, gathered for compute).
+  printf 'mesh pp=2 dp=*\nstages pp=even\nplace model <in>:0 dp=S(0)\nfactory model rope dp=R\ninit .* .* dp=S(0)\nrun .* .* dp=R\n' \
+    > "$WORK/llama_pp_zero3.plan"
+  parity "$WORK/llama_pp_zero3.plan" 4 3 2 1e-5 5e-2 --batch 4
 fi
 
 echo "$fails failure(s)"

@@ -229,21 +229,35 @@ LlamaModel::LlamaModel(const ModelConfig& c, DType dtype) : config_(c) {
 std::vector<Tensor> LlamaModel::forward(const std::vector<Tensor>& inputs) {
   MT_CHECK(inputs.size() == 1, "LlamaModel '{}': expected 1 input (input_ids), got {}", path(), inputs.size());
   const Tensor& ids = inputs[0];
-  MT_CHECK(ids.dim() == 2 && is_integral(ids.dtype()) && ids.dtype() != DType::kBool,
+  MT_CHECK(!span_embed_ || (ids.dim() == 2 && is_integral(ids.dtype()) && ids.dtype() != DType::kBool),
            "LlamaModel '{}': input_ids must be an integer tensor [B, T], got {}", path(), ids.desc());
+  MT_CHECK(span_embed_ || (ids.dim() == 3 && is_floating(ids.dtype())),
+           "LlamaModel '{}': a pipeline stage after the embedding takes the hidden state [B, T, H], got {}", path(),
+           ids.desc());
   const int64_t T = ids.size(1);
-  Tensor h = (*embed_tokens_)(ids);
+  Tensor h = span_embed_ ? (*embed_tokens_)(ids) : ids;
   if (!cos_.defined() || cos_.size(0) != T || cos_.dtype() != h.dtype() || cos_.device() != h.device())
     std::tie(cos_, sin_) = rope_cos_sin(config_, T, h.dtype(), h.device());
   std::vector<Tensor> router_logits;
-  for (size_t i = 0; i < layers_->size(); ++i) {
+  const size_t last = span_last_ < 0 ? layers_->size() : static_cast<size_t>(span_last_);
+  for (size_t i = static_cast<size_t>(span_first_); i < last; ++i) {
     std::vector<Tensor> o = (*layers_->at(i))({h, cos_, sin_});
     h = o[0];
     if (o.size() > 1) router_logits.push_back(o[1]);
   }
-  std::vector<Tensor> out{(*norm_)(h)};
+  std::vector<Tensor> out{span_norm_ ? (*norm_)(h) : h};
   out.insert(out.end(), router_logits.begin(), router_logits.end());
   return out;
+}
+
+void LlamaModel::set_span(bool embed, int64_t layer_first, int64_t layer_last, bool norm) {
+  const auto n = static_cast<int64_t>(layers_->size());
+  MT_CHECK(0 <= layer_first && layer_first <= layer_last && layer_last <= n,
+           "LlamaModel '{}': layer span [{}, {}) outside the {} layers", path(), layer_first, layer_last, n);
+  span_embed_ = embed;
+  span_first_ = layer_first;
+  span_last_ = layer_last;
+  span_norm_ = norm;
 }
 
 CausalLM::CausalLM(const ModelConfig& c, DType dtype) : config_(c), dtype_(dtype) {
@@ -255,7 +269,37 @@ CausalLM::CausalLM(const ModelConfig& c, DType dtype) : config_(c), dtype_(dtype
                                                                    c.initializer_range, dtype));
 }
 
+std::vector<std::pair<std::string, bool>> CausalLM::pipeline_units() const {
+  std::vector<std::pair<std::string, bool>> u{{"model.embed_tokens", false}};
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) u.emplace_back(fmt::format("model.layers.{}", i), true);
+  u.emplace_back("model.norm", false);
+  if (lm_head_) u.emplace_back("lm_head", false);
+  return u;
+}
+
+void CausalLM::set_pipeline_span(int64_t first, int64_t last) {
+  const auto n = static_cast<int64_t>(pipeline_units().size());
+  MT_CHECK(0 <= first && first < last && last <= n, "CausalLM: pipeline span [{}, {}) outside the {} units", first,
+           last, n);
+  const int64_t L = config_.num_hidden_layers;
+  // unit 0: embedding; 1..L: layers; L + 1: norm; L + 2: lm_head.
+  auto clamp = [&](int64_t u) { return std::min(std::max<int64_t>(u - 1, 0), L); };
+  model_->set_span(first == 0, clamp(first), clamp(last), first <= L + 1 && last > L + 1);
+  span_first_ = first;
+  span_last_ = last == n && first == 0 ? -1 : last;
+}
+
 std::vector<Tensor> CausalLM::forward(const std::vector<Tensor>& inputs) {
+  const auto n = static_cast<int64_t>(pipeline_units().size());
+  if (span_last_ >= 0 && span_last_ < n) {  // a pipeline stage that ends before the logits
+    if (span_first_ > config_.num_hidden_layers + 1) return {inputs.at(0)};  // nothing of model (lm_head only: n/a)
+    std::vector<Tensor> o = (*model_)(inputs);
+    return {o[0]};
+  }
+  if (span_first_ > config_.num_hidden_layers + 1) {  // lm_head alone
+    Tensor logits = (*lm_head_)(inputs.at(0));
+    return {logits.dtype() == DType::kF64 || head_dtype_logits_ ? logits : logits.to(DType::kF32)};
+  }
   std::vector<Tensor> o = (*model_)(inputs);
   // HF computes lm_head in the weights' dtype, then logits.float(). f64 logits stay f64 (only
   // 16-bit logits are upcast), so f64 models keep full precision for gradient checks.

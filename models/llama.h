@@ -111,9 +111,15 @@ class LlamaModel : public Module {
   LlamaModel(const ModelConfig& config, DType dtype);
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
   const std::shared_ptr<Embedding>& embed_tokens() const { return embed_tokens_; }
+  // Pipeline stages (CausalLM::set_pipeline_span): forward runs the embedding only when `embed`
+  // (else input 0 is the hidden state [B, T, H]), layers [layer_first, layer_last), the final
+  // norm only when `norm`.
+  void set_span(bool embed, int64_t layer_first, int64_t layer_last, bool norm);
 
  private:
   ModelConfig config_;
+  bool span_embed_ = true, span_norm_ = true;
+  int64_t span_first_ = 0, span_last_ = -1;  // -1: every layer
   std::shared_ptr<Embedding> embed_tokens_;
   std::shared_ptr<ModuleList> layers_;
   std::shared_ptr<RMSNorm> norm_;
@@ -139,7 +145,19 @@ class CausalLM : public Module {
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
 
+  // Pipeline parallelism (plan/pipeline.h, docs/pipeline.md): the module paths of the pipeline
+  // units in forward order, "model.embed_tokens", "model.layers.0", .., "model.norm", "lm_head"
+  // (absent when tied); `is_layer` marks the decoder layers.
+  std::vector<std::pair<std::string, bool>> pipeline_units() const;
+  // forward() then runs only units [first, last): input 0 is the ids when first == 0, else the
+  // hidden state [B, T, H] unit first - 1 produced; output 0 is the logits when `last` is the
+  // unit count, else the hidden state (no router logits). (0, unit count) is the whole model.
+  // With tied embeddings the last stage's logits use model.embed_tokens.weight: that stage must
+  // keep the embedding module (prune_to_stage's `keep`).
+  void set_pipeline_span(int64_t first, int64_t last);
+
  private:
+  int64_t span_first_ = 0, span_last_ = -1;  // -1: the whole model
   ModelConfig config_;
   DType dtype_;
   std::shared_ptr<LlamaModel> model_;

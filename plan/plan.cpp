@@ -14,7 +14,8 @@ namespace mt {
 
 namespace {
 
-constexpr const char* kKeywords = "mesh, place, init, run, redistribute, annotate, factory, dispatch, fsdp";
+constexpr const char* kKeywords =
+    "mesh, place, init, run, redistribute, annotate, factory, dispatch, fsdp, stage, stages, schedule";
 // A plan is a page of text (the stock plans are under 2 KiB); anything far larger is not a plan.
 constexpr size_t kMaxPlanBytes = size_t{1} << 20;
 
@@ -355,7 +356,159 @@ void Plan::add_entry(PlanEntry e) {
   } else {
     check_how(e.how, "the entry");
   }
+  for (const How* h : {&e.how, &e.src, &e.grad_src, &e.grad_dst}) check_not_pipeline_dim(*h, e);
   entries_.push_back(std::move(e));
+}
+
+// ---- pipeline lines ----
+
+const char* schedule_name(PipelineScheduleKind k) {
+  return k == PipelineScheduleKind::kGPipe ? "gpipe" : k == PipelineScheduleKind::kInterleaved ? "interleaved" : "1f1b";
+}
+
+std::string StageEntry::str() const {
+  if (even()) return fmt::format("stages {}=even", dim);
+  return fmt::format("stage {} {}={}", module_re.empty() ? "()" : module_re, dim, stage);
+}
+
+void Plan::check_not_pipeline_dim(const How& how, const PlanEntry& e) const {
+  if (pipeline_dim_.empty()) return;
+  MT_CHECK(e.kind != PlanEntryKind::kFsdp,
+           "{}: fsdp entries do not go with pipeline stages yet (stages set at {}): an FSDP unit's gathered "
+           "parameters serve one forward and its backward, but a pipeline schedule keeps several micro-batches in "
+           "flight; expected place/init/run entries (ZeRO-3: 'init .* .* dp=S(0)' + 'run .* .* dp=R')",
+           e.loc.str(), pipeline_loc_.str());
+  for (const auto& d : how)
+    MT_CHECK(d.dim != pipeline_dim_,
+             "{}: '{}' names the pipeline dim '{}' (its stages are set at {}); expected the entry to name only the "
+             "other mesh dims: each pipeline stage applies the entries to its own modules",
+             d.loc.str(), d.str(), pipeline_dim_, pipeline_loc_.str());
+}
+
+void Plan::claim_pipeline_dim(const std::string& dim, const PlanLoc& loc) {
+  MT_CHECK(!mesh_.empty(), "{}: a pipeline line comes before the mesh; expected a 'mesh pp=2 ...' line first",
+           loc.str());
+  bool known = false;
+  std::string names;
+  for (const auto& m : mesh_) {
+    known |= m.name == dim;
+    names += names.empty() ? "" : ", ";
+    names += m.name;
+  }
+  MT_CHECK(known, "{}: '{}' names no mesh dim; expected the pipeline dim to be one of the plan's mesh dims: {} "
+           "(e.g. 'mesh pp=2 dp=*')", loc.str(), dim, names);
+  if (pipeline_dim_.empty()) {
+    pipeline_dim_ = dim;
+    pipeline_loc_ = loc;
+    for (const auto& e : entries_)
+      for (const How* h : {&e.how, &e.src, &e.grad_src, &e.grad_dst}) check_not_pipeline_dim(*h, e);
+    return;
+  }
+  MT_CHECK(dim == pipeline_dim_, "{}: pipeline dim '{}' differs from '{}' named at {}; expected one pipeline dim",
+           loc.str(), dim, pipeline_dim_, pipeline_loc_.str());
+}
+
+void Plan::add_stage(StageEntry e) {
+  claim_pipeline_dim(e.dim, e.how_loc);
+  for (const auto& o : stages_) {
+    MT_CHECK(!(o.even() && e.even()), "{}: a second 'stages {}=even' (first at {}); expected one", e.loc.str(), e.dim,
+             o.loc.str());
+    MT_CHECK(o.even() == e.even(),
+             "{}: '{}' mixes with '{}' at {}; expected either 'stage REGEX {}=K' lines or one 'stages {}=even'",
+             e.loc.str(), e.str(), o.str(), o.loc.str(), e.dim, e.dim);
+  }
+  if (!e.even()) {
+    (void)PathRegex(e.module_re, e.module_loc, "a regex over module paths, e.g. model\\.layers\\.[0-3]");
+    for (const auto& m : mesh_)
+      MT_CHECK(m.name != e.dim || m.size < 0 || e.stage < m.size,
+               "{}: stage {} is outside mesh dim {} of size {}; expected {}=0 .. {}={}", e.how_loc.str(), e.stage,
+               e.dim, m.size, e.dim, e.dim, m.size - 1);
+  }
+  stages_.push_back(std::move(e));
+}
+
+void Plan::set_schedule(const std::string& dim, PipelineScheduleKind k, PlanLoc loc, int64_t virtual_stages) {
+  claim_pipeline_dim(dim, loc);
+  MT_CHECK(!schedule_set_, "{}: the schedule is set twice (first at {}); expected one schedule line", loc.str(),
+           schedule_loc_.str());
+  schedule_ = k;
+  virtual_stages_ = virtual_stages;
+  schedule_loc_ = std::move(loc);
+  schedule_set_ = true;
+}
+
+namespace {
+
+// "pp=3" / "pp=even" / "pp=1f1b": the dim and the value (errors name `loc`).
+std::pair<std::string, std::string> dim_value(const std::string& text, const PlanLoc& loc, const char* expect) {
+  const size_t eq = text.find('=');
+  MT_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < text.size(), "{}: '{}' is not DIM=VALUE; expected {}",
+           loc.str(), printable(text), expect);
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+StageEntry parse_stage_how(StageEntry e, const std::string& how) {
+  auto [dim, value] = dim_value(how, e.how_loc, "DIM=K, e.g. pp=0");
+  e.dim = dim;
+  MT_CHECK(small_number(value), "{}: '{}' is not a stage number; expected {}=K with K a stage index (0, 1, ..)",
+           e.how_loc.str(), printable(how), dim);
+  e.stage = std::stoll(value);
+  return e;
+}
+
+// "1f1b", "gpipe", "interleaved(V)": the kind and V (1 but for interleaved).
+std::pair<PipelineScheduleKind, int64_t> parse_schedule_value(const std::string& value, const PlanLoc& loc) {
+  if (value == "gpipe") return {PipelineScheduleKind::kGPipe, 1};
+  if (value == "1f1b") return {PipelineScheduleKind::kOneFOneB, 1};
+  const std::string pre = "interleaved(";
+  if (value.rfind(pre, 0) == 0 && value.back() == ')') {
+    const std::string v = value.substr(pre.size(), value.size() - pre.size() - 1);
+    MT_CHECK(small_number(v) && std::stoll(v) >= 2, "{}: interleaved({}) needs V >= 2 virtual stages per rank, e.g. "
+             "interleaved(2)", loc.str(), printable(v));
+    return {PipelineScheduleKind::kInterleaved, std::stoll(v)};
+  }
+  MT_FAIL("{}: unknown schedule '{}'; expected 1f1b, gpipe or interleaved(V)", loc.str(), printable(value));
+}
+
+}  // namespace
+
+Plan& Plan::stage(const std::string& module_re, const std::string& how) {
+  StageEntry e;
+  e.loc = e.module_loc = e.how_loc = next_builder_loc();
+  e.module_re = module_re;
+  add_stage(parse_stage_how(std::move(e), how));
+  return *this;
+}
+
+Plan& Plan::stages(const std::string& how) {
+  StageEntry e;
+  e.loc = e.module_loc = e.how_loc = next_builder_loc();
+  auto [dim, value] = dim_value(how, e.loc, "DIM=even, e.g. pp=even");
+  MT_CHECK(value == "even", "{}: '{}': expected {}=even (an even split of the layers)", e.loc.str(), how, dim);
+  e.dim = dim;
+  add_stage(std::move(e));
+  return *this;
+}
+
+Plan& Plan::schedule(const std::string& how) {
+  PlanLoc loc = next_builder_loc();
+  auto [dim, value] = dim_value(how, loc, "DIM=1f1b or DIM=gpipe, e.g. pp=1f1b");
+  auto [kind, v] = parse_schedule_value(value, loc);
+  set_schedule(dim, kind, loc, v);
+  return *this;
+}
+
+Plan Plan::without_pipeline() const {
+  if (!is_pipeline()) return *this;
+  Plan p = *this;
+  p.mesh_.clear();
+  for (const auto& d : mesh_)
+    if (d.name != pipeline_dim_) p.mesh_.push_back(d);
+  if (p.mesh_.empty()) p.mesh_.push_back({kStageDim, 1, mesh_loc_});
+  p.stages_.clear();
+  p.pipeline_dim_.clear();
+  p.schedule_set_ = false;
+  return p;
 }
 
 PlanLoc Plan::next_builder_loc() { return PlanLoc{source_, ++builder_calls_, 0}; }
@@ -484,6 +637,10 @@ std::string Plan::str() const {
   for (const auto& d : mesh_) s += fmt::format(" {}={}", d.name, d.size < 0 ? "*" : std::to_string(d.size));
   s += "\n";
   for (const auto& e : entries_) s += e.str() + "\n";
+  for (const auto& e : stages_) s += e.str() + "\n";
+  if (schedule_set_)
+    s += fmt::format("schedule {}={}{}\n", pipeline_dim_, schedule_name(schedule_),
+                     schedule_ == PipelineScheduleKind::kInterleaved ? fmt::format("({})", virtual_stages_) : "");
   return s;
 }
 
@@ -533,6 +690,35 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
         dims.push_back({t.substr(0, eq), size == "*" ? -1 : std::stoll(size), loc_of(toks[i])});
       }
       plan.set_mesh(std::move(dims), loc_of(toks[0]));
+      continue;
+    }
+    if (kw == "stage" || kw == "stages" || kw == "schedule") {
+      const char* expect = kw == "stage"    ? "'stage REGEX pp=K', e.g. 'stage model\\.layers\\.[01] pp=0'"
+                           : kw == "stages" ? "'stages pp=even'"
+                                            : "'schedule pp=1f1b', 'schedule pp=gpipe' or 'schedule pp=interleaved(2)'";
+      const size_t want = kw == "stage" ? 3 : 2;
+      MT_CHECK(toks.size() == want, "{}: '{}' takes {} word{}; expected {}", loc_of(toks[0]).str(), kw, want - 1,
+               want == 2 ? "" : "s", expect);
+      if (kw == "schedule") {
+        auto [dim, value] = dim_value(toks[1].text, loc_of(toks[1]), expect);
+        auto [kind, v] = parse_schedule_value(value, loc_of(toks[1]));
+        plan.set_schedule(dim, kind, loc_of(toks[0]), v);
+        continue;
+      }
+      StageEntry e;
+      e.loc = loc_of(toks[0]);
+      e.module_loc = loc_of(toks[1]);
+      e.how_loc = loc_of(toks[want - 1]);
+      if (kw == "stage") {
+        e.module_re = toks[1].text == "()" ? "" : toks[1].text;
+        plan.add_stage(parse_stage_how(std::move(e), toks[2].text));
+      } else {
+        auto [dim, value] = dim_value(toks[1].text, e.how_loc, expect);
+        MT_CHECK(value == "even", "{}: '{}': expected {}=even (an even split of the layers by count)", e.how_loc.str(),
+                 printable(toks[1].text), dim);
+        e.dim = dim;
+        plan.add_stage(std::move(e));
+      }
       continue;
     }
     PlanEntry e;

@@ -76,6 +76,29 @@ struct MeshDimDecl {
   PlanLoc loc;
 };
 
+// Pipeline parallelism (docs/pipeline.md): `stage REGEX pp=K` puts the pipeline units (the model's
+// top-level blocks in forward order: embedding, each decoder layer, final norm, lm_head) whose
+// paths fully match REGEX on stage K of mesh dim pp; `stages pp=even` splits the layers evenly
+// instead (the embedding with the first stage, norm and lm_head with the last). `schedule
+// pp=1f1b|gpipe` picks the schedule (default 1f1b). The dim these lines name is the plan's
+// pipeline dim; no other entry may name it.
+struct StageEntry {
+  std::string module_re;  // empty for `stages DIM=even`
+  std::string dim;
+  int64_t stage = -1;     // -1: `stages DIM=even`
+  PlanLoc loc, module_loc, how_loc;
+  bool even() const { return stage < 0; }
+  std::string str() const;  // "stage model\.layers\.[01] pp=0" / "stages pp=even"
+};
+
+// The one dim of a stage's mesh when the pipeline dim is the plan's only mesh dim.
+inline constexpr const char* kStageDim = "stage";
+
+// kInterleaved: interleaved 1F1B with virtual stages (`schedule pp=interleaved(V)`: each rank runs
+// V chunks of the layers, chunk c of the p * V on stage c % p).
+enum class PipelineScheduleKind { kOneFOneB, kGPipe, kInterleaved };
+const char* schedule_name(PipelineScheduleKind k);  // "1f1b", "gpipe", "interleaved"
+
 // A plan's mesh resolved for a world size.
 struct PlanMesh {
   std::vector<std::string> names;
@@ -108,6 +131,11 @@ class Plan {
   // paths relative to the unit match `params` are laid out by the FSDP layout planner and stored
   // as RaggedShards, gathered for compute. how = "dp=rows", "dp=rows(32)" or "dp=whole".
   Plan& fsdp(const std::string& module_re, const std::string& params, const std::string& how);
+  // Pipeline stages (see StageEntry): stage("model\\.layers\\.[01]", "pp=0"), stages("pp=even"),
+  // schedule("pp=gpipe").
+  Plan& stage(const std::string& module_re, const std::string& how);
+  Plan& stages(const std::string& how);
+  Plan& schedule(const std::string& how);
   using Typed = std::vector<std::pair<std::string, Placement>>;
   Plan& place(const std::string& module_re, const std::string& tensor, const Typed& how);
   Plan& init(const std::string& module_re, const std::string& tensor, const Typed& how);
@@ -117,6 +145,17 @@ class Plan {
   const std::string& source() const { return source_; }  // file name or "<builder>"
   const std::vector<MeshDimDecl>& mesh_dims() const { return mesh_; }
   const std::vector<PlanEntry>& entries() const { return entries_; }
+  const std::vector<StageEntry>& stage_entries() const { return stages_; }
+  // The mesh dim the stage lines name; empty for a plan without pipeline parallelism.
+  const std::string& pipeline_dim() const { return pipeline_dim_; }
+  bool is_pipeline() const { return !pipeline_dim_.empty(); }
+  PipelineScheduleKind schedule_kind() const { return schedule_; }
+  int64_t virtual_stages() const { return virtual_stages_; }  // V of interleaved(V), else 1
+  const PlanLoc& schedule_loc() const { return schedule_loc_; }
+  // The plan each pipeline stage runs: the mesh without the pipeline dim (a mesh `stage=1` when
+  // that was the only dim), the entries as they are, no stage lines. A plan without a pipeline
+  // dim is returned as it is.
+  Plan without_pipeline() const;
   // The mesh for `world` ranks: "*" is world / (product of the others). Throws at the mesh line
   // when the world does not fit.
   PlanMesh resolve_mesh(int64_t world) const;
@@ -125,6 +164,8 @@ class Plan {
 
   // Used by the parser.
   void add_entry(PlanEntry e);
+  void add_stage(StageEntry e);
+  void set_schedule(const std::string& dim, PipelineScheduleKind k, PlanLoc loc, int64_t virtual_stages = 1);
   void set_mesh(std::vector<MeshDimDecl> dims, PlanLoc loc);
   void set_source(std::string s) { source_ = std::move(s); }
 
@@ -138,6 +179,15 @@ class Plan {
   PlanLoc mesh_loc_;
   std::vector<MeshDimDecl> mesh_;
   std::vector<PlanEntry> entries_;
+  std::vector<StageEntry> stages_;
+  std::string pipeline_dim_;
+  PlanLoc pipeline_loc_;  // the first line that named the pipeline dim
+  PipelineScheduleKind schedule_ = PipelineScheduleKind::kOneFOneB;
+  PlanLoc schedule_loc_;
+  bool schedule_set_ = false;
+  int64_t virtual_stages_ = 1;
+  void claim_pipeline_dim(const std::string& dim, const PlanLoc& loc);
+  void check_not_pipeline_dim(const How& how, const PlanEntry& e) const;
 };
 
 // Parses a plan file (syntax: docs/plans.md). Errors: "file:line:column: what is wrong; expected

@@ -441,6 +441,22 @@ std::shared_ptr<Module> Module::get_module(const std::string& path) {
   return m->self_ptr();
 }
 
+std::shared_ptr<Module> Module::replace_module(const std::string& path, std::shared_ptr<Module> m) {
+  MT_CHECK(!path.empty(), "replace_module: the root module cannot be replaced");
+  MT_CHECK(m != nullptr, "replace_module: '{}' in {}: null module", path, where());
+  const size_t dot = path.rfind('.');
+  Module* parent = dot == std::string::npos ? this : const_cast<Module*>(find_module(path.substr(0, dot), "replace_module"));
+  const std::string name = dot == std::string::npos ? path : path.substr(dot + 1);
+  for (auto& [child_name, child] : parent->children_) {
+    if (child_name != name) continue;
+    std::shared_ptr<Module> old = child;
+    child = std::move(m);
+    child->set_path(join_path(parent->path_, name));
+    return old;
+  }
+  MT_FAIL("replace_module: {} has no module '{}'", where(), path);
+}
+
 // ---- state ------------------------------------------------------------------------------------
 
 Module::NamedTensors Module::state_dict() const {

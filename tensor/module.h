@@ -153,6 +153,10 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor& parameter_slot(const std::string& path);
   Tensor get_buffer(const std::string& path) const;
   std::shared_ptr<Module> get_module(const std::string& path);
+  // Puts `m` where the descendant at `path` (not the root) was, under the same name and path;
+  // returns the module it replaces. Pipeline stages use it to drop the other stages' modules
+  // (plan/pipeline.h). A ModuleList's at() keeps returning the old module.
+  std::shared_ptr<Module> replace_module(const std::string& path, std::shared_ptr<Module> m);
   // Where this module was last registered, from its root ("" for a root).
   const std::string& path() const { return path_; }
 

@@ -92,6 +92,9 @@ std::unique_ptr<Parallel> parallel_from(const Args& args) {
   if (args.str("plan").empty()) return nullptr;
   auto p = std::make_unique<Parallel>();
   p->ctx = load_plan_context(args.str("plan"));
+  MT_CHECK(!p->ctx.is_pipeline(), "{}: a pipeline plan (stage lines over '{}') runs under train and parity only; "
+           "eval, grad and init take the plans without stages (docs/pipeline.md)", p->ctx.path,
+           p->ctx.full_plan.pipeline_dim());
   quiet_non_root(p->ctx);
   return p;
 }

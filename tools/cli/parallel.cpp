@@ -3,7 +3,10 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
+#include <sstream>
 
+#include "mesh/communicator.h"
 #include "mesh/dtensor.h"
 #include "mesh/world.h"
 #include "runtime/error.h"
@@ -24,7 +27,106 @@ PlanContext load_plan_context(const std::string& path) {
     MT_FAIL("{}: {} (mpirun -np {})", path, what, ctx.world);
   }
   ctx.mesh = std::make_shared<DeviceMesh>(ctx.plan_mesh.shape, ctx.plan_mesh.names);
+  if (ctx.plan.is_pipeline()) {
+    // Each stage runs the plan without the pipeline dim on its own sub-mesh (docs/pipeline.md).
+    ctx.full_plan = ctx.plan;
+    ctx.full_mesh = ctx.plan_mesh;
+    ctx.world_mesh = ctx.mesh;
+    std::vector<std::string> others;
+    for (const auto& n : ctx.full_mesh.names)
+      if (n != ctx.full_plan.pipeline_dim()) others.push_back(n);
+    if (others.empty()) {
+      // `mesh pp=*`: each stage is one rank, a mesh of one dim of size 1 (Plan::without_pipeline).
+      Shape shape = ctx.full_mesh.shape;
+      shape.push_back(1);
+      std::vector<std::string> names = ctx.full_mesh.names;
+      names.push_back(kStageDim);
+      ctx.world_mesh = std::make_shared<DeviceMesh>(shape, names);
+      others.push_back(kStageDim);
+    }
+    ctx.mesh = std::make_shared<DeviceMesh>(ctx.world_mesh->select(others));
+    ctx.plan = ctx.full_plan.without_pipeline();
+    ctx.plan_mesh = ctx.plan.resolve_mesh(ctx.mesh->size());
+    ctx.stage = ctx.world_mesh->coordinate(ctx.full_plan.pipeline_dim());
+  }
   return ctx;
+}
+
+Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {
+  if (ctx.is_pipeline()) {
+    const ModelConfig& cfg = model.config();
+    MT_CHECK(!(cfg.is_moe() && ((cfg.output_router_logits && cfg.router_aux_loss_coef != 0) ||
+                                cfg.router_z_loss_coef != 0)),
+             "{}: the MoE router losses need every layer's router logits on the last pipeline stage; not supported "
+             "under pipeline parallelism (set --moe-aux-loss 0 --moe-z-loss 0)", ctx.path);
+    ctx.pipeline = std::make_shared<PipelineLayout>(
+        resolve_pipeline(ctx.full_plan, ctx.full_mesh, pipeline_units_of(model, model.pipeline_units())));
+    const PipelineStage& st = ctx.pipeline->stages[static_cast<size_t>(ctx.stage)];
+    // Tied embeddings: the last stage keeps the embedding too (its weight makes the logits); the
+    // two copies start equal (the same init record or checkpoint tensor) and stay equal because
+    // their gradients are summed over the two stages (Trainer).
+    std::vector<std::string> keep;
+    if (cfg.tie_word_embeddings && ctx.pipeline->size() > 1) {
+      ctx.tied_param = "model.embed_tokens.weight";
+      if (ctx.stage + 1 == ctx.pipeline->size()) keep.push_back("model.embed_tokens");
+    }
+    prune_to_stage(model, *ctx.pipeline, ctx.stage, keep);
+    model.set_pipeline_span(st.first, st.last);
+  }
+  return parallelize(model, ctx.plan, *ctx.mesh);
+}
+
+namespace {
+
+// Names, dtypes and shapes of `t` as one line each: "name dtype d0 d1 ..".
+std::string describe(const NamedTensors& t) {
+  std::string s;
+  for (const auto& [name, x] : t) {
+    s += fmt::format("{} {}", name, static_cast<int>(x.dtype()));
+    for (int64_t d : x.shape()) s += fmt::format(" {}", d);
+    s += "\n";
+  }
+  return s;
+}
+
+}  // namespace
+
+NamedTensors gather_stages(const PlanContext& ctx, const NamedTensors& tensors) {
+  NamedTensors mine = mt::full_tensors(tensors);
+  for (auto& [name, t] : mine) t = t.detach().to(Device::cpu());
+  if (!ctx.is_pipeline()) return mine;
+  Communicator comm = ctx.world_mesh->comm(ctx.full_plan.pipeline_dim());
+  NamedTensors out;
+  std::set<std::string> seen;
+  for (int s = 0; s < comm.size(); ++s) {
+    const std::string text = s == comm.rank() ? describe(mine) : "";
+    Tensor len = from_vector<int64_t>({static_cast<int64_t>(text.size())}, Shape{1});
+    comm.broadcast(len, s);
+    const int64_t n = len.to_vector<int64_t>()[0];
+    std::vector<int64_t> chars(text.begin(), text.end());
+    Tensor bytes = s == comm.rank() ? from_vector<int64_t>(chars, Shape{n}) : empty(Shape{n}, DType::kI64);
+    if (n > 0) comm.broadcast(bytes, s);
+    std::string got;
+    for (int64_t c : bytes.to_vector<int64_t>()) got += static_cast<char>(c);
+    size_t i = 0;
+    std::istringstream lines(got);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::istringstream f(line);
+      std::string name;
+      int dtype = 0;
+      f >> name >> dtype;
+      Shape shape;
+      int64_t d = 0;
+      while (f >> d) shape.push_back(d);
+      Tensor t = s == comm.rank() ? mine[i].second.contiguous() : empty(shape, static_cast<DType>(dtype));
+      comm.broadcast(t, s);
+      // A name every stage holds (the optimizer's "step") is kept once.
+      if (seen.insert(name).second) out.emplace_back(name, t);
+      ++i;
+    }
+  }
+  return out;
 }
 
 void quiet_non_root(const PlanContext& ctx) {

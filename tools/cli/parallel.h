@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "mesh/device_mesh.h"
+#include "models/llama.h"
 #include "plan/parallelize.h"
+#include "plan/pipeline.h"
 #include "plan/plan.h"
 #include "tensor/tensor.h"
 
@@ -18,6 +20,9 @@ namespace mt::cli {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// With a pipeline plan (stage lines over a `pp` dim, docs/pipeline.md), `plan`, `plan_mesh` and
+// `mesh` are those of this rank's stage (the plan without the pipeline dim: what parallelize(),
+// the reducer and the input placement use), `full_plan` / `full_mesh` / `world_mesh` the whole.
 struct PlanContext {
   std::string path;
   Plan plan;
@@ -25,7 +30,27 @@ struct PlanContext {
   std::shared_ptr<DeviceMesh> mesh;
   int rank = 0, world = 1;
   bool is_root() const { return rank == 0; }
+  // Pipeline plans only.
+  Plan full_plan;
+  PlanMesh full_mesh;
+  std::shared_ptr<DeviceMesh> world_mesh;
+  std::shared_ptr<PipelineLayout> pipeline;  // set by parallelize_run
+  int64_t stage = 0;
+  // Tied word embeddings over several stages: the parameter both the first and the last stage
+  // hold (its gradient is summed over the two); empty otherwise.
+  std::string tied_param;
+  bool is_pipeline() const { return full_plan.is_pipeline(); }
 };
+
+// parallelize(model, ctx.plan, *ctx.mesh), after, for a pipeline plan, resolving its stages
+// against the model (ctx.pipeline, ctx.stage), dropping the other stages' modules and setting the
+// model's span to this stage. `model` is built on meta (or loaded whole).
+[[nodiscard]] Parallelized parallelize_run(CausalLM& model, PlanContext& ctx);
+
+// Pipeline plans: every stage's tensors (full, plain, on the host) in stage order, on every rank
+// (collective over the world); `tensors` are this rank's (DTensors or plain). Other plans: the
+// full tensors (full_tensors below).
+NamedTensors gather_stages(const PlanContext& ctx, const NamedTensors& tensors);
 
 // Reads the plan file and resolves its mesh for world().size(). Errors name the file (and the
 // line for a malformed plan or a mesh the world does not fit).

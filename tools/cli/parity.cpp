@@ -289,7 +289,7 @@ int parity_main(int argc, char** argv) {
   }
   manual_seed(seed);
   std::shared_ptr<CausalLM> model = build_run_model(cfg, hf.empty() ? nullptr : &start, true);
-  Parallelized par = parallelize(*model, plan.plan, *plan.mesh);
+  Parallelized par = parallelize_run(*model, *s.plan);
   if (!s.device.is_cpu()) {  // built and sharded on the host as in train, then moved (the same bytes)
     model->to(s.device);
     if (ref_model) ref_model->to(s.device);
@@ -301,6 +301,10 @@ int parity_main(int argc, char** argv) {
   if (ref_trainer) ref_trainer->master().master_to_model();
   uint64_t par_offset = default_generator().offset();
 
+  // Pipeline plans: every stage's tensors, gathered on every rank, are compared.
+  auto mine = [&plan](const NamedTensors& t) { return plan.is_pipeline() ? gather_stages(plan, t) : t; };
+  MT_CHECK(!(plan.is_pipeline() && args.flag("per-module")),
+           "meshtrain parity: --per-module does not support pipeline plans yet ({})", plan.path);
   ParityReport report;
   report.plan = plan.path;
   report.world = plan.world;
@@ -327,12 +331,12 @@ int parity_main(int argc, char** argv) {
     // Gradients before clipping (what grad writes, and what the optimizer is given after the
     // clip): of step 1, where both sides start from the same weights, and of the last step.
     if (in_process && (step == 0 || last)) {
-      auto diffs = compare_tensors(gradients_of(trainer.master().master_params()),
+      auto diffs = compare_tensors(mine(gradients_of(trainer.master().master_params())),
                                    gradients_of(ref_trainer->master().master_params()), plan, "in-process");
       (step == 0 ? report.first_grads : report.grads) = std::move(diffs);
     }
     if (ref.kind == Reference::Kind::kGradients)
-      report.first_grads = compare_tensors(gradients_of(trainer.master().master_params()), ref.grads, plan, ref.path);
+      report.first_grads = compare_tensors(mine(gradients_of(trainer.master().master_params())), ref.grads, plan, ref.path);
     row.grad_norm = trainer.clip(step, row.loss);
     if (in_process) row.ref_grad_norm = ref_trainer->clip(step, *row.ref_loss);
     trainer.apply();
@@ -340,10 +344,10 @@ int parity_main(int argc, char** argv) {
     report.steps.push_back(row);
   }
   if (in_process)
-    report.weights = compare_tensors(trainer.master().master_params(), ref_trainer->master().master_params(), plan,
+    report.weights = compare_tensors(mine(trainer.master().master_params()), ref_trainer->master().master_params(), plan,
                                      "in-process");
   if (ref.kind == Reference::Kind::kCheckpoint)
-    report.weights = compare_tensors(trainer.master().master_params(), ref.weights, plan, ref.path);
+    report.weights = compare_tensors(mine(trainer.master().master_params()), ref.weights, plan, ref.path);
 
   if (args.flag("per-module")) {
     // One more forward/backward from the reference's weights on both sides, with hooks, each side

@@ -148,7 +148,8 @@ std::vector<TensorDiff> compare_tensors(const NamedTensors& parallel, const Name
   if (world > 1 && n > 0) {
     Tensor t = from_vector<double>(slots, Shape{static_cast<int64_t>(slots.size())});
     Tensor s = from_vector<double>(shapes, Shape{static_cast<int64_t>(shapes.size())});
-    Communicator comm = ctx.mesh->comm();
+    // Pipeline plans: the whole world (the stage mesh holds only this stage's ranks).
+    Communicator comm = ctx.is_pipeline() ? ctx.world_mesh->comm() : ctx.mesh->comm();
     comm.all_reduce(t);
     comm.all_reduce(s);
     slots = t.to_vector<double>();

@@ -11,6 +11,7 @@
 #include "models/llama.h"
 #include "plan/check.h"
 #include "plan/lower.h"
+#include "plan/pipeline.h"
 #include "plan/plan.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"
@@ -86,6 +87,18 @@ int run_plan(int argc, char** argv) {
     check_plan_forward(plan, mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(config); }, ids);
   }
   fmt::print("# plan {} for {} on a world of {}: mesh {}\n", plan_path, args.str("config"), world, mesh.str());
+  if (plan.is_pipeline()) {
+    // Stages, their parameter counts and the schedule for --accum micro-batches (docs/pipeline.md).
+    const PipelineLayout layout = resolve_pipeline(plan, mesh, pipeline_units_of(*model, model->pipeline_units()));
+    const int64_t accum = args.integer("accum", 1, 1 << 20);
+    fmt::print("# {}", layout.str(accum));
+    if (config.tie_word_embeddings && layout.size() > 1)
+      fmt::print("# tied word embeddings: model.embed_tokens.weight on stages 0 and {}, its gradient summed over the "
+                 "two\n", layout.size() - 1);
+    if (layout.schedule == PipelineScheduleKind::kOneFOneB && accum < layout.size())
+      fmt::print("# note: 1F1B needs --accum >= {} (the stage count); train and parity refuse --accum {}\n",
+                 layout.size(), accum);
+  }
   if (args.flag("fsdp-layout")) {
     MT_CHECK(!ir.fsdp_units.empty(), "meshtrain plan --fsdp-layout: plan {} has no fsdp entries", plan_path);
     fmt::print("# FSDP layouts: {} units\n", ir.fsdp_units.size());

@@ -298,6 +298,8 @@ int run_sweep(const Args& args, const std::string& config_name, const ModelConfi
   const auto t0 = Clock::now();
   for (const std::string& pp : plans) {
     Plan plan = load_plan(pp);
+    MT_CHECK(!plan.is_pipeline(), "{}: --estimate and --sweep do not model pipeline stages yet (docs/pipeline.md); "
+             "plan without the stage lines", pp);
     for (int64_t w : axes.at("world"))
       for (int64_t tp : axes.at("tp")) {
         Row row{pp, "", "", w};
@@ -404,6 +406,8 @@ int run_plan_estimate(const Args& args) {
   const std::string plan_path = args.required("plan");
   const int64_t world = args.integer("world", 1, kMaxWorld);
   Plan plan = load_plan(plan_path);
+  MT_CHECK(!plan.is_pipeline(), "{}: --estimate does not model pipeline stages yet (docs/pipeline.md); plan without "
+           "the stage lines", plan_path);
   PlanMesh mesh = plan.resolve_mesh(world);
   PlanRun r = estimate_plan(plan_path, plan, mesh, em, o, hw, 8);
   if (args.flag("json")) {

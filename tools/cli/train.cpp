@@ -163,7 +163,7 @@ int run_train(int argc, char** argv) {
   if (plan) {
     std::optional<SkipShardInitGuard> no_init;  // sharded resume: every shard is read below
     if (sharded_resume) no_init.emplace();
-    par = std::make_unique<Parallelized>(parallelize(*model, plan->plan, *plan->mesh));
+    par = std::make_unique<Parallelized>(parallelize_run(*model, *plan));
   }
   std::unique_ptr<ShardedCheckpointReader> reader;
   double read_s = 0;  // sharded resume: seconds spent reading this rank's boxes
@@ -172,7 +172,8 @@ int run_train(int argc, char** argv) {
     // Each rank reads only the boxes of its shards (docs/checkpoints.md, "Sharded checkpoints").
     reader = std::make_unique<ShardedCheckpointReader>(loaded.path);
     const NamedTensors params = model->named_parameters();
-    const NamedTensors values = reader->load_like("model", params);
+    // A pipeline stage reads only its own modules' tensors (docs/pipeline.md, "Checkpoints").
+    const NamedTensors values = reader->load_like("model", params, !plan->is_pipeline());
     NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       Tensor dst = params[i].second.is_distributed() ? to_local(params[i].second).detach() : params[i].second.detach();
@@ -195,7 +196,7 @@ int run_train(int argc, char** argv) {
     // Checkpoints hold full tensors: with --plan, each rank takes its shards of the moments.
     // Sharded checkpoints: this rank's boxes of the moments only.
     const auto r0 = std::chrono::steady_clock::now();
-    opt.load_state_dict(reader ? reader->load_like("optimizer", opt.state_dict())
+    opt.load_state_dict(reader ? reader->load_like("optimizer", opt.state_dict(), !plan->is_pipeline())
                         : plan ? shard_like(loaded.optimizer, opt.state_dict())
                                : loaded.optimizer);
     if (reader) read_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
@@ -224,9 +225,15 @@ int run_train(int argc, char** argv) {
     fmt::print("plan {} on {} ranks: mesh {}, input placements {}, gradient reduction {}\n", plan->path, plan->world,
                plan->plan_mesh.str(), placements_on(par->input_placements("model"), plan->plan_mesh),
                args.flag("no-fuse") ? "unfused" : "fused buckets");
+  if (plan && plan->is_pipeline())
+    fmt::print("pipeline: {} stages over {} of mesh {}, schedule {}, {} micro-batches (--accum); rank 0 is stage 0 "
+               "with {} parameters; checkpoints are saved as gathered full tensors\n",
+               plan->pipeline->size(), plan->pipeline->dim, plan->full_mesh.str(),
+               schedule_name(plan->pipeline->schedule), accum, plan->pipeline->stages[0].params);
 
   std::unique_ptr<ShardedSaver> saver;
-  if (plan && !ckpt_dir.empty() && !args.flag("gather-save"))
+  // Pipeline plans save gathered full tensors (docs/pipeline.md, "Checkpoints").
+  if (plan && !ckpt_dir.empty() && !args.flag("gather-save") && !plan->is_pipeline())
     saver = std::make_unique<ShardedSaver>(
         ShardedSaveOptions{ckpt_dir, overwrite, !args.flag("sync-save"), args.integer("keep")}, *plan, cfg);
   double gather_save_s = 0;  // --gather-save: the time spent in saves
@@ -248,7 +255,8 @@ int run_train(int argc, char** argv) {
       return;
     }
     if (!saver) {  // --gather-save: full tensors, gathered by every rank (collective); rank 0 writes
-      NamedTensors weights = cli::full_tensors(master.master_params()), moments = cli::full_tensors(opt.state_dict());
+      NamedTensors weights = gather_stages(*plan, master.master_params()),
+                   moments = gather_stages(*plan, opt.state_dict());
       refuse_non_finite(weights);
       if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s, overwrite));
       if (root) apply_retention(ckpt_dir, args.integer("keep"));

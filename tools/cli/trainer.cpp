@@ -6,15 +6,19 @@
 #include <limits>
 
 #include "models/corpus.h"
+#include "mesh/dtensor.h"
 #include "optim/clip.h"
 #include "runtime/error.h"
 #include "tensor/moe.h"
 #include "tensor/ops.h"
+#include "tensor/ops_nn.h"
+#include "tensor/random.h"
 #include "tools/cli/checks.h"
 
 namespace mt::cli {
 namespace {
 
+constexpr int kTiedTag = 0x7ed1;  // the tied-embedding pair's communicator
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 // A real flag in [lo, hi] (or [lo, hi) when `open_hi`), named in the error with why.
@@ -164,6 +168,30 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
     ro.fuse = !args.flag("no-fuse");
     ro.bucket_bytes = static_cast<int64_t>(args.real("bucket-mb") * (1 << 20));
     reducer_ = std::make_unique<GradReducer>(model, *plan->mesh, ro);
+    if (plan->is_pipeline()) {
+      MT_CHECK(plan->pipeline != nullptr, "meshtrain {}: internal: pipeline plan {} not resolved (parallelize_run)",
+               command, plan->path);
+      const PipelineScheduleKind kind = plan->pipeline->schedule;
+      const int64_t stages = plan->pipeline->size();
+      MT_CHECK(kind != PipelineScheduleKind::kOneFOneB || accum_ >= stages,
+               "meshtrain {}: --accum {} gives fewer micro-batches than the {} pipeline stages of {}: 1F1B needs at "
+               "least one per stage (raise --accum, or 'schedule {}=gpipe' in the plan)",
+               command, accum_, stages, plan->path, plan->pipeline->dim);
+      MT_CHECK(kind != PipelineScheduleKind::kInterleaved || accum_ % stages == 0,
+               "meshtrain {}: --accum {} is not a multiple of the {} pipeline stages of {}: interleaved 1F1B runs the "
+               "micro-batches in groups of one per stage", command, accum_, stages, plan->path);
+      const NamedTensors params = model.named_parameters();
+      const Device device = params.empty() ? Device::cpu() : params.front().second.device();
+      pipe_ = std::make_unique<PipelineRunner>(*plan->world_mesh, plan->pipeline->dim, *plan->mesh, kind, device,
+                                               plan->pipeline->virtual_stages);
+      rng_ = std::make_unique<PipelineRng>(model.config());
+      if (!plan->tied_param.empty() && (pipe_->is_first() || pipe_->is_last())) {
+        const std::vector<int>& pp = pipe_->comm().world_ranks();
+        tied_comm_ = Communicator::create({pp.front(), pp.back()}, kTiedTag,
+                                          "tied embeddings (first and last pipeline stage)");
+        tied_param_ = plan->tied_param;
+      }
+    }
   }
   // The model holds f32 weights here. For bf16, keep exact f32 copies as the optimizer's master
   // weights and cast the model itself to bf16 for compute.
@@ -188,6 +216,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
 
 StepResult Trainer::gradients(int64_t step, const std::function<TokenBatch()>& next) {
   opt_->set_lr(sched_.lr(step));
+  if (pipe_) return pipeline_gradients(next);
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum_; ++micro) {
     auto [inputs, targets] = next();
@@ -208,9 +237,76 @@ StepResult Trainer::gradients(int64_t step, const std::function<TokenBatch()>& n
   return {loss_sum / static_cast<double>(accum_), 0};
 }
 
+StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) {
+  // The micro-batches are drawn in the single-device order on every rank, whatever its stage.
+  std::vector<TokenBatch> batches;
+  for (int64_t m = 0; m < accum_; ++m) batches.push_back(next());
+  Generator& gen = default_generator();
+  const uint64_t base = gen.offset();
+  const PipelineRng::Offsets& off = rng_->at(batches.front().inputs.shape());
+  std::vector<double> losses(static_cast<size_t>(accum_), 0.0);
+  PipelineRunner::Step s;
+  s.micros = accum_;
+  s.input = [&](int64_t m) { return place_input(batches[static_cast<size_t>(m)].inputs, *par_, *plan_); };
+  s.forward = [&](int64_t m, int64_t v, const Tensor& x) {
+    const PipelineStage& ch = plan_->pipeline->chunk(plan_->stage, v);
+    if (pipe_->virtual_stages() > 1) model_.set_pipeline_span(ch.first, ch.last);
+    // Dropout draws exactly the blocks the single-device run draws for these units (pipeline_rng.h).
+    gen.set_offset(base + static_cast<uint64_t>(m) * off.forward + off.unit_start[static_cast<size_t>(ch.first)]);
+    Tensor y = model_(std::vector<Tensor>{x})[0];
+    if (!pipe_->makes_loss(v)) return y;
+    Tensor loss = cross_entropy(y, place_input(batches[static_cast<size_t>(m)].targets, *par_, *plan_));
+    losses[static_cast<size_t>(m)] = scalar_value(loss);
+    return accum_ > 1 ? div(loss, static_cast<double>(accum_)) : loss;
+  };
+  s.before_backward = [&](int64_t m) { reducer_->set_sync(m + 1 == accum_); };
+  pipe_->run(s);
+  gen.set_offset(base + static_cast<uint64_t>(accum_) * off.forward);
+  reducer_->finish();
+  if (tied_comm_.defined()) {
+    // Both stages hold the tied weight; each has the gradient of its own uses: their sum is the
+    // single-device gradient, on both (then both optimizers make the same update).
+    Tensor g = model_.get_parameter(tied_param_).grad();
+    MT_CHECK(g.defined(), "meshtrain {}: tied parameter {} got no gradient on pipeline stage {}", command_, tied_param_,
+             pipe_->stage());
+    Tensor local = g.is_distributed() ? to_local(g) : g;
+    tied_comm_.all_reduce(local);
+  }
+  if (one_pass_)
+    master_->attach_model_grads();
+  else
+    master_->grads_to_master();
+  double loss_sum = 0;
+  for (double l : losses) loss_sum += l;  // micro-batch order, as gradients() sums
+  Tensor t = from_vector<double>({loss_sum}, Shape{1});
+  pipe_->comm().broadcast(t, static_cast<int>(pipe_->stages() - 1));
+  return {t.to_vector<double>()[0] / static_cast<double>(accum_), 0};
+}
+
 double Trainer::clip(int64_t step, double loss) {
   // One pass: the norm here, the scaling inside the optimizer's read of each gradient.
-  const double norm = clip_grad_norm(master_->master_params(), one_pass_ ? 0 : grad_clip_);
+  double norm = 0;
+  if (pipe_) {
+    // Pipeline: the squares of every stage's gradients summed over the pipeline dim, then the
+    // same scaling as clip_grad_norm.
+    // A tied weight held by two stages counts once (the first stage's).
+    NamedTensors counted;
+    for (const auto& [name, p] : master_->master_params())
+      if (!(pipe_->is_last() && !pipe_->is_first() && name == tied_param_)) counted.emplace_back(name, p);
+    const double mine = clip_grad_norm(counted, 0);
+    Tensor sq = from_vector<double>({mine * mine}, Shape{1});
+    pipe_->comm().all_reduce(sq);
+    norm = std::sqrt(sq.to_vector<double>()[0]);
+    if (!one_pass_ && grad_clip_ > 0 && std::isfinite(norm) && grad_clip_ / (norm + 1e-6) < 1) {
+      NoGradGuard no_grad;
+      for (const auto& [name, p] : master_->master_params()) {
+        Tensor g = p.grad();
+        if (g.defined()) g.mul_(grad_clip_ / (norm + 1e-6));
+      }
+    }
+  } else {
+    norm = clip_grad_norm(master_->master_params(), one_pass_ ? 0 : grad_clip_);
+  }
   if (one_pass_ && grad_clip_ > 0 && std::isfinite(norm)) {
     const double coef = grad_clip_ / (norm + 1e-6);
     if (coef < 1) opt_->set_grad_scale(coef);

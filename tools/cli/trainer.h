@@ -24,7 +24,9 @@
 #include "optim/schedule.h"
 #include "plan/grad_reducer.h"
 #include "tools/cli/args.h"
+#include "plan/pipeline_run.h"
 #include "tools/cli/parallel.h"
+#include "tools/cli/pipeline_rng.h"
 
 namespace mt::cli {
 
@@ -95,6 +97,8 @@ class Trainer {
   MasterWeights& master() { return *master_; }
   AdamW& optimizer() { return *opt_; }
   const GradReducer* reducer() const { return reducer_.get(); }
+  // Pipeline plans: this stage's runner (its schedule may be changed between steps), else null.
+  PipelineRunner* pipeline() { return pipe_.get(); }
 
  private:
   CausalLM& model_;
@@ -108,6 +112,12 @@ class Trainer {
   std::unique_ptr<MasterWeights> master_;
   std::unique_ptr<AdamW> opt_;
   bool one_pass_ = false;  // 16-bit compute: AdamW reads 16-bit grads and writes the 16-bit weights
+  // Pipeline plans (docs/pipeline.md): the schedule runner and the dropout offsets of the units.
+  std::unique_ptr<PipelineRunner> pipe_;
+  std::unique_ptr<PipelineRng> rng_;
+  Communicator tied_comm_;  // tied embeddings: the first and the last stage (on those two only)
+  std::string tied_param_;
+  StepResult pipeline_gradients(const std::function<TokenBatch()>& next);
 };
 
 }  // namespace mt::cli

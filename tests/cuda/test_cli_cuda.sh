@@ -5,7 +5,8 @@
 # losses within 1e-5 relative; bf16 on CUDA tracking f32 on the CPU within 2e-2 relative; and,
 # under mpirun on one GPU (host-staged collectives), llama_dp and llama_tp (np 2), llama_dp_tp and
 # mixtral_ep_tp (np 4), mixtral_ep (np 1: NCCL; np 2), the FSDP plans llama_fsdp, llama_zero3 (np 2),
-# llama_fsdp_tp and llama_hsdp (np 4) and mixtral_fsdp_ep (np 2) training like the single-device run, and sharded
+# llama_fsdp_tp and llama_hsdp (np 4) and mixtral_fsdp_ep (np 2) training like the single-device run,
+# llama_pp (np 2, 1F1B) passing `meshtrain parity` on the GPU, and sharded
 # checkpoints saved on one device kind and resumed on the other under another plan. Without a GPU:
 # `--device cuda` fails with one line naming the flag (checked everywhere), then the script exits 77
 # (meson: SKIP).
@@ -97,6 +98,14 @@ if [ -n "$MPIRUN" ]; then
       && pass "$plan np $np on one GPU vs one CPU device: $r" || fail "$plan np $np cuda: $r"
   done
   grep -q "staged through host memory" "$WORK/err" && pass "one-line host-staging notice" || fail "no staging notice: $(head -n 3 "$WORK/err")"
+  # Pipeline stages on the GPU (docs/pipeline.md): activations and gradients sent point to point
+  # between the ranks (host-staged here); 1F1B over 2 micro-batches against the single-device run.
+  if mpi 2 "$BIN" parity --plan "$PLANS/llama_pp.plan" --config llama-tiny --device cuda --accum 2 --steps 5 \
+      >"$WORK/pp.out" 2>"$WORK/err"; then
+    pass "llama_pp np 2 on one GPU, 1F1B, accum 2: $(grep -m 1 '^PASS' "$WORK/pp.out" | cut -c1-120)"
+  else
+    fail "llama_pp np 2 cuda: $(grep -m 1 -E '^FAIL|\] error: ' "$WORK/pp.out" "$WORK/err" || tail -n 3 "$WORK/err")"
+  fi
   # Sharded checkpoints across devices and plans (docs/checkpoints.md): saved at step 10 on the GPU
   # under llama_tp, resumed on the CPU under llama_dp; and saved on the CPU, resumed on the GPU. Both
   # runs' 20 losses stay within 1e-5 of the single CPU device.

@@ -4,13 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_set>
 
 #include "kernels/registry.h"
 #include "mesh/dtensor.h"
 #include "mesh/shard_layout.h"
 #include "runtime/error.h"
-#include "tensor/autograd.h"
 
 namespace mt {
 
@@ -140,71 +138,24 @@ void AdamW8bit::update(Slot& slot, const Tensor& grad_in, double lr, double weig
   bump_version(v);
 }
 
-NamedTensors AdamW8bit::state_dict() const {
-  NamedTensors base = Optimizer::state_dict();  // "step", then "step.<name>"
-  NamedTensors out;
-  out.push_back(base.front());
+NamedTensors AdamW8bit::own_state() const {
+  NamedTensors own;
   for (const std::string& name : names_) {
     const State& s = state_.at(name);
     if (s.quantized) {
-      out.emplace_back("exp_avg_q." + name, s.m);
-      out.emplace_back("exp_avg_sq_q." + name, s.v);
-      out.emplace_back("absmax." + name, s.absmax);
+      own.emplace_back("exp_avg_q." + name, s.m);
+      own.emplace_back("exp_avg_sq_q." + name, s.v);
+      own.emplace_back("absmax." + name, s.absmax);
     } else {
-      out.emplace_back("exp_avg." + name, s.m);
-      out.emplace_back("exp_avg_sq." + name, s.v);
+      own.emplace_back("exp_avg." + name, s.m);
+      own.emplace_back("exp_avg_sq." + name, s.v);
     }
   }
-  for (size_t i = 1; i < base.size(); ++i) out.push_back(base[i]);
-  return out;
+  return own;
 }
 
-void AdamW8bit::load_state_dict(const NamedTensors& state) {
-  std::unordered_map<std::string, const Tensor*> mine;  // key -> destination's source
-  std::unordered_map<std::string, Tensor> dst;
-  for (const std::string& name : names_) {
-    const State& s = state_.at(name);
-    if (s.quantized) {
-      dst.emplace("exp_avg_q." + name, s.m);
-      dst.emplace("exp_avg_sq_q." + name, s.v);
-      dst.emplace("absmax." + name, s.absmax);
-    } else {
-      dst.emplace("exp_avg." + name, s.m);
-      dst.emplace("exp_avg_sq." + name, s.v);
-    }
-  }
-  NamedTensors base;
-  std::vector<std::string> problems;
-  for (const auto& [key, t] : state) {
-    auto it = dst.find(key);
-    if (it == dst.end()) {
-      base.emplace_back(key, t);  // "step", "step.<name>", or unexpected: the base reports it
-      continue;
-    }
-    if (!t.defined() || t.is_meta() || t.shape() != it->second.shape())
-      problems.push_back(fmt::format("'{}' is {} but the state is {}", key,
-                                     t.defined() ? t.desc() : std::string("undefined"), it->second.desc()));
-    else if (!mine.emplace(key, &t).second)
-      problems.push_back(fmt::format("key '{}' appears twice", key));
-  }
-  for (const auto& [key, t] : dst)
-    if (!mine.count(key) && std::none_of(problems.begin(), problems.end(), [&](const std::string& p) {
-          return p.find("'" + key + "'") != std::string::npos;
-        }))
-      problems.push_back(fmt::format("missing key '{}'", key));
-  if (!problems.empty()) {
-    std::sort(problems.begin(), problems.end());
-    std::string msg;
-    for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
-    if (problems.size() > 12) msg += fmt::format("; ... ({} more)", problems.size() - 12);
-    MT_FAIL("AdamW8bit.load_state_dict: {}", msg);
-  }
-  Optimizer::load_state_dict(base);  // checks the step counts and unexpected keys; throws first
-  NoGradGuard no_grad;
-  for (auto& [key, t] : dst) {
-    const Tensor& src = *mine.at(key);
-    t.copy_(src.device() == t.device() ? src : src.to(t.device()));
-  }
-}
+NamedTensors AdamW8bit::state_dict() const { return state_dict_with(own_state()); }
+
+void AdamW8bit::load_state_dict(const NamedTensors& state) { load_state_dict_with(state, own_state()); }
 
 }  // namespace mt

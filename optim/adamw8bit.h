@@ -61,6 +61,7 @@ class AdamW8bit : public Optimizer {
     Tensor absmax;   // f32 [rows, 2] (quantized only)
     int64_t row_numel = 1, block_rows = 1;
   };
+  NamedTensors own_state() const;
   AdamWOptions opts_;
   std::vector<std::string> names_;  // group order
   std::unordered_map<std::string, State> state_;

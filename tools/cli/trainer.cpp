@@ -9,6 +9,7 @@
 #include "models/corpus.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip.h"
+#include "optim/muon.h"
 #include "runtime/error.h"
 #include "tensor/moe.h"
 #include "tensor/ops.h"
@@ -34,7 +35,15 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& kind, const NamedTe
                                           const std::string& command) {
   std::vector<ParamGroup> groups = make_param_groups(params, weight_decay);
   if (kind == "adamw") return std::make_unique<AdamW>(std::move(groups), adam);
-  MT_CHECK(kind == "adamw8bit", "meshtrain {}: --optimizer must be adamw or adamw8bit, got '{}'", command, kind);
+  if (kind == "muon") {
+    MuonOptions mo;
+    mo.lr = adam.lr;
+    mo.beta1 = adam.beta1;
+    mo.beta2 = adam.beta2;
+    mo.eps = adam.eps;
+    return std::make_unique<Muon>(std::move(groups), mo);
+  }
+  MT_CHECK(kind == "adamw8bit", "meshtrain {}: --optimizer must be adamw, adamw8bit or muon, got '{}'", command, kind);
   if (par) {
     std::map<std::string, Shape> shapes;
     for (const auto& [name, p] : params) shapes.emplace(name, p.shape());
@@ -51,7 +60,8 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& kind, const NamedTe
 
 std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::string& default_seq) {
   return {
-      {"optimizer", "adamw, or adamw8bit (8-bit block-quantized moments, docs/optim.md)", "adamw", false},
+      {"optimizer", "adamw, adamw8bit (8-bit block-quantized moments) or muon (Newton-Schulz orthogonalized "
+                    "momentum for hidden matrices, AdamW for the rest); docs/optim.md", "adamw", false},
       {"batch", "sequences per micro-batch", default_batch, false},
       {"seq", "tokens per sequence", default_seq, false},
       {"accum", "micro-batches per optimizer step (gradient accumulation)", "1", false},
@@ -75,8 +85,8 @@ std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::st
 
 void validate_step_flags(const Args& args, const std::string& command) {
   const std::string opt = args.str("optimizer");
-  MT_CHECK(opt == "adamw" || opt == "adamw8bit", "meshtrain {}: --optimizer must be adamw or adamw8bit, got '{}'",
-           command, opt);
+  MT_CHECK(opt == "adamw" || opt == "adamw8bit" || opt == "muon",
+           "meshtrain {}: --optimizer must be adamw, adamw8bit or muon, got '{}'", command, opt);
   args.integer("batch", 1, kMaxBatch);
   args.integer("seq", 1, kMaxPositions);
   args.integer("accum", 1, kMaxAccum);

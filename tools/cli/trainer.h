@@ -29,7 +29,7 @@
 
 namespace mt::cli {
 
-// The optimizer of --optimizer ("adamw", "adamw8bit"; errors name `command`) over `params`
+// The optimizer of --optimizer ("adamw", "adamw8bit", "muon"; errors name `command`) over `params`
 // (decay `weight_decay` on the matrices), with `adam`'s lr, betas and eps. For adamw8bit under a
 // plan with FSDP units (`par`), the units' granularities must keep its 32-row blocks whole on one
 // rank (an error names the plan line).

@@ -180,10 +180,12 @@ void Muon::finish_step(bool apply) {
     Communicator comm;
     std::vector<int64_t> counts, none, mine;  // rows per rank; zeros; mine at the root
     int64_t me = 0, root = 0;
-    Tensor full, ortho;
+    Work gather, scatter;
+    Tensor ortho;
   };
   std::vector<Move> moves(q.size());
-  // 1. Every rank sends its rows of each matrix to that matrix's root (rank order = row order).
+  // 1. Every rank sends its rows of each matrix to that matrix's root (rank order = row order): all
+  //    the matrices' all-to-allv are started at once (the receive counts are known: no exchange).
   for (size_t i = 0; i < q.size(); ++i) {
     const State& s = state_.at(q[i].name);
     const int dim = split_dim_of(q[i].name, s.param);
@@ -195,20 +197,24 @@ void Muon::finish_step(bool apply) {
     mv.none.assign(mv.counts.size(), 0);
     mv.mine = mv.none;
     mv.mine[static_cast<size_t>(mv.root)] = mv.counts[static_cast<size_t>(mv.me)];
-    mv.full = mv.comm.all_to_allv(q[i].u, mv.mine, mv.me == mv.root ? mv.counts : mv.none);
+    mv.gather = mv.comm.all_to_allv_async(q[i].u, mv.mine, mv.me == mv.root ? mv.counts : mv.none);
   }
-  // 2. Each root orthogonalizes its matrices (the roots at the same time).
+  // 2. Each root orthogonalizes its matrices as their rows arrive (the roots at the same time, the
+  //    later gathers in flight meanwhile), and starts sending each rank its rows of the update.
   for (size_t i = 0; i < q.size(); ++i) {
     Move& mv = moves[i];
     const Shape& shape = state_.at(q[i].name).param.shape();
-    mv.ortho = mv.me == mv.root ? newton_schulz5(mv.full, opts_.ns_steps)
+    mv.gather.wait();
+    mv.ortho = mv.me == mv.root ? newton_schulz5(mv.gather.result(), opts_.ns_steps)
                                 : empty(Shape{0, shape[1]}, q[i].u.options());
+    mv.scatter = mv.comm.all_to_allv_async(mv.ortho, mv.me == mv.root ? mv.counts : mv.none, mv.mine);
   }
-  // 3. The root sends each rank its rows of the update; every rank applies its rows.
+  // 3. Every rank applies its rows of each update as they arrive.
   for (size_t i = 0; i < q.size(); ++i) {
     Move& mv = moves[i];
     const Shape& shape = state_.at(q[i].name).param.shape();
-    const Tensor o = mv.comm.all_to_allv(mv.ortho, mv.me == mv.root ? mv.counts : mv.none, mv.mine);
+    mv.scatter.wait();
+    const Tensor o = mv.scatter.result();
     Tensor p = q[i].p;
     if (q[i].decay != 1) p.mul_(q[i].decay);
     p.add_(o, -q[i].lr * shape_scale(shape[0], shape[1]));

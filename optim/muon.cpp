@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_set>
 
 #include "kernels/registry.h"
 #include "mesh/dtensor.h"
@@ -19,20 +20,20 @@ namespace {
 // Keller Jordan's quintic coefficients (https://kellerjordan.github.io/posts/muon/).
 constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315;
 
-// The mesh dim along which a DTensor Muon matrix is split (along tensor dim 0), or -1 when it is
-// whole on every rank. Throws for placements Muon cannot gather (splits of dim 1, Partial, two
-// split mesh dims).
+// How a DTensor Muon matrix is split: -1 whole on every rank; d >= 0 split along tensor dim 0 on
+// mesh dim d only (RaggedShard(0) or Shard(0): gathered to a root); kGeneral any other split
+// (tensor parallelism's S(1), splits on two mesh dims: replicated, orthogonalized on every rank).
+constexpr int kGeneral = -2;
+
 int split_dim_of(const std::string& name, const Tensor& p) {
   const DTensorSpec& spec = dtensor_spec(p, "Muon");
   int dim = -1;
   for (size_t j = 0; j < spec.placements().size(); ++j) {
     const Placement& pl = spec.placements()[j];
     if (pl.is_replicate()) continue;
-    MT_CHECK(pl.splits() && pl.dim() == 0 && pl.kind() != PlacementKind::kInterleavedShard && dim < 0,
-             "Muon: parameter '{}' is {}: Muon gathers a matrix split along tensor dim 0 on one mesh dim (FSDP's "
-             "RaggedShard(0), Shard(0)); placements {} are not supported (use AdamW for it: a name with 'embed' or "
-             "'lm_head', or a plan that keeps it whole on the other dims)",
-             name, p.desc(), spec.placements_str());
+    MT_CHECK(!pl.is_partial(), "Muon: parameter '{}' is {}: a Partial parameter cannot be updated", name, p.desc());
+    const bool rows = pl.dim() == 0 && pl.kind() != PlacementKind::kInterleavedShard;
+    if (!rows || dim != -1) return kGeneral;
     dim = static_cast<int>(j);
   }
   return dim;
@@ -107,6 +108,7 @@ Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& opts)
         s.buf = zeros_like(p);
         if (p.is_distributed()) {
           const int dim = split_dim_of(name, p);
+          if (dim == kGeneral) general_.insert(name);
           if (dim >= 0)
             jobs.push_back({ns_flops(p.shape()[0], p.shape()[1], opts.ns_steps), name,
                             dtensor_spec(p, "Muon").mesh().shape()[dim]});
@@ -166,7 +168,17 @@ void Muon::update(Slot& slot, const Tensor& grad_in, double lr, double weight_de
     queued_.push_back({slot.name, p, u.contiguous(), lr, decay});
     return;
   }
-  const Tensor o = newton_schulz5(u, opts_.ns_steps);  // the whole matrix is here
+  Tensor o;
+  if (general_.count(slot.name)) {
+    // Split in a way a root gather does not handle: replicate u (collective, in parameter order on
+    // every rank), orthogonalize everywhere, keep this rank's shard.
+    const DTensorSpec& spec = dtensor_spec(s.param, "Muon");
+    const Tensor full = full_tensor(from_local(u.contiguous(), spec.mesh(), spec.placements(), s.param.shape()));
+    o = local_shard(newton_schulz5(full, opts_.ns_steps), spec.placements(), spec.mesh().shape(),
+                    Shape(spec.mesh().coordinates()));
+  } else {
+    o = newton_schulz5(u, opts_.ns_steps);  // the whole matrix is here
+  }
   if (weight_decay != 0) p.mul_(decay);
   p.add_(o, -lr * scale);
 }

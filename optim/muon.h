@@ -15,13 +15,16 @@
 // Muon and the AdamW parameters. State: "momentum_buffer.<name>" for Muon parameters,
 // "exp_avg.<name>" and "exp_avg_sq.<name>" for the AdamW ones (docs/optim.md).
 //
-// DTensor parameters: a Muon matrix that is split (FSDP's RaggedShard, ZeRO's Shard(0)) is
-// gathered to one root rank per matrix (chosen by load balancing), orthogonalized there and its
-// update redistributed back to the rows' owners (docs/fsdp.md, "Muon").
+// DTensor parameters: a Muon matrix split along dim 0 on one mesh dim (FSDP's RaggedShard, ZeRO's
+// Shard(0)) is gathered to one root rank per matrix (chosen by load balancing), orthogonalized
+// there and its update redistributed back to the rows' owners (docs/fsdp.md, "Muon"). A matrix
+// split otherwise (tensor parallelism's S(1), or on two mesh dims: FSDP x TP) is replicated and
+// orthogonalized on every rank, each keeping its shard.
 #pragma once
 
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "optim/optimizer.h"
@@ -84,6 +87,7 @@ class Muon : public Optimizer {
   std::vector<std::string> names_;
   std::unordered_map<std::string, State> state_;
   std::unordered_map<std::string, int64_t> roots_;
+  std::unordered_set<std::string> general_;  // split otherwise (TP's S(1), two mesh dims): replicated
 };
 
 }  // namespace mt

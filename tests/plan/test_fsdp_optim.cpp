@@ -8,7 +8,8 @@
 //   - the stock llama_fsdp (granularity 1 row) is refused for 8-bit AdamW naming its plan line;
 //   - Muon on a RaggedShard matrix (gathered to its root rank, orthogonalized there, the update sent
 //     back) equals one device bit for bit on the same gradients; the roots are spread over the
-//     ranks; llama_fsdp trains with Muon like one device (20 steps, losses within 1e-5).
+//     ranks; llama_fsdp (and llama_fsdp_tp, whose TP-split matrices are replicated for Newton-Schulz)
+//     train with Muon like one device (20 steps, losses within 1e-5).
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -264,34 +265,43 @@ TEST_CASE("fsdp optim: Muon on a RaggedShard matrix equals one device bit for bi
   for (size_t i = 0; i < shapes.size(); ++i) CHECK(bitwise_equal(full_tensor(dist[i].detach()), plain[i]));
 }
 
-TEST_CASE("fsdp optim: llama_fsdp trains like one device with Muon", "[mpi]") {
+TEST_CASE("fsdp optim: llama_fsdp and llama_fsdp_tp train like one device with Muon", "[mpi]") {
   const int64_t world = mt::world().size();
-  Plan plan = load_plan(plans_dir() + "/llama_fsdp.plan");
-  PlanMesh pm = plan.resolve_mesh(world);
-  DeviceMesh mesh(pm.shape, pm.names);
-  ModelConfig cfg = builtin_config("llama-tiny");
-  cfg.attention_dropout = 0.1;
-  cfg.residual_dropout = 0.1;
-  const int64_t B = 2 * world, T = 8;
-  const int steps = 20;
-  auto ref = build(cfg, false);
-  NamedTensors want_p, got_p;
-  std::vector<double> want = train8(*ref, nullptr, nullptr, steps, B, T, &want_p, true);
-  auto model = build(cfg, true);
-  Parallelized par = parallelize(*model, plan, mesh);
-  std::vector<double> got = train8(*model, &par, &mesh, steps, B, T, &got_p, true);
-  double worst = 0, worst_p = 0;
-  for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got[s] - want[s]));
-  REQUIRE(want_p.size() == got_p.size());
-  for (size_t i = 0; i < want_p.size(); ++i)
-    worst_p = std::max(worst_p, mt::max(mt::abs(sub(got_p[i].second, want_p[i].second))).item());
-  if (mt::world().rank() == 0)
-    fmt::print("fsdp Muon llama_fsdp np {}: max |loss diff| over {} steps {:.2e}, max |param diff| {:.2e}; "
-               "losses {:.4f} -> {:.4f}\n", world, steps, worst, worst_p, want.front(), want.back());
-  for (int s = 0; s < steps; ++s) {
-    INFO("step " << s);
-    CHECK(std::abs(got[s] - want[s]) <= 1e-5);
+  for (const std::string name : {"llama_fsdp", "llama_fsdp_tp"}) {
+    Plan plan = load_plan(plans_dir() + "/" + name + ".plan");
+    PlanMesh pm;
+    try {
+      pm = plan.resolve_mesh(world);
+    } catch (const Error&) {
+      continue;  // llama_fsdp_tp needs 2 ranks or more
+    }
+    INFO(name);
+    DeviceMesh mesh(pm.shape, pm.names);
+    ModelConfig cfg = builtin_config("llama-tiny");
+    cfg.attention_dropout = 0.1;
+    cfg.residual_dropout = 0.1;
+    if (name == "llama_fsdp_tp") cfg.num_key_value_heads = cfg.num_attention_heads;
+    const int64_t B = 2 * world, T = 8;
+    const int steps = 20;
+    auto ref = build(cfg, false);
+    NamedTensors want_p, got_p;
+    std::vector<double> want = train8(*ref, nullptr, nullptr, steps, B, T, &want_p, true);
+    auto model = build(cfg, true);
+    Parallelized par = parallelize(*model, plan, mesh);
+    std::vector<double> got = train8(*model, &par, &mesh, steps, B, T, &got_p, true);
+    double worst = 0, worst_p = 0;
+    for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got[s] - want[s]));
+    REQUIRE(want_p.size() == got_p.size());
+    for (size_t i = 0; i < want_p.size(); ++i)
+      worst_p = std::max(worst_p, mt::max(mt::abs(sub(got_p[i].second, want_p[i].second))).item());
+    if (mt::world().rank() == 0)
+      fmt::print("fsdp Muon {} np {}: max |loss diff| over {} steps {:.2e}, max |param diff| {:.2e}; "
+                 "losses {:.4f} -> {:.4f}\n", name, world, steps, worst, worst_p, want.front(), want.back());
+    for (int s = 0; s < steps; ++s) {
+      INFO("step " << s);
+      CHECK(std::abs(got[s] - want[s]) <= 1e-5);
+    }
+    CHECK(worst_p <= 1e-4);
+    CHECK(want.back() < want.front());
   }
-  CHECK(worst_p <= 1e-4);
-  CHECK(want.back() < want.front());
 }

@@ -83,6 +83,7 @@ KernelWork kernel_work(const BinaryParams& p) {
   w.other_bytes = bytes_of(p.out) * 3;  // a, b broadcast to out
   return w;
 }
+KernelWork kernel_work(const SiluMulBwdParams& p) { return other(p.a, p.b, p.g, p.da, p.db); }
 KernelWork kernel_work(const WhereParams& p) {
   KernelWork w = with_views(p.cond, p.a, p.b, p.out);
   w.other_bytes = bytes_of(p.out) * 3 + bytes_of(p.cond);

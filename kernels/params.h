@@ -57,6 +57,14 @@ struct BinaryParams {
   KView a, b, out;
 };
 
+// The backward of silu_mul(a, b) for the incoming gradient g, in one pass over five tensors:
+// da = silu'(a) * (g * b), db = silu(a) * g, with each factor rounded to the dtype where the
+// unfused kernels (binary kMul, kSiluGradMul, kSiluMul) store it, so the bits are theirs. All five
+// have one floating dtype and the same sizes.
+struct SiluMulBwdParams {
+  KView a, b, g, da, db;
+};
+
 // out = cond ? a : b; all same sizes (broadcast strides), cond bool, a/b/out one dtype.
 struct WhereParams {
   KView cond, a, b, out;
@@ -258,7 +266,8 @@ struct SumSqParams {
 // Every kernel family and its params struct (kernels/registry.h, kernels/cost.h).
 #define MT_KERNEL_LIST(X)                                                               \
   X(fill, FillParams) X(arange, ArangeParams) X(copy, CopyParams)                      \
-  X(unary, UnaryParams) X(binary, BinaryParams) X(where, WhereParams)                  \
+  X(unary, UnaryParams) X(binary, BinaryParams) X(silu_mul_bwd, SiluMulBwdParams)     \
+  X(where, WhereParams)                                                                \
   X(reduce, ReduceParams) X(matmul, MatmulParams)                                      \
   X(rms_norm, RmsNormParams) X(rms_norm_bwd, RmsNormBwdParams)                         \
   X(layer_norm, LayerNormParams) X(layer_norm_bwd, LayerNormBwdParams)                 \

@@ -39,7 +39,7 @@ class MetaKernelsGuard {
 
 // Per-family registration, one function per file in kernels/cpu/.
 void register_cpu_copy(KernelTable& t);       // fill, arange, copy
-void register_cpu_pointwise(KernelTable& t);  // unary, binary, where
+void register_cpu_pointwise(KernelTable& t);  // unary, binary, silu_mul_bwd, where
 void register_cpu_reduce(KernelTable& t);     // reduce
 void register_cpu_matmul(KernelTable& t);     // matmul
 void register_cpu_norm(KernelTable& t);       // rms_norm(_bwd), layer_norm(_bwd), softmax

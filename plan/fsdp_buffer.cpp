@@ -17,17 +17,18 @@ namespace mt {
 namespace {
 
 std::atomic<int64_t> g_all_gathers{0}, g_reduce_scatters{0}, g_forward_bytes{0}, g_backward_bytes{0},
-    g_adoption_bytes{0};
+    g_adoption_bytes{0}, g_prefetches{0}, g_prefetch_hits{0};
 
 }  // namespace
 
 FsdpCounters fsdp_counters() {
-  return {g_all_gathers.load(), g_reduce_scatters.load(), g_forward_bytes.load(), g_backward_bytes.load(),
-          g_adoption_bytes.load()};
+  return {g_all_gathers.load(),    g_reduce_scatters.load(), g_forward_bytes.load(), g_backward_bytes.load(),
+          g_adoption_bytes.load(), g_prefetches.load(),      g_prefetch_hits.load()};
 }
 
 void reset_fsdp_counters() {
   g_all_gathers = g_reduce_scatters = g_forward_bytes = g_backward_bytes = g_adoption_bytes = 0;
+  g_prefetches = g_prefetch_hits = 0;
 }
 
 // Everything the autograd node needs outlives the FsdpUnitBuffer (a graph may be alive after the
@@ -57,13 +58,61 @@ struct FsdpUnitBuffer::State {
   std::vector<Tensor> gathered;       // this forward's compute tensors (empty: not gathered yet)
   bool reshard = false;               // free `full` after the forward, gather again for backward
   bool resharded = false;             // `full`'s memory is freed
+  // Prefetch (link_prefetch): an all-gather into `full` started ahead of this unit's gather.
+  Work pending;
+  bool prefetched = false, pending_backward = false;
+  uint64_t pending_pass = 0;
+  uint32_t pending_version = 0;       // `full`'s storage version before a backward regather
+  uint64_t gathered_pass = ~uint64_t{0};  // the model forward pass of the last forward gather
+  std::shared_ptr<uint64_t> passes;   // the model's forward passes (shared by the linked units)
+  std::weak_ptr<State> next_forward, next_backward;
 
-  void all_gather_into_full() {
-    if (shard.is_meta())  // a plan checked or estimated on meta tensors: shapes and counts only
-      count_collective("all_gather", mesh.dim_label(dim), group, full.numel() * dtype_size(shard.dtype()));
-    else
-      mesh.comm(dim).all_gather(shard, full);
+  uint64_t pass() const { return passes ? *passes : 0; }
+
+  Work start_all_gather() {
     ++g_all_gathers;
+    if (!shard.is_meta()) return mesh.comm(dim).all_gather_async(shard, full);
+    // a plan checked or estimated on meta tensors: shapes and counts only
+    count_collective("all_gather", mesh.dim_label(dim), group, full.numel() * dtype_size(shard.dtype()));
+    return Work();
+  }
+  void all_gather_into_full() { start_all_gather().wait(); }
+
+  // Forward: the next unit's gather, started while this one computes (a fresh `full`).
+  void prefetch_forward() {
+    if (prefetched || gathered_pass == pass() || !adopted()) return;
+    NoGradGuard ng;
+    full = empty(Shape{group * shard_size}, TensorOptions(shard.dtype()).with_device(shard.device()));
+    resharded = false;
+    pending = start_all_gather();
+    prefetched = true;
+    pending_backward = false;
+    pending_pass = pass();
+    ++g_prefetches;
+  }
+  // Backward: the gather again into the resharded storage, before this unit's backward begins.
+  void prefetch_backward() {
+    if (prefetched || !resharded) return;
+    Storage& storage = *full.impl()->storage;
+    storage.allocate_data();
+    pending_version = storage.version;
+    pending = start_all_gather();
+    prefetched = true;
+    pending_backward = true;
+    pending_pass = pass();
+    ++g_prefetches;
+  }
+  // Completes a prefetch; true when it is the one this gather wants (same pass and phase). A stale
+  // one (its unit did not run in that pass) is completed and dropped: the caller gathers anew.
+  bool take_prefetch(bool backward) {
+    if (!prefetched) return false;
+    pending.wait();
+    pending = Work();
+    prefetched = false;
+    if (pending_backward) full.impl()->storage->version = pending_version;  // the same values again
+    const bool hit = pending_pass == pass() && pending_backward == backward;
+    g_prefetch_hits += hit;
+    return hit;
   }
 
   // Whether every parameter's storage is still its view of `shard`.
@@ -145,11 +194,18 @@ struct FsdpUnitBuffer::State {
 
   void gather(const std::shared_ptr<State>& self) {
     const bool record = GradMode::enabled();
-    if (!adopted()) adopt();
+    if (!adopted()) {  // moved parameters (Module::to): a prefetch read the old buffer
+      take_prefetch(false);
+      adopt();
+    }
     NoGradGuard ng;
-    full = empty(Shape{group * shard_size}, TensorOptions(shard.dtype()).with_device(shard.device()));
-    resharded = false;
-    all_gather_into_full();
+    if (!take_prefetch(false)) {
+      full = empty(Shape{group * shard_size}, TensorOptions(shard.dtype()).with_device(shard.device()));
+      resharded = false;
+      all_gather_into_full();
+    }
+    gathered_pass = pass();
+    if (auto next = next_forward.lock()) next->prefetch_forward();
     gathered.clear();
     std::vector<Tensor*> outs;
     for (const Param& p : params)
@@ -235,12 +291,26 @@ void FsdpUnitBuffer::end_forward() {
 void FsdpUnitBuffer::begin_backward() {
   State& s = *s_;
   if (!s.resharded) return;
-  Storage& storage = *s.full.impl()->storage;
-  storage.allocate_data();
-  const uint32_t version = storage.version;  // the same values again: not a modification
-  s.all_gather_into_full();
-  storage.version = version;
+  if (!s.take_prefetch(true)) {
+    Storage& storage = *s.full.impl()->storage;
+    storage.allocate_data();
+    const uint32_t version = storage.version;  // the same values again: not a modification
+    s.all_gather_into_full();
+    storage.version = version;
+  }
   s.resharded = false;
+  if (auto next = s.next_backward.lock()) next->prefetch_backward();
+}
+
+std::function<void()> FsdpUnitBuffer::link_prefetch(const std::vector<std::shared_ptr<FsdpUnitBuffer>>& units) {
+  auto passes = std::make_shared<uint64_t>(0);
+  for (size_t i = 0; i < units.size(); ++i) {
+    State& s = *units[i]->s_;
+    s.passes = passes;
+    if (i + 1 < units.size()) s.next_forward = units[i + 1]->s_;
+    if (i > 0) s.next_backward = units[i - 1]->s_;
+  }
+  return [passes] { ++*passes; };
 }
 
 Tensor FsdpUnitBuffer::gathered(const std::string& path) {

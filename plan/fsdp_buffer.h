@@ -8,12 +8,18 @@
 //             gradients, whose views are the parameters' gradients.
 // With reshard after forward the full buffer's memory is freed when the unit's forward ends and
 // gathered again (into the same storage) when its backward begins.
+// Prefetch (link_prefetch): each unit's all-gather is started ahead, while the unit before it
+// computes: in the forward, when a unit gathers, the next unit in forward order starts its
+// all-gather; in the backward, when a unit gathers again, the unit before it does. A prefetch
+// is used only within the forward pass of the model it was started in (and its backward), so a
+// gather never returns parameters from before an optimizer step.
 // parallelize() builds one per unit and gathers the unit's parameters through it instead of one
 // redistribute per parameter. If something re-points a parameter's storage (Module::to), the next
 // gather adopts the parameters again (one copy, counted).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +37,8 @@ struct FsdpCounters {
   int64_t forward_bytes_copied = 0;   // outside collectives, while gathering (0 on the steady path)
   int64_t backward_bytes_copied = 0;  // gradients put into the unit's gradient buffer
   int64_t adoption_bytes = 0;         // parameters moved into a shard buffer (at setup, after Module::to)
+  int64_t prefetches = 0;             // all-gathers started ahead of their unit (in all_gathers too)
+  int64_t prefetch_hits = 0;          // of those, the ones their unit used
 };
 FsdpCounters fsdp_counters();
 void reset_fsdp_counters();
@@ -59,6 +67,10 @@ class FsdpUnitBuffer {
   // Parameter `path`'s compute (RUN) tensor: a view of the gathered full buffer. The first call
   // after begin_forward() all-gathers the unit and records one autograd node for all of it.
   Tensor gathered(const std::string& path);
+
+  // Links `units`, given in forward order, for prefetching. Returns what the model's forward-pre
+  // hook must call as each forward pass of the model begins (before any unit gathers).
+  static std::function<void()> link_prefetch(const std::vector<std::shared_ptr<FsdpUnitBuffer>>& units);
 
   struct State;
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -464,9 +465,19 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
   };
   const bool per_parameter = env_off("MT_FSDP_DBUFFER");  // per-parameter gathers (benchmarks)
   const bool keep_gathered = env_off("MT_FSDP_RESHARD");  // no reshard after forward (benchmarks)
+  const bool prefetch = !env_off("MT_FSDP_PREFETCH");     // gathers started ahead (benchmarks: off)
+  std::map<std::string, std::shared_ptr<FsdpUnitBuffer>> unit_of_module;
+  // Each forward pass of the model starts a new prefetch epoch, before any unit gathers: this
+  // hook comes first (link_prefetch below fills it in).
+  auto next_pass = std::make_shared<std::function<void()>>();
+  if (!per_parameter && prefetch && !ir.fsdp_units.empty())
+    handles.push_back(model.register_forward_pre_hook([next_pass](Module&, std::vector<Tensor>&) {
+      if (*next_pass) (*next_pass)();
+    }));
   if (!per_parameter)
     for (const FsdpUnit& u : ir.fsdp_units) {
       auto buffer = std::make_shared<FsdpUnitBuffer>(u, ir, model, mesh);
+      unit_of_module[u.module] = buffer;
       // Reshard after forward except the root unit, whose backward starts as its forward ends.
       buffer->set_reshard_after_forward(!u.module.empty() && !keep_gathered);
       for (const std::string& p : u.params) fsdp[p] = buffer;
@@ -479,6 +490,15 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
       handles.push_back(target.register_backward_pre_hook(
           [buffer](Module&, std::vector<Tensor>&) { buffer->begin_backward(); }));
     }
+  if (!per_parameter && prefetch && !ir.fsdp_units.empty()) {
+    // Forward order is the modules' order (the root first, then layer by layer).
+    std::vector<std::shared_ptr<FsdpUnitBuffer>> ordered;
+    for (const auto& [path, m] : model.named_modules()) {
+      auto it = unit_of_module.find(path);
+      if (it != unit_of_module.end()) ordered.push_back(it->second);
+    }
+    *next_pass = FsdpUnitBuffer::link_prefetch(ordered);
+  }
   auto owner = std::make_shared<char>(0);  // identifies this call's factory scopes
   for (auto& [path, recs] : by_module) {
     std::shared_ptr<Module> m = path.empty() ? nullptr : model.get_module(path);

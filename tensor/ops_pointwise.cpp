@@ -47,6 +47,22 @@ const char* unary_name(UnaryOp op) {
   return kNames[static_cast<int>(op)];
 }
 
+// silu_mul's backward in one kernel, for plain (non-distributed) a, b and g of one shape, dtype
+// and device, both gradients wanted and no graph to build (create_graph takes the unfused path).
+bool silu_mul_bwd_fits(const Tensor& a, const Tensor& b, const Tensor& g) {
+  return a.requires_grad() && b.requires_grad() && !GradMode::enabled() && !a.is_distributed() &&
+         !b.is_distributed() && !g.is_distributed() && a.shape() == b.shape() && g.shape() == a.shape() &&
+         a.dtype() == b.dtype() && g.dtype() == a.dtype() && a.device() == b.device() && g.device() == a.device();
+}
+
+std::vector<Tensor> silu_mul_bwd(const Tensor& a0, const Tensor& b0, const Tensor& g0) {
+  const Tensor a = a0.contiguous(), b = b0.contiguous(), g = g0.contiguous();
+  Tensor da = empty(a.shape(), a.options()), db = empty(a.shape(), a.options());
+  SiluMulBwdParams p{a.view_info(), b.view_info(), g.view_info(), da.view_info(), db.view_info()};
+  MT_KERNEL(a.device().type, silu_mul_bwd, p);
+  return {da, db};
+}
+
 DistRule binary_rule(BinaryOp op) {
   if (op == BinaryOp::kAdd || op == BinaryOp::kSub) return DistRule::kLinear;
   if (op == BinaryOp::kMul || op == BinaryOp::kDiv) return DistRule::kMulLike;
@@ -121,8 +137,10 @@ Tensor binary(BinaryOp op, const Tensor& a0, const Tensor& b0) {
     }
     case BinaryOp::kSiluMul:
       // The gradients of mul(silu(a), b) with the same roundings (and bits): dA = silu'(a) (g b),
-      // dB = silu(a) g, two fused passes and one mul instead of four kernels.
+      // dB = silu(a) g: one silu_mul_bwd pass over plain same-shaped tensors (SwiGLU's usual
+      // case), else two fused passes and one mul instead of four kernels.
       record("SiluMulBackward", {a, b}, out, [a, b](const auto& g) {
+        if (silu_mul_bwd_fits(a, b, g[0])) return silu_mul_bwd(a, b, g[0]);
         return std::vector<Tensor>{
             a.requires_grad() ? sum_to(binary(BinaryOp::kSiluGradMul, a, mul(g[0], b)), a.shape()) : Tensor(),
             b.requires_grad() ? sum_to(binary(BinaryOp::kSiluMul, a, g[0]), b.shape()) : Tensor()};

@@ -221,6 +221,24 @@ void binary(const BinaryParams& p) {
   });
 }
 
+// SwiGLU's backward in one pass (params.h): the formulas of binary's kMul, kSiluGradMul and
+// kSiluMul above, rounded to T where those kernels store their results.
+void silu_mul_bwd(const SiluMulBwdParams& p) {
+  MT_DISPATCH_FLOAT(p.a.dtype, "silu_mul_bwd", {
+    using T = scalar_t;
+    using C = compute_t<T>;
+    strided_loop<5>(p.da.sizes, {&p.a, &p.b, &p.g, &p.da, &p.db}, [](char** q, int64_t n, const int64_t* s) {
+      for (int64_t i = 0; i < n; ++i) {
+        const C x = C(load<T>(q[0] + i * s[0])), y = C(load<T>(q[1] + i * s[1])), g = C(load<T>(q[2] + i * s[2]));
+        const C gy = C(convert<T>(g * y));
+        const C sig = C(1) / (C(1) + std::exp(-x));
+        *reinterpret_cast<T*>(q[3] + i * s[3]) = convert<T>(C(T(sig * (C(1) + x * (C(1) - sig)))) * gy);
+        *reinterpret_cast<T*>(q[4] + i * s[4]) = convert<T>(C(T(x / (C(1) + std::exp(-x)))) * g);
+      }
+    });
+  });
+}
+
 void where(const WhereParams& p) {
   MT_DISPATCH_ALL(p.a.dtype, "where", {
     using T = scalar_t;
@@ -239,6 +257,7 @@ namespace mt {
 void register_cpu_pointwise(KernelTable& t) {
   t.unary = cpu::unary;
   t.binary = cpu::binary;
+  t.silu_mul_bwd = cpu::silu_mul_bwd;
   t.where = cpu::where;
 }
 }  // namespace mt

@@ -456,7 +456,7 @@ template <class T, int DM>
 void attention_bwd_launch(const AttentionBwdParams& p, const Dims& dm) {
   cudaStream_t st = cuda::current_stream();
   const int64_t rows = dm.B * dm.Hq * dm.T;
-  StreamScratch di(static_cast<size_t>(rows) * sizeof(T), st);
+  StreamScratch di(static_cast<size_t>(rows) * sizeof(T));
   if (rows > 0) {
     attn_bwd_di<T><<<grid_for(rows * 32), 256, 0, st>>>(p.gout.ptr<const T>(), p.out.ptr<const T>(), di.as<T>(), rows,
                                                         dm.Dv);

@@ -609,7 +609,7 @@ void bwd_launch(const AttentionBwdParams& p, const Dims& dm) {
   constexpr int P = DM + 8;
   cudaStream_t st = cuda::current_stream();
   const int64_t rows = dm.B * dm.Hq * dm.T;
-  StreamScratch di(static_cast<size_t>(std::max<int64_t>(rows, 1)) * sizeof(float), st);
+  StreamScratch di(static_cast<size_t>(std::max<int64_t>(rows, 1)) * sizeof(float));
   if (rows > 0) {
     tc_bwd_di<T><<<grid_for(rows * 32), 256, 0, st>>>(p.gout.ptr<const T>(), p.out.ptr<const T>(), di.as<float>(),
                                                       dm, Lay(p.gout), Lay(p.out));

@@ -10,6 +10,8 @@
 #include <cstdint>
 
 #include "kernels/view.h"
+#include "runtime/cuda/device.h"
+#include "runtime/cuda/memory.h"
 #include "runtime/error.h"
 
 // Throws mt::Error with the CUDA error string, the expression, file and line.
@@ -185,16 +187,24 @@ __device__ __forceinline__ D cvt(S x) {
   }
 }
 
-// Stream-ordered scratch memory (cudaMallocAsync), freed stream-ordered on scope exit: for the few
-// kernels whose params have no workspace (norm weight-gradient partials, index_add sort buffers,
-// attention backward row sums).
+// V adjacent elements moved as one access (16 bytes when sizeof(T) * V == 16).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// Scratch memory for the few kernels whose params have no workspace (norm weight-gradient
+// partials, index_add sort buffers, attention backward row sums, sum_sq partials): a block of the
+// caching allocator on the current device, ordered on its current stream, returned to that
+// stream's free list on scope exit. (cudaMallocAsync's default pool gives its memory back to the
+// driver at every synchronization, so a training step mapped it again each time.)
 class StreamScratch {
  public:
-  StreamScratch(size_t bytes, cudaStream_t s) : stream_(s) {
-    if (bytes) MT_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream_));
+  explicit StreamScratch(size_t bytes) {
+    if (bytes) ptr_ = cuda::alloc(bytes, cuda::current_device());
   }
   ~StreamScratch() {
-    if (ptr_) (void)cudaFreeAsync(ptr_, stream_);
+    if (ptr_) cuda::free(ptr_);
   }
   StreamScratch(const StreamScratch&) = delete;
   StreamScratch& operator=(const StreamScratch&) = delete;
@@ -203,7 +213,6 @@ class StreamScratch {
 
  private:
   void* ptr_ = nullptr;
-  cudaStream_t stream_;
 };
 
 }  // namespace mt

@@ -5,11 +5,12 @@
 // - index_add (the embedding backward): when the output slice is wide enough, each thread owns
 //   one column and walks all indices in order; otherwise (e.g. a [V, C] embedding, few columns
 //   per index) the indices are radix-sorted stably (cub) and one block reduces each run of equal
-//   indices into its output row, so repeated tokens never contend on atomics.
+//   indices into its output row, so repeated tokens never contend on atomics; a thread adds
+//   16-byte column packs and keeps several sources in flight, so long runs stay fast.
 // - scatter_add: one thread per line (positions that differ only in `dim`), adds in order.
 // - topk: one block per row, k rounds of a block-wide selection under the CPU's total order
 //   (NaN largest, ties to the lower index): O(k * n) per row, meant for small k.
-// Scratch for the sort is stream-ordered (cudaMallocAsync) until the allocator offers a workspace.
+// Scratch for the sort comes from the caching allocator (StreamScratch, common.cuh).
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
@@ -139,27 +140,67 @@ __global__ void iota_i32(int32_t* v, int64_t m) {
     v[t] = static_cast<int32_t>(t);
 }
 
-// Sorted runs: block p (a run start in the stably sorted keys) adds, for every outer o and
-// column c, the sources of its run in index order into output row key.
-template <class T, class I>
+// Sorted runs: block p (a run start in the stably sorted keys) adds, for every outer o, the
+// sources of its run in index order into output row key. A thread owns V adjacent columns (one
+// 16-byte load when the row allows it) and reads kRunBatch sources before adding them, so a
+// long run (a frequent token: thousands of repeats in a batch) keeps kRunBatch loads in flight
+// instead of one. Each column still adds in index order, rounded like the CPU.
+constexpr int kRunBatch = 8;
+
+template <class T, class I, int V>
 __global__ void index_add_runs(T* out, const I* __restrict__ keys, const int32_t* __restrict__ pos,
                                const T* __restrict__ src, int64_t outer, int64_t n, int64_t m, int64_t inner,
                                double alpha) {
+  using P = Pack<T, V>;
+  const int64_t nvec = inner / V;
   for (int64_t p = blockIdx.x; p < m; p += gridDim.x) {
     const I key = keys[p];
-    if (p > 0 && keys[p - 1] == key) continue;  // not a run start
+    if (p > 0 && keys[p - 1] == key) continue;  // not a run start (uniform over the block)
+    // The run's end, blockDim.x keys at a time: the keys are sorted, so the equal ones of a
+    // window come first and their count is the run's advance.
     int64_t end = p + 1;
-    while (end < m && keys[end] == key) ++end;
+    for (;;) {
+      const int64_t q = end + threadIdx.x;
+      const int same = __syncthreads_count(q < m && keys[q] == key);
+      end += same;
+      if (same < static_cast<int>(blockDim.x)) break;
+    }
     for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
-      T* orow = out + (o * n + static_cast<int64_t>(key)) * inner;
+      P* orow = reinterpret_cast<P*>(out + (o * n + static_cast<int64_t>(key)) * inner);
       const T* sbase = src + o * m * inner;
-      for (int64_t c = threadIdx.x; c < inner; c += blockDim.x) {
-        T acc = orow[c];
-        for (int64_t q = p; q < end; ++q) acc = add_scaled(acc, sbase[static_cast<int64_t>(pos[q]) * inner + c], alpha);
+      for (int64_t c = threadIdx.x; c < nvec; c += blockDim.x) {
+        P acc = orow[c];
+        int64_t q = p;
+        for (; q + kRunBatch <= end; q += kRunBatch) {
+          P v[kRunBatch];
+#pragma unroll
+          for (int u = 0; u < kRunBatch; ++u)
+            v[u] = reinterpret_cast<const P*>(sbase + static_cast<int64_t>(pos[q + u]) * inner)[c];
+#pragma unroll
+          for (int u = 0; u < kRunBatch; ++u)
+#pragma unroll
+            for (int e = 0; e < V; ++e) acc.v[e] = add_scaled(acc.v[e], v[u].v[e], alpha);
+        }
+        for (; q < end; ++q) {
+          const P v = reinterpret_cast<const P*>(sbase + static_cast<int64_t>(pos[q]) * inner)[c];
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc.v[e] = add_scaled(acc.v[e], v.v[e], alpha);
+        }
         orow[c] = acc;
       }
     }
   }
+}
+
+template <class T, class I, int V>
+void launch_index_add_runs(T* out, const I* keys, const int32_t* pos, const T* src, const Split3& s, int64_t m,
+                           double alpha, cudaStream_t st) {
+  const int64_t nvec = s.inner / V;
+  int bx = 32;
+  while (bx < 256 && bx < nvec) bx *= 2;
+  const dim3 grid(capped_grid(m), static_cast<unsigned>(std::min<int64_t>(s.outer, 65535)));
+  index_add_runs<T, I, V><<<grid, bx, 0, st>>>(out, keys, pos, src, s.outer, s.n, m, s.inner, alpha);
+  MT_CUDA_LAUNCH_CHECK();
 }
 
 int bits_for(int64_t n) {  // bits needed for the values 0 .. n - 1
@@ -185,22 +226,24 @@ void index_add_typed(const IndexAddParams& p) {
     return;
   }
   const int mi = static_cast<int>(m);
-  StreamScratch keys_out(sizeof(I) * m, st), pos_in(sizeof(int32_t) * m, st), pos_out(sizeof(int32_t) * m, st);
+  StreamScratch keys_out(sizeof(I) * m), pos_in(sizeof(int32_t) * m), pos_out(sizeof(int32_t) * m);
   iota_i32<<<grid_for(m), 256, 0, st>>>(pos_in.as<int32_t>(), m);
   MT_CUDA_LAUNCH_CHECK();
   const int end_bit = bits_for(s.n);
   size_t temp_bytes = 0;
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, idx, keys_out.as<I>(), pos_in.as<int32_t>(),
                                                 pos_out.as<int32_t>(), mi, 0, end_bit, st));
-  StreamScratch temp(temp_bytes, st);
+  StreamScratch temp(temp_bytes);
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes, idx, keys_out.as<I>(),
                                                 pos_in.as<int32_t>(), pos_out.as<int32_t>(), mi, 0, end_bit, st));
-  int bx = 32;
-  while (bx < 256 && bx < s.inner) bx *= 2;
-  const dim3 grid(capped_grid(m), static_cast<unsigned>(std::min<int64_t>(s.outer, 65535)));
-  index_add_runs<T, I><<<grid, bx, 0, st>>>(out, keys_out.as<const I>(), pos_out.as<const int32_t>(), src, s.outer,
-                                            s.n, m, s.inner, p.alpha);
-  MT_CUDA_LAUNCH_CHECK();
+  // 16-byte column packs when every row start is aligned to them (bool and 1-byte types too).
+  constexpr int kV = static_cast<int>(16 / sizeof(T));
+  const bool wide = kV > 1 && s.inner % kV == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (wide)
+    launch_index_add_runs<T, I, kV>(out, keys_out.as<const I>(), pos_out.as<const int32_t>(), src, s, m, p.alpha, st);
+  else
+    launch_index_add_runs<T, I, 1>(out, keys_out.as<const I>(), pos_out.as<const int32_t>(), src, s, m, p.alpha, st);
 }
 
 void index_add(const IndexAddParams& p) {

@@ -4,8 +4,8 @@
 // do not change from run to run. Rows load 16 bytes at a time when H and the pointers allow it.
 // The weight/bias gradients are a deterministic two-pass reduction over rows (no float atomics):
 // pass 1 gives each block a fixed chunk of rows and writes one partial row per chunk, pass 2 sums
-// the partials of each column in chunk order. The partials live in stream-ordered scratch
-// (cudaMallocAsync) until the caching allocator offers a workspace.
+// the partials of each column in chunk order. The partials live in scratch from the caching
+// allocator (StreamScratch, common.cuh).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -137,10 +137,25 @@ __global__ void __launch_bounds__(32 * kColWarps) column_sums(const acc_t<T>* __
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t j = blockIdx.x * int64_t{32} + lane;
   A s[NAcc] = {};
-  if (j < h)
-    for (int64_t c = warp; c < nchunks; c += kColWarps)
+  if (j < h) {
+    // kBatch chunks' loads in flight before their adds, which stay in chunk order.
+    constexpr int kBatch = 8;
+    int64_t c = warp;
+    for (; c + (kBatch - 1) * kColWarps < nchunks; c += kBatch * kColWarps) {
+      A v[kBatch][NAcc];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+        for (int k = 0; k < NAcc; ++k) v[u][k] = partial[((c + u * kColWarps) * NAcc + k) * h + j];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+        for (int k = 0; k < NAcc; ++k) s[k] += v[u][k];
+    }
+    for (; c < nchunks; c += kColWarps)
 #pragma unroll
       for (int k = 0; k < NAcc; ++k) s[k] += partial[(c * NAcc + k) * h + j];
+  }
 #pragma unroll
   for (int k = 0; k < NAcc; ++k) sh[warp][k][lane] = s[k];
   __syncthreads();
@@ -256,6 +271,83 @@ __global__ void rms_norm_bwd_rows(const T* __restrict__ gy, const T* __restrict_
   }
 }
 
+// rms_norm_bwd_rows with each thread's R vectors of a row held in registers: the next row's x
+// and gy are loaded before this row's block reduction, so their latency hides behind it, and the
+// weight-gradient terms add up in registers. The arithmetic and its order are those of
+// rms_norm_bwd_rows (the same bits). Needs nv <= R * blockDim.x. R <= 2 keeps every dtype within
+// 128 registers, so 512-thread blocks launch (R = 4 took over 200 for 16-bit types).
+template <class T, int N, int R>
+__global__ void __launch_bounds__(512) rms_norm_bwd_rows_reg(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
+                                      const acc_t<T>* __restrict__ rstd, T* __restrict__ gx, acc_t<T>* partial,
+                                      int64_t rows, int64_t h, int64_t per) {
+  using A = acc_t<T>;
+  __shared__ A red[32];
+  const int64_t nv = h / N;
+  const int64_t r0 = blockIdx.x * per, r1 = min(rows, r0 + per);
+  Vec<T, N> xa[R], ga[R], wb[R];
+  A acc[R][N];
+#pragma unroll
+  for (int u = 0; u < R; ++u) {
+    const int64_t k = threadIdx.x + int64_t{u} * blockDim.x;
+    if (w && k < nv) wb[u] = load_vec<T, N>(w, k);
+#pragma unroll
+    for (int e = 0; e < N; ++e) acc[u][e] = A(0);
+  }
+  auto load_row = [&](int64_t row, Vec<T, N>* xs, Vec<T, N>* gs) {
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      const int64_t k = threadIdx.x + int64_t{u} * blockDim.x;
+      if (k < nv) {
+        xs[u] = load_vec<T, N>(x + row * h, k);
+        gs[u] = load_vec<T, N>(gy + row * h, k);
+      }
+    }
+  };
+  if (r0 < r1) load_row(r0, xa, ga);
+  for (int64_t row = r0; row < r1; ++row) {
+    Vec<T, N> xn[R], gn[R];
+    if (row + 1 < r1) load_row(row + 1, xn, gn);
+    const A r = rstd[row];
+    A dot = 0;
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      if (threadIdx.x + int64_t{u} * blockDim.x >= nv) continue;
+#pragma unroll
+      for (int e = 0; e < N; ++e) dot += to_acc(ga[u].v[e]) * (w ? to_acc(wb[u].v[e]) : A(1)) * to_acc(xa[u].v[e]);
+    }
+    dot = block_sum(dot, red);
+    const A c = h ? r * r * r * dot / static_cast<A>(h) : A(0);
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      const int64_t k = threadIdx.x + int64_t{u} * blockDim.x;
+      if (k >= nv) continue;
+      Vec<T, N> o;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const A xv = to_acc(xa[u].v[e]), gv = to_acc(ga[u].v[e]);
+        o.v[e] = from_acc<T>(r * gv * (w ? to_acc(wb[u].v[e]) : A(1)) - xv * c);
+        if (partial) acc[u][e] += gv * xv * r;
+      }
+      store_vec<T, N>(gx + row * h, k, o);
+    }
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      xa[u] = xn[u];
+      ga[u] = gn[u];
+    }
+  }
+  if (partial) {
+    A* dst = partial + blockIdx.x * h;
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      const int64_t k = threadIdx.x + int64_t{u} * blockDim.x;
+      if (k >= nv) continue;
+#pragma unroll
+      for (int e = 0; e < N; ++e) dst[k * N + e] = acc[u][e];
+    }
+  }
+}
+
 template <class T, int N>
 void rms_norm_launch(const RmsNormParams& p, int64_t rows, int64_t h) {
   cudaStream_t st = cuda::current_stream();
@@ -282,13 +374,26 @@ void rms_norm_bwd_launch(const RmsNormBwdParams& p, int64_t rows, int64_t h) {
   cudaStream_t st = cuda::current_stream();
   const bool want_gw = static_cast<bool>(p.gw) && h > 0;
   const Chunks ch = chunks_of(rows, want_gw);
-  StreamScratch scratch(want_gw ? static_cast<size_t>(ch.n * h) * sizeof(A) : 0, st);
+  StreamScratch scratch(want_gw ? static_cast<size_t>(ch.n * h) * sizeof(A) : 0);
   const bool shared_acc = want_gw && static_cast<size_t>(h) * sizeof(A) <= kSharedAccBytes;
   const size_t smem = shared_acc ? static_cast<size_t>(h) * sizeof(A) : 0;
   if (rows > 0) {
-    rms_norm_bwd_rows<T, N><<<static_cast<unsigned>(ch.n), row_threads(h / N), smem, st>>>(
-        p.gy.ptr<const T>(), p.x.ptr<const T>(), p.weight ? p.weight.ptr<const T>() : nullptr,
-        p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows, h, ch.per, shared_acc);
+    const int threads = row_threads(h / N);
+    const int64_t per_thread = ceil_div(h / N, int64_t{threads});
+    const T* w = p.weight ? p.weight.ptr<const T>() : nullptr;
+    auto reg = [&](auto r) {  // each thread's vectors of a row in registers (see the kernel)
+      rms_norm_bwd_rows_reg<T, N, decltype(r)::value><<<static_cast<unsigned>(ch.n), threads, 0, st>>>(
+          p.gy.ptr<const T>(), p.x.ptr<const T>(), w, p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows,
+          h, ch.per);
+    };
+    if (per_thread <= 1)
+      reg(std::integral_constant<int, 1>{});
+    else if (per_thread <= 2)
+      reg(std::integral_constant<int, 2>{});
+    else
+      rms_norm_bwd_rows<T, N><<<static_cast<unsigned>(ch.n), threads, smem, st>>>(
+          p.gy.ptr<const T>(), p.x.ptr<const T>(), w, p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows, h,
+          ch.per, shared_acc);
     MT_CUDA_LAUNCH_CHECK();
   }
   if (p.gw && h > 0) launch_column_sums<T, 1>(scratch.as<A>(), ch.n, h, p.gw.ptr<T>(), nullptr, st);
@@ -452,7 +557,7 @@ void layer_norm_bwd_launch(const LayerNormBwdParams& p, int64_t rows, int64_t h)
   cudaStream_t st = cuda::current_stream();
   const bool want = (p.gw || p.gb) && h > 0;
   const Chunks ch = chunks_of(rows, want);
-  StreamScratch scratch(want ? static_cast<size_t>(ch.n * 2 * h) * sizeof(A) : 0, st);
+  StreamScratch scratch(want ? static_cast<size_t>(ch.n * 2 * h) * sizeof(A) : 0);
   const bool shared_acc = want && static_cast<size_t>(2 * h) * sizeof(A) <= kSharedAccBytes;
   const size_t smem = shared_acc ? static_cast<size_t>(2 * h) * sizeof(A) : 0;
   if (rows > 0) {

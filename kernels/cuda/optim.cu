@@ -77,7 +77,7 @@ __device__ __forceinline__ float4 load4(const G* p) {
   if constexpr (std::is_same_v<G, float>) {
     return *reinterpret_cast<const float4*>(p);
   } else {
-    const cuda::Pack<G, 4> a = *reinterpret_cast<const cuda::Pack<G, 4>*>(p);
+    const Pack<G, 4> a = *reinterpret_cast<const Pack<G, 4>*>(p);
     return make_float4(to_acc(a.v[0]), to_acc(a.v[1]), to_acc(a.v[2]), to_acc(a.v[3]));
   }
 }
@@ -112,12 +112,12 @@ __global__ void __launch_bounds__(kMultiThreads) adamw_multi_kernel(const __grid
       *reinterpret_cast<float4*>(t.m + j) = m;
       *reinterpret_cast<float4*>(t.v + j) = v;
       if constexpr (!std::is_void_v<C>) {
-        cuda::Pack<C, 4> o;
+        Pack<C, 4> o;
         o.v[0] = cvt<C>(w.x);
         o.v[1] = cvt<C>(w.y);
         o.v[2] = cvt<C>(w.z);
         o.v[3] = cvt<C>(w.w);
-        *reinterpret_cast<cuda::Pack<C, 4>*>(copy + j) = o;
+        *reinterpret_cast<Pack<C, 4>*>(copy + j) = o;
       }
     }
     tail = packs_end;
@@ -258,7 +258,7 @@ void sum_sq(const SumSqParams& p) {
   cudaStream_t st = cuda::current_stream();
   const int64_t blocks = ceil_div(n, int64_t{kSqChunk});
   MT_CHECK(blocks < (int64_t{1} << 31), "sum_sq: {} elements are too many for one launch", n);
-  StreamScratch partial(static_cast<size_t>(blocks) * sizeof(double), st);
+  StreamScratch partial(static_cast<size_t>(blocks) * sizeof(double));
   MT_CUDA_DISPATCH_FLOAT(p.x.dtype, "sum_sq", {
     sum_sq_partial<scalar_t><<<static_cast<unsigned>(blocks), kSqThreads, 0, st>>>(p.x.ptr<const scalar_t>(), n,
                                                                                    partial.as<double>());

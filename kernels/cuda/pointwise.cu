@@ -260,6 +260,64 @@ void binary(const BinaryParams& p) {
   });
 }
 
+// ---- silu_mul_bwd (params.h): SwiGLU's backward in one pass -----------------------------------
+
+// da = silu'(x) (g y), db = silu(x) g with binary's kMul, kSiluGradMul and kSiluMul roundings.
+template <class T>
+struct SiluMulBwd {
+  __device__ void operator()(T x, T y, T g, T& da, T& db) const {
+    using C = acc_t<T>;
+    const C cx = to_acc(x), cg = to_acc(g);
+    const T gy = cvt<T>(Mul{}(cg, C(to_acc(y))));
+    da = cvt<T>(SiluGradMul<T>{}(cx, C(to_acc(gy))));
+    db = cvt<T>(SiluMul<T>{}(cx, cg));
+  }
+};
+
+template <int V, class T>
+__global__ void dense_silu_mul_bwd(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ g,
+                                   T* __restrict__ da, T* __restrict__ db, int64_t n) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t packs = n / V;
+  const SiluMulBwd<T> f;
+  for (int64_t i = tid; i < packs; i += step) {
+    const Pack<T, V> x = reinterpret_cast<const Pack<T, V>*>(a)[i];
+    const Pack<T, V> y = reinterpret_cast<const Pack<T, V>*>(b)[i];
+    const Pack<T, V> z = reinterpret_cast<const Pack<T, V>*>(g)[i];
+    Pack<T, V> ra, rb;
+#pragma unroll
+    for (int k = 0; k < V; ++k) f(x.v[k], y.v[k], z.v[k], ra.v[k], rb.v[k]);
+    reinterpret_cast<Pack<T, V>*>(da)[i] = ra;
+    reinterpret_cast<Pack<T, V>*>(db)[i] = rb;
+  }
+  for (int64_t i = packs * V + tid; i < n; i += step) f(a[i], b[i], g[i], da[i], db[i]);
+}
+
+void silu_mul_bwd(const SiluMulBwdParams& p) {
+  MT_CUDA_DISPATCH_FLOAT(p.a.dtype, "silu_mul_bwd", {
+    using T = scalar_t;
+    const T* a = p.a.ptr<const T>();
+    const T* b = p.b.ptr<const T>();
+    const T* g = p.g.ptr<const T>();
+    T* da = p.da.ptr<T>();
+    T* db = p.db.ptr<T>();
+    const Shape& sizes = p.da.sizes;
+    if (dense_aligned<5>(sizes, {&p.a, &p.b, &p.g, &p.da, &p.db})) {
+      constexpr int V = pack_width<T>();
+      constexpr int kThreads = 256;
+      const int64_t n = sizes.numel();
+      dense_silu_mul_bwd<V, T><<<grid_for(ceil_div(n, V), kThreads), kThreads, 0, current_stream()>>>(a, b, g, da,
+                                                                                                  db, n);
+      MT_CUDA_LAUNCH_CHECK();
+    } else {
+      launch_elementwise<5>(sizes, {&p.a, &p.b, &p.g, &p.da, &p.db}, [=] __device__(const int64_t* o) {
+        SiluMulBwd<T>{}(a[o[0]], b[o[1]], g[o[2]], da[o[3]], db[o[4]]);
+      });
+    }
+  });
+}
+
 // where moves elements without arithmetic: dispatch on the element size only.
 template <class U>
 void where_bits(const WhereParams& p) {
@@ -287,6 +345,7 @@ namespace mt {
 void register_cuda_pointwise(KernelTable& t) {
   t.unary = cuda::unary;
   t.binary = cuda::binary;
+  t.silu_mul_bwd = cuda::silu_mul_bwd;
   t.where = cuda::where;
 }
 }  // namespace mt

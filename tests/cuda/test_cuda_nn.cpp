@@ -110,8 +110,9 @@ const DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF64
 TEST_CASE("cuda rms_norm matches cpu: values, dx, dw", "[cuda]") {
   require_gpu();
   // Odd H (scalar path), H a multiple of 8 (16-byte vectors), many rows (several rows per weight-
-  // gradient chunk), and a wide row whose accumulators do not fit shared memory.
-  const Shape shapes[] = {{3, 5, 17}, {4, 4096}, {1500, 96}, {3, 16384}, {2, 1}};
+  // gradient chunk), a wide row whose accumulators do not fit shared memory, and H = 1000 (the
+  // backward's register path with threads that own no vector of the second round).
+  const Shape shapes[] = {{3, 5, 17}, {4, 4096}, {1500, 96}, {3, 16384}, {2, 1}, {700, 1000}};
   for (DType dt : kFloatTypes)
     for (const Shape& s : shapes) {
       INFO(fmt::format("{} {}", dt, s));
@@ -258,6 +259,25 @@ TEST_CASE("cuda index_add matches cpu in both strategies and is deterministic", 
   REQUIRE_CLOSE(on_cpu(index_add(on_cuda(xb), 0, on_cuda(ix), on_cuda(sb))), index_add(xb, 0, ix, sb), 0, 0);
 }
 
+TEST_CASE("cuda index_add adds long runs of one index in index order, as the cpu", "[cuda]") {
+  require_gpu();
+  // An embedding backward over a skewed batch: 3000 of 4096 tokens are id 7 (one long sorted run),
+  // the rest spread over 50 ids. Rows of 256 columns take 16-byte packs; rows of 12 bf16 columns
+  // (24 bytes) do not.
+  std::vector<int64_t> idv = lcg_ids(4096, 50, 31);
+  for (size_t i = 0; i < idv.size(); ++i)
+    if (i % 4 != 0) idv[i] = 7;
+  const Tensor ix = ids(idv, {4096});
+  for (int64_t cols : {256, 12})
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF64}) {
+      INFO(fmt::format("{} columns {}", dt, cols));
+      const Tensor x = rand({50, cols}, dt, 32), src = rand({4096, cols}, dt, 33);
+      // Each column adds in index order with the CPU's roundings: the same bits.
+      REQUIRE_CLOSE(on_cpu(index_add(on_cuda(x), 0, on_cuda(ix), on_cuda(src), 0.5)), index_add(x, 0, ix, src, 0.5),
+                    0, 0);
+    }
+}
+
 TEST_CASE("cuda gather and scatter_add match cpu, index smaller than input", "[cuda]") {
   require_gpu();
   for (DType idt : {DType::kI64, DType::kI32})
@@ -399,5 +419,13 @@ TEST_CASE("cuda silu_mul matches cpu, gradients too", "[cuda]") {
     check_vs_cpu([](const auto& in) { return silu_mul(in[0], in[1]); }, {a, b}, t, loose(t, 2));
     check_vs_cpu([](const auto& in) { return silu_mul(in[0], in[1]); }, {a, b}, t, loose(t, 2),
                  Layout::kNonContiguous);
+    // The one-pass backward (silu_mul_bwd) gives the bits of the unfused kernels on the GPU too.
+    Tensor g = on_cuda(rand({33, 1000}, dt, 83));
+    Tensor a1 = on_cuda(a.detach()).requires_grad_(), b1 = on_cuda(b.detach()).requires_grad_();
+    Tensor a2 = on_cuda(a.detach()).requires_grad_(), b2 = on_cuda(b.detach()).requires_grad_();
+    silu_mul(a1, b1).backward(g);
+    mul(silu(a2), b2).backward(g);
+    REQUIRE_CLOSE(on_cpu(a1.grad()), on_cpu(a2.grad()), 0, 0);
+    REQUIRE_CLOSE(on_cpu(b1.grad()), on_cpu(b2.grad()), 0, 0);
   }
 }

@@ -4,7 +4,8 @@
 // nothing outside collectives in the forward and each gradient once in the backward; resharding
 // lowers the step's peak memory without changing a gradient; the gradients equal the single-device ones
 // and the per-parameter path's; a parameter whose storage was moved (as Module::to does) is
-// adopted again at the next gather.
+// adopted again at the next gather; prefetching the next unit's gather changes no collective
+// count and no gradient bit.
 #include <cmath>
 #include <cstdlib>
 
@@ -125,6 +126,11 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   CHECK(c.forward_bytes_copied == 0);
   CHECK(c.adoption_bytes == 0);
   CHECK(c.backward_bytes_copied == unit_elements * 4);  // each gradient into its unit's buffer, once
+  // Prefetch: in the forward every layer's gather starts while the unit before it computes (the
+  // root's is the first); in the backward every layer's but the last one's, and all are used.
+  const int64_t layers = cfg.num_hidden_layers;
+  CHECK(c.prefetches == 2 * layers - 1);
+  CHECK(c.prefetch_hits == c.prefetches);
   const double d = max_diff(got, want);
   if (world().rank() == 0)
     fmt::print("fsdp buffer np {}: max |grad diff| vs one device {:.2e}; {} all-gathers, {} reduce-scatters, "
@@ -167,6 +173,18 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
     if (n > 1) CHECK(peak_reshard < peak_keep);
   }
   unsetenv("MT_FSDP_RESHARD");
+
+  // Without prefetch (MT_FSDP_PREFETCH=0): the same collectives, the same gradients bit for bit.
+  setenv("MT_FSDP_PREFETCH", "0", 1);
+  {
+    auto model4 = build(cfg, true);
+    Parallelized par4 = parallelize(*model4, plan, mesh);
+    reset_fsdp_counters();
+    CHECK(max_diff(grads_of(*model4, &par4, &mesh, B, T), got) == 0);
+    CHECK(fsdp_counters().prefetches == 0);
+    CHECK(fsdp_counters().all_gathers == 2 * static_cast<int64_t>(ir.fsdp_units.size()) - 1);
+  }
+  unsetenv("MT_FSDP_PREFETCH");
 
   // The per-parameter path (MT_FSDP_DBUFFER=0) gives the same gradients.
   setenv("MT_FSDP_DBUFFER", "0", 1);

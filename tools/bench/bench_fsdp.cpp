@@ -1,5 +1,6 @@
 // FSDP training steps (docs/fsdp.md) against ZeRO-3 and one process, measured in the same run:
-// llama_fsdp with its DBuffer (one all-gather and one reduce-scatter per unit), llama_fsdp with
+// llama_fsdp with its DBuffer (one all-gather and one reduce-scatter per unit), with and without
+// prefetching the next unit's gather (MT_FSDP_PREFETCH=0), llama_fsdp with
 // per-parameter gathers (MT_FSDP_DBUFFER=0: the planner's RaggedShards through redistribute), and
 // llama_zero3 (row-wise S(0) storage, per-parameter gathers). Per plan: steps/s and its ratio to
 // one process running the whole global batch, collectives per step (calls and MiB, rank 0), the
@@ -98,11 +99,15 @@ int main(int argc, char** argv) {
   struct Case {
     const char* label;
     const char* plan;
-    const char* dbuffer;  // MT_FSDP_DBUFFER
+    const char* dbuffer;   // MT_FSDP_DBUFFER
+    const char* prefetch;  // MT_FSDP_PREFETCH
   };
-  for (const Case& c : {Case{"llama_zero3", "llama_zero3", "1"}, Case{"llama_fsdp, per-parameter gathers", "llama_fsdp", "0"},
-                        Case{"llama_fsdp, DBuffer", "llama_fsdp", "1"}}) {
+  for (const Case& c : {Case{"llama_zero3", "llama_zero3", "1", "1"},
+                        Case{"llama_fsdp, per-parameter gathers", "llama_fsdp", "0", "1"},
+                        Case{"llama_fsdp, DBuffer, no prefetch", "llama_fsdp", "1", "0"},
+                        Case{"llama_fsdp, DBuffer + prefetch", "llama_fsdp", "1", "1"}}) {
     setenv("MT_FSDP_DBUFFER", c.dbuffer, 1);
+    setenv("MT_FSDP_PREFETCH", c.prefetch, 1);
     Plan plan = load_plan(dir + "/" + c.plan + ".plan");
     PlanMesh pm = plan.resolve_mesh(n);
     DeviceMesh mesh(pm.shape, pm.names);

@@ -159,6 +159,13 @@ KernelWork kernel_work(const AdamWMultiParams& p) {  // one call: the items' byt
     w.other_bytes += bytes_of(i.param, i.grad, i.exp_avg, i.exp_avg_sq) + bytes_of(i.param, i.exp_avg, i.exp_avg_sq);
   return w;
 }
+// Reads p, g, the codes and absmax; writes p, the codes and absmax.
+KernelWork kernel_work(const AdamW8bitParams& p) {
+  KernelWork w = with_views(p.param, p.grad, p.exp_avg, p.exp_avg_sq, p.absmax);
+  w.other_bytes = bytes_of(p.param, p.grad, p.exp_avg, p.exp_avg_sq, p.absmax) +
+                  bytes_of(p.param, p.exp_avg, p.exp_avg_sq, p.absmax);
+  return w;
+}
 KernelWork kernel_work(const SumSqParams& p) {
   KernelWork w = with_views(p.x, p.out);
   w.other_bytes = bytes_of(p.x);

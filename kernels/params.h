@@ -236,6 +236,24 @@ struct AdamWMultiParams {
   std::vector<AdamWParams> items;
 };
 
+// One 8-bit AdamW step (optim/adamw8bit.h) over a dense f32 param seen as rows of `row_numel`
+// elements, cut into blocks of `block_rows` rows (the last block may be shorter). The moments are
+// stored as 8-bit codes (u8, the param's numel) with one f32 absmax per block per moment, held
+// per row in `absmax` ([rows, 2]: m's then v's absmax, the same value on every row of a block):
+//   m code: bit 7 the sign, bits 0-6 k, m = absmax_m * (k / 127)^2
+//   v code: k in 0..255,                v = absmax_v * (k / 255)^4
+// Per block: dequantize, the AdamW step of AdamWParams in f32 with the new m, v, new absmax over
+// the block, quantize (k = round(127 sqrt(|m| / absmax_m)), round(255 sqrt(sqrt(v / absmax_v)))).
+// Blocks are independent: the result does not depend on the thread count or on which blocks a
+// call covers. grad: f32, or bf16/f16 read exactly, times grad_scale; param_copy as in AdamWParams.
+struct AdamW8bitParams {
+  KView param, grad, exp_avg, exp_avg_sq, absmax;
+  KView param_copy;  // optional
+  int64_t row_numel = 1, block_rows = 32;
+  double decay = 1, beta1 = 0.9, beta2 = 0.999, step_size = 0, bc2_sqrt = 1, eps = 1e-8;
+  double grad_scale = 1;
+};
+
 // out[0] += sum_i x_i^2 over the dense floating tensor x, squared and summed in f64 (out: one f64
 // element on x's device). Fixed-size blocks added in a fixed order: the result does not depend on
 // the thread count (gradient clipping's global norm).
@@ -259,4 +277,4 @@ struct SumSqParams {
   X(cross_entropy, CrossEntropyParams) X(cross_entropy_bwd, CrossEntropyBwdParams)     \
   X(attention, AttentionParams) X(attention_bwd, AttentionBwdParams)                   \
   X(random, RandomParams) X(adamw, AdamWParams) X(adamw_multi, AdamWMultiParams)        \
-  X(sum_sq, SumSqParams)
+  X(sum_sq, SumSqParams) X(adamw8bit, AdamW8bitParams)

@@ -48,7 +48,7 @@ void register_cpu_index(KernelTable& t);      // index_select, index_add, gather
 void register_cpu_loss(KernelTable& t);       // cross_entropy(_bwd)
 void register_cpu_attention(KernelTable& t);  // attention(_bwd)
 void register_cpu_random(KernelTable& t);     // random
-void register_cpu_optim(KernelTable& t);      // adamw, adamw_multi, sum_sq
+void register_cpu_optim(KernelTable& t);      // adamw, adamw_multi, sum_sq, adamw8bit
 
 // The CUDA backend (kernels/cuda/*.cu, built when MT_HAVE_CUDA): the same families.
 void register_cuda_copy(KernelTable& t);

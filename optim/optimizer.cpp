@@ -2,6 +2,7 @@
 // state_dict round trip (see optimizer.h and docs/optim.md).
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <unordered_map>
@@ -194,6 +195,55 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
       const Tensor& src = *slot_state[s][k];
       slot.state[k].copy_(src.device() == slot.state[k].device() ? src : src.to(slot.state[k].device()));
     }
+  }
+}
+
+NamedTensors Optimizer::state_dict_with(const NamedTensors& own) const {
+  NamedTensors base = Optimizer::state_dict();  // "step", then "step.<name>"
+  NamedTensors out;
+  out.push_back(base.front());
+  for (const auto& kv : own) out.push_back(kv);
+  for (size_t i = 1; i < base.size(); ++i) out.push_back(base[i]);
+  return out;
+}
+
+void Optimizer::load_state_dict_with(const NamedTensors& state, const NamedTensors& own) {
+  std::unordered_map<std::string, const Tensor*> dst;
+  for (const auto& [key, t] : own) dst.emplace(key, &t);
+  std::unordered_map<std::string, const Tensor*> src;
+  NamedTensors base;
+  std::vector<std::string> problems;
+  for (const auto& [key, t] : state) {
+    auto it = dst.find(key);
+    if (it == dst.end()) {
+      base.emplace_back(key, t);  // "step", "step.<name>", or unexpected: the base reports it
+      continue;
+    }
+    if (!t.defined() || t.is_meta() || t.shape() != it->second->shape())
+      problems.push_back(fmt::format("'{}' is {} but the state is {}", key,
+                                     t.defined() ? t.desc() : std::string("undefined"), it->second->desc()));
+    else if (!src.emplace(key, &t).second)
+      problems.push_back(fmt::format("key '{}' appears twice", key));
+  }
+  std::vector<std::string> missing;
+  for (const auto& [key, t] : own)
+    if (!src.count(key) && std::none_of(problems.begin(), problems.end(), [&](const std::string& p) {
+          return p.find("'" + key + "'") != std::string::npos;
+        }))
+      missing.push_back(key);
+  if (!missing.empty()) problems.insert(problems.begin(), fmt::format("missing keys: {}", list_names(missing)));
+  if (!problems.empty()) {
+    std::string msg;
+    for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
+    if (problems.size() > 12) msg += fmt::format("; ... ({} more)", problems.size() - 12);
+    MT_FAIL("{}.load_state_dict: {}", name_, msg);
+  }
+  Optimizer::load_state_dict(base);  // checks the step counts and unexpected keys; throws first
+  NoGradGuard no_grad;
+  for (const auto& [key, t] : own) {
+    const Tensor& from = *src.at(key);
+    Tensor to = t;
+    to.copy_(from.device() == to.device() ? from : from.to(to.device()));
   }
 }
 

@@ -74,6 +74,14 @@ class Optimizer {
   // the parameter's dtype; AdamW also takes 16-bit gradients of f32 (master) parameters.
   virtual bool accepts_grad(const Tensor& param, const Tensor& grad) const { return grad.dtype() == param.dtype(); }
   const char* name() const { return name_; }
+  // For optimizers that keep their own state (shapes or dtypes other than the parameter's: 8-bit
+  // AdamW's codes, Muon's per-parameter kinds): `own` (key, live tensor) inserted after "step" in
+  // Optimizer::state_dict()'s order, and loaded by copying the given tensor of each key of `own`
+  // (shapes checked; missing, duplicate or malformed keys listed in one error) after
+  // Optimizer::load_state_dict has taken the rest (step counts; it reports unexpected keys).
+  // Nothing is modified when it throws.
+  NamedTensors state_dict_with(const NamedTensors& own) const;
+  void load_state_dict_with(const NamedTensors& state, const NamedTensors& own);
 
  private:
   std::vector<ParamGroup> groups_;

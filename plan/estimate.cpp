@@ -78,9 +78,10 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
                            const std::vector<int64_t>& coord, const EstimateOptions& o) {
   MT_CHECK(o.batch >= 1 && o.seq >= 1 && o.accum >= 1, "estimate: batch {}, seq {} and accum {} must be >= 1", o.batch,
            o.seq, o.accum);
-  MT_CHECK(o.optimizer == "adamw",
-           "estimate: --optimizer {} is not supported: the runtime's optimizers are adamw only (docs/estimate.md)",
+  MT_CHECK(o.optimizer == "adamw" || o.optimizer == "adamw8bit",
+           "estimate: --optimizer {} is not supported: the estimate models adamw and adamw8bit (docs/estimate.md)",
            o.optimizer);
+  const bool eight_bit = o.optimizer == "adamw8bit";
   MT_CHECK(o.precision == DType::kF32 || o.precision == DType::kBF16 || o.precision == DType::kF16,
            "estimate: precision {} is not supported (f32, bf16 or f16)", o.precision);
   RankEstimate est;
@@ -110,8 +111,18 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
     }
     est.param_bytes += bytes_of(local, p.dtype());
     est.grad_bytes += bytes_of(local, p.dtype());
-    for (int m = 0; m < 2; ++m) state.push_back(empty(local, TensorOptions(DType::kF32).with_device(Device::meta())));
-    est.optimizer_bytes += 2 * bytes_of(local, DType::kF32);
+    // 8-bit AdamW (optim/adamw8bit.h; plan/ does not see optim/, so its rule is repeated here and
+    // tests/optim/test_adamw8bit.cpp checks the two agree): tensors of 4096 elements or more hold
+    // two u8 codes per element and an f32 [rows, 2] absmax; smaller ones two f32 moments.
+    if (eight_bit && p.shape().numel() >= 4096) {
+      for (int m = 0; m < 2; ++m) state.push_back(empty(local, TensorOptions(DType::kU8).with_device(Device::meta())));
+      const Shape am{local.empty() ? 1 : local[0], 2};
+      state.push_back(empty(am, TensorOptions(DType::kF32).with_device(Device::meta())));
+      est.optimizer_bytes += 2 * bytes_of(local, DType::kU8) + bytes_of(am, DType::kF32);
+    } else {
+      for (int m = 0; m < 2; ++m) state.push_back(empty(local, TensorOptions(DType::kF32).with_device(Device::meta())));
+      est.optimizer_bytes += 2 * bytes_of(local, DType::kF32);
+    }
   }
   for (auto& [name, p] : model->named_parameters())
     est.layouts.emplace_back(p.shape(), dtensor_spec(p, "estimate").placements());
@@ -167,7 +178,8 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
   // The optimizer (modelled: the fused AdamW loop reads p, g, m, v and writes p, m, v in f32; a
   // 16-bit model adds the gradient cast and the master-to-model rounding).
   const double n = static_cast<double>(est.local_params);
-  est.cost.other_bytes += 7 * 4 * n + (master ? n * (2 + 4) + n * (4 + 2) : 0);
+  // 8-bit AdamW reads p, g (f32) and two u8 codes, writes p and the codes: 14 bytes, not 28.
+  est.cost.other_bytes += (eight_bit ? 14 : 7 * 4) * n + (master ? n * (2 + 4) + n * (4 + 2) : 0);
   est.peak_bytes = meta_memory_stats().peak;
   est.activation_bytes = est.peak_bytes - est.persistent_bytes;
   return est;

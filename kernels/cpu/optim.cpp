@@ -1,13 +1,15 @@
 // Optimizer kernels on the CPU: AdamW in one pass over dense tensors (no temporaries), OpenMP
 // over elements. Each element's update depends on that element alone, so the result does not
 // depend on the thread count. sum_sq: the f64 sum of squares of gradient clipping, over fixed
-// blocks added in order (also independent of the thread count).
+// blocks added in order (also independent of the thread count). adamw8bit: 8-bit AdamW, OpenMP
+// over its blocks (each block's update depends on that block alone).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/quant8.h"
 #include "kernels/registry.h"
 #include "runtime/error.h"
 
@@ -76,6 +78,85 @@ void adamw_multi(const AdamWMultiParams& p) {
   for (const AdamWParams& item : p.items) adamw(item);
 }
 
+// 8-bit AdamW: one block of block_rows rows at a time (kernels/params.h, AdamW8bitParams). The
+// new moments of a block are kept in f32 until its new absmax is known, then quantized.
+template <class G, class C>
+void adamw8bit_typed(const AdamW8bitParams& p) {
+  float* w = p.param.ptr<float>();
+  const G* g = p.grad.ptr<const G>();
+  uint8_t* mq = p.exp_avg.ptr<uint8_t>();
+  uint8_t* vq = p.exp_avg_sq.ptr<uint8_t>();
+  float* am = p.absmax.ptr<float>();
+  [[maybe_unused]] C* copy = nullptr;
+  if constexpr (!std::is_void_v<C>) copy = p.param_copy.ptr<C>();
+  const int64_t n = p.param.numel(), rn = p.row_numel, rows = n / rn;
+  const int64_t blocks = (rows + p.block_rows - 1) / p.block_rows;
+  const float decay = static_cast<float>(p.decay), b1 = static_cast<float>(p.beta1), b2 = static_cast<float>(p.beta2);
+  const float one_b1 = static_cast<float>(1 - p.beta1), one_b2 = static_cast<float>(1 - p.beta2);
+  const float step_size = static_cast<float>(p.step_size), bc2_sqrt = static_cast<float>(p.bc2_sqrt);
+  const float eps = static_cast<float>(p.eps), scale = static_cast<float>(p.grad_scale);
+  const bool scaled = p.grad_scale != 1;
+#pragma omp parallel for if (n > 32768) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    thread_local std::vector<float> buf;
+    const int64_t r0 = b * p.block_rows, r1 = std::min(rows, r0 + p.block_rows);
+    const int64_t i0 = r0 * rn, len = (r1 - r0) * rn;
+    if (static_cast<int64_t>(buf.size()) < 2 * len) buf.resize(static_cast<size_t>(2 * len));
+    const float am_m = am[2 * r0], am_v = am[2 * r0 + 1];
+    float new_m = 0, new_v = 0;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t i = i0 + j;
+      float gi = static_cast<float>(static_cast<compute_t<G>>(g[i]));
+      if (scaled) gi = gi * scale;
+      const float mi = b1 * quant8::decode_m(mq[i], am_m) + one_b1 * gi;
+      const float vi = b2 * quant8::decode_v(vq[i], am_v) + one_b2 * gi * gi;
+      const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+      w[i] = w[i] * decay - step_size * (mi / denom);
+      if constexpr (!std::is_void_v<C>) copy[i] = cpu::convert<C>(w[i]);
+      buf[static_cast<size_t>(2 * j)] = mi;
+      buf[static_cast<size_t>(2 * j + 1)] = vi;
+      new_m = std::max(new_m, std::fabs(mi));
+      new_v = std::max(new_v, vi);
+    }
+    for (int64_t j = 0; j < len; ++j) {
+      mq[i0 + j] = quant8::encode_m(buf[static_cast<size_t>(2 * j)], new_m);
+      vq[i0 + j] = quant8::encode_v(buf[static_cast<size_t>(2 * j + 1)], new_v);
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      am[2 * r] = new_m;
+      am[2 * r + 1] = new_v;
+    }
+  }
+}
+
+template <class G>
+void adamw8bit_grad(const AdamW8bitParams& p) {
+  if (!p.param_copy.data)
+    adamw8bit_typed<G, void>(p);
+  else if (p.param_copy.dtype == DType::kBF16)
+    adamw8bit_typed<G, BFloat16>(p);
+  else if (p.param_copy.dtype == DType::kF16)
+    adamw8bit_typed<G, Float16>(p);
+  else
+    MT_FAIL("adamw8bit kernel: param_copy must be bf16 or f16, got {}", dtype_name(p.param_copy.dtype));
+}
+
+void adamw8bit(const AdamW8bitParams& p) {
+  MT_CHECK(p.param.dtype == DType::kF32, "adamw8bit kernel: the param must be f32, got {}", dtype_name(p.param.dtype));
+  MT_CHECK(p.exp_avg.dtype == DType::kU8 && p.exp_avg_sq.dtype == DType::kU8 && p.absmax.dtype == DType::kF32,
+           "adamw8bit kernel: codes must be u8 and absmax f32");
+  MT_CHECK(p.row_numel > 0 && p.block_rows > 0 && p.param.numel() % p.row_numel == 0 &&
+               p.absmax.numel() == 2 * (p.param.numel() / p.row_numel),
+           "adamw8bit kernel: {} elements are not rows of {} with 2 absmax per row ({} given)", p.param.numel(),
+           p.row_numel, p.absmax.numel());
+  switch (p.grad.dtype) {
+    case DType::kF32: adamw8bit_grad<float>(p); break;
+    case DType::kBF16: adamw8bit_grad<BFloat16>(p); break;
+    case DType::kF16: adamw8bit_grad<Float16>(p); break;
+    default: MT_FAIL("adamw8bit kernel: grad dtype {} (f32, bf16, f16)", dtype_name(p.grad.dtype));
+  }
+}
+
 constexpr int64_t kSumSqBlock = 8192;
 
 template <class T>
@@ -109,6 +190,7 @@ void register_cpu_optim(KernelTable& t) {
   t.adamw = adamw;
   t.adamw_multi = adamw_multi;
   t.sum_sq = sum_sq;
+  t.adamw8bit = adamw8bit;
 }
 
 }  // namespace mt

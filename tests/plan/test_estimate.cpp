@@ -27,6 +27,7 @@
 #include "models/hf_config.h"
 #include "models/llama.h"
 #include "optim/adamw.h"
+#include "optim/adamw8bit.h"
 #include "plan/estimate.h"
 #include "plan/grad_reducer.h"
 #include "plan/parallelize.h"
@@ -283,6 +284,29 @@ TEST_CASE("estimate: 16-bit precision adds f32 master weights; memory scales dow
   // Refusals name the flag.
   o.optimizer = "muon";
   CHECK_THROWS_WITH(estimate_rank(em, dp, dp.resolve_mesh(4), {0}, o), Catch::Contains("muon"));
+}
+
+TEST_CASE("estimate: --optimizer adamw8bit sizes the state as optim/adamw8bit.h keeps it", "[mpi]") {
+  if (world().size() != 1) return;
+  const ModelConfig cfg = builtin_config("llama-tiny");
+  EstimateModel em;
+  em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
+  em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+  EstimateOptions o;
+  o.batch = 2;
+  o.seq = 8;
+  Plan dp = load_plan(plans_dir() + "/llama_dp.plan");
+  RankEstimate f32 = estimate_rank(em, dp, dp.resolve_mesh(1), {0}, o);
+  o.optimizer = "adamw8bit";
+  RankEstimate q8 = estimate_rank(em, dp, dp.resolve_mesh(1), {0}, o);
+  manual_seed(1);
+  std::shared_ptr<CausalLM> real = build_causal_lm(cfg);
+  AdamW8bit opt(make_param_groups(real->named_parameters(), 0.1), AdamWOptions{});
+  CHECK(q8.optimizer_bytes == opt.state_bytes());
+  CHECK(f32.optimizer_bytes == 8 * cfg.num_parameters());
+  WARN("llama-tiny optimizer state: AdamW " << f32.optimizer_bytes << " bytes, 8-bit AdamW " << q8.optimizer_bytes
+                                            << " (" << static_cast<double>(q8.optimizer_bytes) / f32.optimizer_bytes
+                                            << "x)");
 }
 
 TEST_CASE("roofline: links by node span, the alpha-beta formulas, profile errors name the field", "[mpi]") {

@@ -131,6 +131,21 @@ grep -q "grad norm" "$WORK/full.out" && grep -q "tok/s" "$WORK/full.out" && grep
   && pass "train prints loss, grad norm, lr, tok/s, MFU, memory" || fail "train step line"
 "$BIN" train $T "$WORK/bf.jsonl" --precision bf16 --steps 4 >/dev/null && pass "bf16 mixed precision trains" || fail "bf16 train"
 
+# ---- train: --optimizer adamw8bit and muon resume bit for bit -------------------------------------
+for opt in adamw8bit muon; do
+  O="--batch 2 --seq 32 --steps 6 --lr 3e-3 --warmup 2 --optimizer $opt --metrics"
+  "$BIN" train $O "$WORK/${opt}_full.jsonl" --checkpoint-dir "$WORK/${opt}_full" >/dev/null || fail "$opt train (full) exit"
+  "$BIN" train $O "$WORK/${opt}_part.jsonl" --stop-at 3 --checkpoint-dir "$WORK/${opt}_part" >/dev/null || fail "$opt part 1"
+  "$BIN" train $O "$WORK/${opt}_part.jsonl" --resume --checkpoint-dir "$WORK/${opt}_part" >/dev/null || fail "$opt resume"
+  cmp -s "$WORK/${opt}_full/step-00000006/model.safetensors" "$WORK/${opt}_part/step-00000006/model.safetensors" \
+    && cmp -s "$WORK/${opt}_full/step-00000006/optimizer.safetensors" "$WORK/${opt}_part/step-00000006/optimizer.safetensors" \
+    && pass "--optimizer $opt: 3 steps + resume + 3 steps == 6 steps (weights and optimizer state bit for bit)" \
+    || fail "--optimizer $opt resume differs"
+done
+"$BIN" train $T "$WORK/bf8.jsonl" --precision bf16 --steps 2 --optimizer adamw8bit >/dev/null \
+  && pass "adamw8bit with bf16 trains" || fail "adamw8bit bf16 train"
+expect_error "unknown optimizer" "--optimizer must be adamw, adamw8bit or muon" -- "$BIN" train --optimizer sgd --steps 1
+
 # ---- train from a Hugging Face checkpoint ---------------------------------------------------------
 "$BIN" train --hf "$WORK/ck" --steps 3 --batch 2 --seq 32 --metrics "" --checkpoint-dir "$WORK/fromhf" >"$WORK/fromhf.out" \
   && [ -f "$WORK/fromhf/step-00000003/model.safetensors" ] && pass "train --hf starts from a checkpoint" || fail "train --hf"

@@ -31,8 +31,20 @@ grep -qE "^  step time .* modelled" "$tmp/dp_tp.txt" || fail "no step time"
 [ "$(json "$tmp/tp.json" "any(c['kind'] == 'all_reduce' and c['dims'] == 'tp' for c in d['ranks'][0]['comm'])")" = True ] \
   || fail "tp all_reduce in JSON"
 
+# adamw8bit: two u8 codes per element of the large tensors (+ absmax), f32 moments for the norms:
+# about 0.26x AdamW's two f32 moments for llama-tiny.
+"$bin" plan --config llama-tiny --plan "$plans/llama_dp.plan" --world 2 --estimate --json > "$tmp/q32.json" \
+  || fail "estimate --optimizer adamw"
+"$bin" plan --config llama-tiny --plan "$plans/llama_dp.plan" --world 2 --estimate --optimizer adamw8bit --json > "$tmp/q8.json" \
+  || fail "estimate --optimizer adamw8bit"
+python3 -c "
+import json, sys
+a = json.load(open(sys.argv[1]))['ranks'][0]['optimizer_bytes']
+b = json.load(open(sys.argv[2]))['ranks'][0]['optimizer_bytes']
+sys.exit(0 if 0.25 < b / a < 0.27 else 1)" "$tmp/q32.json" "$tmp/q8.json" || fail "adamw8bit optimizer bytes"
+
 # Refusals name the flag.
-for bad in "--recompute full" "--recompute selective" "--optimizer muon" "--optimizer adamw8bit" "--precision fp8"; do
+for bad in "--recompute full" "--recompute selective" "--optimizer muon" "--optimizer sgd" "--precision fp8"; do
   # shellcheck disable=SC2086
   if "$bin" plan --plan "$plans/llama_dp.plan" --estimate $bad 2> "$tmp/err.txt"; then fail "$bad accepted"; fi
   grep -qF -- "${bad%% *}" "$tmp/err.txt" || fail "$bad: error does not name the flag: $(cat "$tmp/err.txt")"

@@ -58,9 +58,8 @@ EstimateOptions options_from(const Args& args) {
   o.accum = args.integer("accum", 1, 1 << 20);
   o.precision = parse_precision(args.str("precision"));
   const std::string opt = args.str("optimizer");
-  MT_CHECK(opt == "adamw",
-           "meshtrain plan: --optimizer {} is not supported by the runtime's training step (it has adamw only; muon "
-           "and adamw8bit are not implemented yet, docs/estimate.md)",
+  MT_CHECK(opt == "adamw" || opt == "adamw8bit",
+           "meshtrain plan: --optimizer {} is not supported by the estimate (adamw or adamw8bit, docs/estimate.md)",
            opt);
   o.optimizer = opt;
   const std::string rc = args.str("recompute");
@@ -142,8 +141,10 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
     fmt::print("  {:<28} {:>14}  {}  ({} local elements, {})\n", "parameters", human(static_cast<double>(e.param_bytes)),
                kShapes, e.local_params, dtype_name(o.precision));
     fmt::print("  {:<28} {:>14}  {}\n", "gradients", human(static_cast<double>(e.grad_bytes)), kShapes);
-    fmt::print("  {:<28} {:>14}  {}  ({}: 2 f32 moments)\n", "optimizer state", human(static_cast<double>(e.optimizer_bytes)),
-               kShapes, o.optimizer);
+    fmt::print("  {:<28} {:>14}  {}  ({}: {})\n", "optimizer state", human(static_cast<double>(e.optimizer_bytes)),
+               kShapes, o.optimizer,
+               o.optimizer == "adamw8bit" ? "2 u8 codes + block absmax, f32 moments under 4096 elements"
+                                          : "2 f32 moments");
     fmt::print("  {:<28} {:>14}  {}\n", "master weights", human(static_cast<double>(e.master_bytes)), kShapes);
     fmt::print("  {:<28} {:>14}  {}  (meta dry run: persistent {} + activations, gradients, buckets {})\n",
                "peak memory", human(static_cast<double>(e.peak_bytes)), kShapes,
@@ -379,7 +380,7 @@ std::vector<FlagSpec> estimate_flags() {
       {"seq", "--estimate: tokens per sequence", "128", false},
       {"accum", "--estimate: micro-batches per optimizer step", "1", false},
       {"precision", "--estimate: f32, bf16 or f16 (16-bit adds f32 master weights)", "bf16", false},
-      {"optimizer", "--estimate: adamw (muon and adamw8bit are not implemented and refused)", "adamw", false},
+      {"optimizer", "--estimate: adamw or adamw8bit (muon is not modelled and refused)", "adamw", false},
       {"recompute", "--estimate: none (selective and full are not implemented and refused)", "none", false},
       {"bucket-mb", "--estimate: gradient reducer bucket size in MiB", "25", false},
       {"hardware", "--estimate: h100-nvlink, h100-ib, h200, a100, or a profile JSON file", "h100-nvlink", false},

@@ -190,7 +190,7 @@ int run_train(int argc, char** argv) {
 
   Trainer trainer(*model, args, "train", steps, compute, plan.get(), par.get());
   MasterWeights& master = trainer.master();
-  AdamW& opt = trainer.optimizer();
+  Optimizer& opt = trainer.optimizer();
   int64_t start = 0;
   if (resume) {
     // Checkpoints hold full tensors: with --plan, each rank takes its shards of the moments.

@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "models/corpus.h"
 #include "mesh/dtensor.h"
+#include "optim/adamw8bit.h"
 #include "optim/clip.h"
+#include "optim/muon.h"
 #include "runtime/error.h"
 #include "tensor/moe.h"
 #include "tensor/ops.h"
@@ -31,8 +34,38 @@ void real_in(const Args& args, const std::string& command, const char* name, dou
 
 }  // namespace
 
+std::unique_ptr<Optimizer> make_optimizer(const std::string& kind, const NamedTensors& params, double weight_decay,
+                                          const AdamWOptions& adam, const Parallelized* par,
+                                          const std::string& command) {
+  std::vector<ParamGroup> groups = make_param_groups(params, weight_decay);
+  if (kind == "adamw") return std::make_unique<AdamW>(std::move(groups), adam);
+  if (kind == "muon") {
+    MuonOptions mo;
+    mo.lr = adam.lr;
+    mo.beta1 = adam.beta1;
+    mo.beta2 = adam.beta2;
+    mo.eps = adam.eps;
+    return std::make_unique<Muon>(std::move(groups), mo);
+  }
+  MT_CHECK(kind == "adamw8bit", "meshtrain {}: --optimizer must be adamw, adamw8bit or muon, got '{}'", command, kind);
+  if (par) {
+    std::map<std::string, Shape> shapes;
+    for (const auto& [name, p] : params) shapes.emplace(name, p.shape());
+    check_fsdp_blocks(
+        par->ir(),
+        [&](const std::string& path) {
+          auto it = shapes.find(path);
+          return it == shapes.end() ? int64_t{0} : AdamW8bit::fsdp_block_rows(it->second);
+        },
+        "meshtrain " + command + " --optimizer adamw8bit");
+  }
+  return std::make_unique<AdamW8bit>(std::move(groups), adam);
+}
+
 std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::string& default_seq) {
   return {
+      {"optimizer", "adamw, adamw8bit (8-bit block-quantized moments) or muon (Newton-Schulz orthogonalized "
+                    "momentum for hidden matrices, AdamW for the rest); docs/optim.md", "adamw", false},
       {"batch", "sequences per micro-batch", default_batch, false},
       {"seq", "tokens per sequence", default_seq, false},
       {"accum", "micro-batches per optimizer step (gradient accumulation)", "1", false},
@@ -55,6 +88,9 @@ std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::st
 }
 
 void validate_step_flags(const Args& args, const std::string& command) {
+  const std::string opt = args.str("optimizer");
+  MT_CHECK(opt == "adamw" || opt == "adamw8bit" || opt == "muon",
+           "meshtrain {}: --optimizer must be adamw, adamw8bit or muon, got '{}'", command, opt);
   args.integer("batch", 1, kMaxBatch);
   args.integer("seq", 1, kMaxPositions);
   args.integer("accum", 1, kMaxAccum);
@@ -207,11 +243,14 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
   adam.beta1 = 0.9;
   adam.beta2 = args.real("beta2");
   adam.eps = 1e-8;
-  opt_ = std::make_unique<AdamW>(make_param_groups(master_->master_params(), args.real("weight-decay")), adam);
-  // 16-bit compute: the optimizer reads the model's 16-bit grads and writes its 16-bit weights in
-  // the same pass that updates the f32 masters (no f32 grad copies, no separate cast).
-  one_pass_ = !master_->pass_through();
-  if (one_pass_) opt_->set_param_copies(master_->model_copies());
+  opt_ = make_optimizer(args.str("optimizer"), master_->master_params(), args.real("weight-decay"), adam, par,
+                        command);
+  adamw_ = dynamic_cast<AdamW*>(opt_.get());
+  // 16-bit compute with AdamW: the optimizer reads the model's 16-bit grads and writes its 16-bit
+  // weights in the same pass that updates the f32 masters (no f32 grad copies, no separate cast).
+  // Other optimizers take the copy path (f32 master grads, masters rounded into the model).
+  one_pass_ = !master_->pass_through() && adamw_;
+  if (one_pass_) adamw_->set_param_copies(master_->model_copies());
 }
 
 StepResult Trainer::gradients(int64_t step, const std::function<TokenBatch()>& next) {
@@ -309,7 +348,7 @@ double Trainer::clip(int64_t step, double loss) {
   }
   if (one_pass_ && grad_clip_ > 0 && std::isfinite(norm)) {
     const double coef = grad_clip_ / (norm + 1e-6);
-    if (coef < 1) opt_->set_grad_scale(coef);
+    if (coef < 1) adamw_->set_grad_scale(coef);
   }
   // A non-finite loss or gradient stops the run before the optimizer step applies it: the weights
   // stay those of the previous step, and this step is never saved (docs/cli.md, "Bad input and

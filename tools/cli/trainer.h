@@ -20,6 +20,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/llama.h"
 #include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "optim/master_weights.h"
 #include "optim/schedule.h"
 #include "plan/grad_reducer.h"
@@ -30,7 +31,15 @@
 
 namespace mt::cli {
 
-// The flags read by Trainer and validate_step_flags: batch, seq, accum, lr, min-lr, warmup,
+// The optimizer of --optimizer ("adamw", "adamw8bit", "muon"; errors name `command`) over `params`
+// (decay `weight_decay` on the matrices), with `adam`'s lr, betas and eps. For adamw8bit under a
+// plan with FSDP units (`par`), the units' granularities must keep its 32-row blocks whole on one
+// rank (an error names the plan line).
+std::unique_ptr<Optimizer> make_optimizer(const std::string& kind, const NamedTensors& params, double weight_decay,
+                                          const AdamWOptions& adam, const Parallelized* par,
+                                          const std::string& command);
+
+// The flags read by Trainer and validate_step_flags: optimizer, batch, seq, accum, lr, min-lr, warmup,
 // weight-decay, beta2, grad-clip, dropout, seed, no-fuse, bucket-mb (the given defaults for batch
 // and seq; the others as `train` has always had them).
 std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::string& default_seq);
@@ -95,7 +104,7 @@ class Trainer {
   void apply();
 
   MasterWeights& master() { return *master_; }
-  AdamW& optimizer() { return *opt_; }
+  Optimizer& optimizer() { return *opt_; }
   const GradReducer* reducer() const { return reducer_.get(); }
   // Pipeline plans: this stage's runner (its schedule may be changed between steps), else null.
   PipelineRunner* pipeline() { return pipe_.get(); }
@@ -110,8 +119,9 @@ class Trainer {
   LrSchedule sched_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<MasterWeights> master_;
-  std::unique_ptr<AdamW> opt_;
-  bool one_pass_ = false;  // 16-bit compute: AdamW reads 16-bit grads and writes the 16-bit weights
+  std::unique_ptr<Optimizer> opt_;
+  AdamW* adamw_ = nullptr;  // opt_ when --optimizer adamw
+  bool one_pass_ = false;   // 16-bit compute with AdamW: it reads 16-bit grads and writes the 16-bit weights
   // Pipeline plans (docs/pipeline.md): the schedule runner and the dropout offsets of the units.
   std::unique_ptr<PipelineRunner> pipe_;
   std::unique_ptr<PipelineRng> rng_;

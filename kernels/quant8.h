@@ -1,0 +1,48 @@
+// The 8-bit codes of 8-bit AdamW's moments (optim/adamw8bit.h, the `adamw8bit` kernel family):
+// block-wise dynamic quantization against the block's absmax, non-linear so that small values
+// keep their relative precision (a linear code would round most of a block's v to 0 and blow up
+// m / sqrt(v)):
+//   m (signed):  code = sign bit 7 | k (0..127),  value = absmax * (k / 127)^2
+//   v (>= 0):    code = k (0..255),               value = absmax * (k / 255)^4
+// Quantizing rounds k in the transformed domain: k = round(127 sqrt(|m| / absmax)),
+// round(255 sqrt(sqrt(v / absmax))). Only division, sqrt and products: IEEE-exact operations, so
+// the codes are the same on every CPU and GPU. The block's largest value maps to k = 127 (255)
+// and decodes to absmax exactly; an all-zero block has absmax 0 and codes 0.
+// Round trip bound (tests/optim/test_adamw8bit.cpp): |x - decode(encode(x))| <= absmax * (a^2 - r)
+// with r = |x| / absmax and a = min(1, sqrt(r) + 0.5 / 127) for m, a = min(1, r^(1/4) + 0.5 / 255)^2
+// for v (plus f32 rounding).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace mt::quant8 {
+
+inline uint8_t encode_m(float x, float absmax) {
+  if (!(absmax > 0)) return 0;
+  float r = std::fabs(x) / absmax;
+  if (r > 1) r = 1;
+  const auto k = static_cast<uint8_t>(std::nearbyint(127.0f * std::sqrt(r)));
+  return (x < 0 && k != 0) ? static_cast<uint8_t>(k | 0x80u) : k;
+}
+
+inline float decode_m(uint8_t code, float absmax) {
+  const float t = static_cast<float>(code & 0x7fu) / 127.0f;
+  const float v = absmax * (t * t);
+  return (code & 0x80u) ? -v : v;
+}
+
+inline uint8_t encode_v(float x, float absmax) {
+  if (!(absmax > 0) || !(x > 0)) return 0;
+  float r = x / absmax;
+  if (r > 1) r = 1;
+  return static_cast<uint8_t>(std::nearbyint(255.0f * std::sqrt(std::sqrt(r))));
+}
+
+inline float decode_v(uint8_t code, float absmax) {
+  const float t = static_cast<float>(code) / 255.0f;
+  const float t2 = t * t;
+  return absmax * (t2 * t2);
+}
+
+}  // namespace mt::quant8

@@ -1,0 +1,254 @@
+// Muon (optim/muon.h): Newton-Schulz orthogonalized Nesterov momentum for hidden 2-D matrices,
+// AdamW for the rest; split matrices (FSDP) orthogonalized on one root rank each.
+#include "optim/muon.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "kernels/registry.h"
+#include "mesh/dtensor.h"
+#include "mesh/shard_layout.h"
+#include "runtime/error.h"
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+
+namespace mt {
+
+namespace {
+
+// Keller Jordan's quintic coefficients (https://kellerjordan.github.io/posts/muon/).
+constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315;
+
+// How a DTensor Muon matrix is split: -1 whole on every rank; d >= 0 split along tensor dim 0 on
+// mesh dim d only (RaggedShard(0) or Shard(0): gathered to a root); kGeneral any other split
+// (tensor parallelism's S(1), splits on two mesh dims: replicated, orthogonalized on every rank).
+constexpr int kGeneral = -2;
+
+int split_dim_of(const std::string& name, const Tensor& p) {
+  const DTensorSpec& spec = dtensor_spec(p, "Muon");
+  int dim = -1;
+  for (size_t j = 0; j < spec.placements().size(); ++j) {
+    const Placement& pl = spec.placements()[j];
+    if (pl.is_replicate()) continue;
+    MT_CHECK(!pl.is_partial(), "Muon: parameter '{}' is {}: a Partial parameter cannot be updated", name, p.desc());
+    const bool rows = pl.dim() == 0 && pl.kind() != PlacementKind::kInterleavedShard;
+    if (!rows || dim != -1) return kGeneral;
+    dim = static_cast<int>(j);
+  }
+  return dim;
+}
+
+// Rows of tensor dim 0 that each rank of mesh dim `dim` holds (this rank's coordinates elsewhere).
+std::vector<int64_t> rows_per_rank(const Tensor& p, int dim) {
+  const DTensorSpec& spec = dtensor_spec(p, "Muon");
+  const Shape mesh_shape = spec.mesh().shape();
+  std::vector<int64_t> coord = spec.mesh().coordinates();
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < mesh_shape[dim]; ++r) {
+    coord[static_cast<size_t>(dim)] = r;
+    rows.push_back(local_layout(p.shape(), spec.placements(), mesh_shape, Shape(coord)).local_shape[0]);
+  }
+  return rows;
+}
+
+double ns_flops(int64_t rows, int64_t cols, int steps) {
+  const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
+  return steps * (2 * m * m * n + 2 * m * m * m + 2 * m * m * n);  // x x^T, A A, B x
+}
+
+}  // namespace
+
+Tensor newton_schulz5(const Tensor& g, int steps) {
+  MT_CHECK(g.dim() == 2 && g.dtype() == DType::kF32, "newton_schulz5: expected a 2-D f32 tensor, got {}", g.desc());
+  NoGradGuard no_grad;
+  const bool tall = g.shape()[0] > g.shape()[1];
+  Tensor x = tall ? g.t().contiguous() : g.contiguous();
+  const double norm = std::sqrt(sum(mul(x, x)).item());
+  x = mul(x, 1.0 / (norm + 1e-7));
+  for (int k = 0; k < steps; ++k) {
+    Tensor a = matmul(x, x.t());
+    Tensor b = add(mul(a, kNsB), mul(matmul(a, a), kNsC));
+    x = add(mul(x, kNsA), matmul(b, x));
+  }
+  return tall ? x.t().contiguous() : x;
+}
+
+bool Muon::uses_muon(const std::string& name, const Shape& shape) {
+  return shape.size() == 2 && name.find("embed") == std::string::npos && name.find("lm_head") == std::string::npos;
+}
+
+double Muon::shape_scale(int64_t rows, int64_t cols) {
+  return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
+}
+
+Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& opts)
+    : Optimizer(std::move(groups), opts.lr, {}, "Muon"), opts_(opts) {
+  MT_CHECK(opts.momentum >= 0 && opts.momentum < 1, "Muon: momentum {} must be in [0, 1)", opts.momentum);
+  MT_CHECK(opts.ns_steps >= 1 && opts.ns_steps <= 100, "Muon: ns_steps {} must be in [1, 100]", opts.ns_steps);
+  MT_CHECK(opts.beta1 >= 0 && opts.beta1 < 1 && opts.beta2 >= 0 && opts.beta2 < 1,
+           "Muon: AdamW betas ({}, {}) must be in [0, 1)", opts.beta1, opts.beta2);
+  MT_CHECK(std::isfinite(opts.eps) && opts.eps >= 0, "Muon: eps {} must be finite and >= 0", opts.eps);
+  // Split matrices: (flops, name, group size) for the root assignment.
+  struct Job {
+    double flops;
+    std::string name;
+    int64_t group;
+  };
+  std::vector<Job> jobs;
+  for (const ParamGroup& g : param_groups())
+    for (const auto& [name, p] : g.params) {
+      MT_CHECK(p.dtype() == DType::kF32 && local_view(p).is_contiguous(),
+               "Muon: parameter '{}' is {}; Muon takes contiguous f32 parameters (keep f32 masters for 16-bit models)",
+               name, p.desc());
+      State s;
+      s.muon = uses_muon(name, p.shape());
+      s.param = p;
+      if (s.muon) {
+        s.buf = zeros_like(p);
+        if (p.is_distributed()) {
+          const int dim = split_dim_of(name, p);
+          if (dim == kGeneral) general_.insert(name);
+          if (dim >= 0)
+            jobs.push_back({ns_flops(p.shape()[0], p.shape()[1], opts.ns_steps), name,
+                            dtensor_spec(p, "Muon").mesh().shape()[dim]});
+        }
+      } else {
+        s.m = zeros_like(p);
+        s.v = zeros_like(p);
+      }
+      names_.push_back(name);
+      state_.emplace(name, std::move(s));
+    }
+  // Greedy load balancing: the costliest matrix first, each to the least loaded rank (ties: the
+  // lowest rank). The same on every rank (a function of the shapes and names only).
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.flops > b.flops; });
+  std::unordered_map<int64_t, std::vector<double>> load;  // per group size
+  for (const Job& j : jobs) {
+    std::vector<double>& l = load[j.group];
+    if (l.empty()) l.assign(static_cast<size_t>(j.group), 0.0);
+    const auto it = std::min_element(l.begin(), l.end());
+    *it += j.flops;
+    roots_[j.name] = it - l.begin();
+  }
+}
+
+void Muon::update(Slot& slot, const Tensor& grad_in, double lr, double weight_decay) {
+  State& s = state_.at(slot.name);
+  Tensor& p = slot.param;  // local
+  const Tensor grad = grad_in.is_contiguous() ? grad_in : grad_in.contiguous();
+  const double decay = 1 - lr * weight_decay;
+  if (!s.muon) {
+    const double t = static_cast<double>(slot.steps);
+    const Tensor m = local_view(s.m), v = local_view(s.v);
+    AdamWParams c;
+    c.param = p.view_info();
+    c.grad = grad.view_info();
+    c.exp_avg = m.view_info();
+    c.exp_avg_sq = v.view_info();
+    c.decay = decay;
+    c.beta1 = opts_.beta1;
+    c.beta2 = opts_.beta2;
+    c.step_size = lr / (1 - std::pow(opts_.beta1, t));
+    c.bc2_sqrt = std::sqrt(1 - std::pow(opts_.beta2, t));
+    c.eps = opts_.eps;
+    MT_KERNEL(p.device().type, adamw, c);
+    bump_version(p);
+    bump_version(m);
+    bump_version(v);
+    return;
+  }
+  Tensor buf = local_view(s.buf);
+  buf.mul_(opts_.momentum);
+  buf.add_(grad);
+  const Tensor u = opts_.nesterov ? add(grad, mul(buf, opts_.momentum)) : buf;
+  const int64_t rows = s.param.shape()[0], cols = s.param.shape()[1];
+  const double scale = shape_scale(rows, cols);
+  if (roots_.count(slot.name)) {  // split: orthogonalized on its root in finish_step()
+    queued_.push_back({slot.name, p, u.contiguous(), lr, decay});
+    return;
+  }
+  Tensor o;
+  if (general_.count(slot.name)) {
+    // Split in a way a root gather does not handle: replicate u (collective, in parameter order on
+    // every rank), orthogonalize everywhere, keep this rank's shard.
+    const DTensorSpec& spec = dtensor_spec(s.param, "Muon");
+    const Tensor full = full_tensor(from_local(u.contiguous(), spec.mesh(), spec.placements(), s.param.shape()));
+    o = local_shard(newton_schulz5(full, opts_.ns_steps), spec.placements(), spec.mesh().shape(),
+                    Shape(spec.mesh().coordinates()));
+  } else {
+    o = newton_schulz5(u, opts_.ns_steps);  // the whole matrix is here
+  }
+  if (weight_decay != 0) p.mul_(decay);
+  p.add_(o, -lr * scale);
+}
+
+void Muon::finish_step(bool apply) {
+  std::vector<Queued> q;
+  q.swap(queued_);
+  if (!apply || q.empty()) return;
+  NoGradGuard no_grad;
+  struct Move {
+    Communicator comm;
+    std::vector<int64_t> counts, none, mine;  // rows per rank; zeros; mine at the root
+    int64_t me = 0, root = 0;
+    Work gather, scatter;
+    Tensor ortho;
+  };
+  std::vector<Move> moves(q.size());
+  // 1. Every rank sends its rows of each matrix to that matrix's root (rank order = row order): all
+  //    the matrices' all-to-allv are started at once (the receive counts are known: no exchange).
+  for (size_t i = 0; i < q.size(); ++i) {
+    const State& s = state_.at(q[i].name);
+    const int dim = split_dim_of(q[i].name, s.param);
+    Move& mv = moves[i];
+    mv.comm = dtensor_spec(s.param, "Muon").mesh().comm(dim);
+    mv.counts = rows_per_rank(s.param, dim);
+    mv.me = mv.comm.rank();
+    mv.root = roots_.at(q[i].name);
+    mv.none.assign(mv.counts.size(), 0);
+    mv.mine = mv.none;
+    mv.mine[static_cast<size_t>(mv.root)] = mv.counts[static_cast<size_t>(mv.me)];
+    mv.gather = mv.comm.all_to_allv_async(q[i].u, mv.mine, mv.me == mv.root ? mv.counts : mv.none);
+  }
+  // 2. Each root orthogonalizes its matrices as their rows arrive (the roots at the same time, the
+  //    later gathers in flight meanwhile), and starts sending each rank its rows of the update.
+  for (size_t i = 0; i < q.size(); ++i) {
+    Move& mv = moves[i];
+    const Shape& shape = state_.at(q[i].name).param.shape();
+    mv.gather.wait();
+    mv.ortho = mv.me == mv.root ? newton_schulz5(mv.gather.result(), opts_.ns_steps)
+                                : empty(Shape{0, shape[1]}, q[i].u.options());
+    mv.scatter = mv.comm.all_to_allv_async(mv.ortho, mv.me == mv.root ? mv.counts : mv.none, mv.mine);
+  }
+  // 3. Every rank applies its rows of each update as they arrive.
+  for (size_t i = 0; i < q.size(); ++i) {
+    Move& mv = moves[i];
+    const Shape& shape = state_.at(q[i].name).param.shape();
+    mv.scatter.wait();
+    const Tensor o = mv.scatter.result();
+    Tensor p = q[i].p;
+    if (q[i].decay != 1) p.mul_(q[i].decay);
+    p.add_(o, -q[i].lr * shape_scale(shape[0], shape[1]));
+  }
+}
+
+NamedTensors Muon::own_state() const {
+  NamedTensors own;
+  for (const std::string& name : names_) {
+    const State& s = state_.at(name);
+    if (s.muon) {
+      own.emplace_back("momentum_buffer." + name, s.buf);
+    } else {
+      own.emplace_back("exp_avg." + name, s.m);
+      own.emplace_back("exp_avg_sq." + name, s.v);
+    }
+  }
+  return own;
+}
+
+NamedTensors Muon::state_dict() const { return state_dict_with(own_state()); }
+
+void Muon::load_state_dict(const NamedTensors& state) { load_state_dict_with(state, own_state()); }
+
+}  // namespace mt

@@ -69,9 +69,6 @@ AdamW8bit::AdamW8bit(std::vector<ParamGroup> groups, const AdamWOptions& opts)
                "for 16-bit models)", name, p.desc());
       State s;
       s.quantized = quantized(p.shape());
-      MT_CHECK(!s.quantized || p.device().is_cpu(),
-               "AdamW8bit: parameter '{}' is {}; the adamw8bit kernel runs on the CPU only (no CUDA kernel yet, "
-               "docs/optim.md): use --optimizer adamw on a GPU", name, p.desc());
       if (s.quantized) {
         s.block_rows = block_rows(p.shape());
         s.row_numel = p.shape().numel() / p.shape()[0];

@@ -2,8 +2,8 @@
 // 40 per launch (multi-tensor; for mixed precision a bf16/f16 grad read as f32, scaled by the
 // clipping coefficient, and a bf16/f16 copy of the new weights written in the same pass), the
 // formula of kernels/cpu/optim.cpp with products and sums unfused like the CPU loop so that
-// results differ from it only through sqrt and division rounding; and the f64 sum of squares of
-// gradient clipping.
+// results differ from it only through sqrt and division rounding; the f64 sum of squares of
+// gradient clipping; and 8-bit AdamW (the CPU's bits).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/loops.cuh"
 #include "kernels/registry.h"
@@ -268,12 +268,155 @@ void sum_sq(const SumSqParams& p) {
   MT_CUDA_LAUNCH_CHECK();
 }
 
+// ---- adamw8bit: 8-bit AdamW (kernels/quant8.h) --------------------------------------------------
+// One thread block per quantization block (block_rows whole rows). Pass 1 decodes the moments with
+// the block's old absmax, updates them and the weights, and finds the new absmax (a max, exact in
+// any order); pass 2 recomputes each thread's own moments from the codes it has not overwritten
+// yet and encodes them against the new absmax. Every operation is the CPU kernel's, unfused and
+// correctly rounded (division, sqrt, rint), so weights, codes and absmax are the CPU's bits.
+constexpr int kQ8Threads = 256;
+
+__device__ __forceinline__ float q8_decode_m(uint8_t code, float absmax) {
+  const float t = __fdiv_rn(static_cast<float>(code & 0x7fu), 127.0f);
+  const float v = __fmul_rn(absmax, __fmul_rn(t, t));
+  return (code & 0x80u) ? -v : v;
+}
+__device__ __forceinline__ float q8_decode_v(uint8_t code, float absmax) {
+  const float t = __fdiv_rn(static_cast<float>(code), 255.0f);
+  const float t2 = __fmul_rn(t, t);
+  return __fmul_rn(absmax, __fmul_rn(t2, t2));
+}
+__device__ __forceinline__ uint8_t q8_encode_m(float x, float absmax) {
+  if (!(absmax > 0)) return 0;
+  float r = __fdiv_rn(fabsf(x), absmax);
+  if (r > 1) r = 1;
+  const auto k = static_cast<uint8_t>(rintf(__fmul_rn(127.0f, __fsqrt_rn(r))));
+  return (x < 0 && k != 0) ? static_cast<uint8_t>(k | 0x80u) : k;
+}
+__device__ __forceinline__ uint8_t q8_encode_v(float x, float absmax) {
+  if (!(absmax > 0) || !(x > 0)) return 0;
+  float r = __fdiv_rn(x, absmax);
+  if (r > 1) r = 1;
+  return static_cast<uint8_t>(rintf(__fmul_rn(255.0f, __fsqrt_rn(__fsqrt_rn(r)))));
+}
+
+struct Q8Coef {
+  float decay, b1, b2, one_b1, one_b2, step_size, bc2_sqrt, eps, scale;
+  bool scaled;
+};
+
+__device__ __forceinline__ float block_max(float x, float* sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x / 32] = x;
+  __syncthreads();
+  x = threadIdx.x < blockDim.x / 32 ? sh[threadIdx.x] : 0.f;
+  if (threadIdx.x < 32) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    if (threadIdx.x == 0) sh[0] = x;
+  }
+  __syncthreads();
+  const float r = sh[0];
+  __syncthreads();  // sh is reused by the next call
+  return r;
+}
+
+template <class G, class C>
+__global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict__ w, const G* __restrict__ g,
+                                                                uint8_t* __restrict__ mq, uint8_t* __restrict__ vq,
+                                                                float* __restrict__ am, C* __restrict__ copy,
+                                                                int64_t rows, int64_t rn, int64_t block_rows, Q8Coef c) {
+  __shared__ float sh[32];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * block_rows, r1 = min(rows, r0 + block_rows);
+  const int64_t i0 = r0 * rn, len = (r1 - r0) * rn;
+  const float am_m = am[2 * r0], am_v = am[2 * r0 + 1];
+  auto moments = [&](int64_t i, float& mi, float& vi) {
+    float gi = to_acc(g[i]);
+    if (c.scaled) gi = __fmul_rn(gi, c.scale);
+    mi = __fadd_rn(__fmul_rn(c.b1, q8_decode_m(mq[i], am_m)), __fmul_rn(c.one_b1, gi));
+    vi = __fadd_rn(__fmul_rn(c.b2, q8_decode_v(vq[i], am_v)), __fmul_rn(__fmul_rn(c.one_b2, gi), gi));
+  };
+  float new_m = 0, new_v = 0;
+  for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+    const int64_t i = i0 + j;
+    float mi, vi;
+    moments(i, mi, vi);
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
+    const float wi = __fsub_rn(__fmul_rn(w[i], c.decay), __fmul_rn(c.step_size, __fdiv_rn(mi, denom)));
+    w[i] = wi;
+    if constexpr (!std::is_void_v<C>) copy[i] = from_acc<C>(wi);
+    new_m = fmaxf(new_m, fabsf(mi));
+    new_v = fmaxf(new_v, vi);
+  }
+  new_m = block_max(new_m, sh);  // every thread has read am before any writes it below
+  new_v = block_max(new_v, sh);
+  for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+    const int64_t i = i0 + j;
+    float mi, vi;
+    moments(i, mi, vi);
+    mq[i] = q8_encode_m(mi, new_m);
+    vq[i] = q8_encode_v(vi, new_v);
+  }
+  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+    am[2 * r] = new_m;
+    am[2 * r + 1] = new_v;
+  }
+}
+
+template <class G, class C>
+void adamw8bit_launch(const AdamW8bitParams& p, const Q8Coef& c) {
+  const int64_t rows = p.param.numel() / p.row_numel;
+  const int64_t blocks = ceil_div(rows, p.block_rows);
+  MT_CHECK(blocks < (int64_t{1} << 31), "adamw8bit: {} blocks are too many for one launch", blocks);
+  C* copy = nullptr;
+  if constexpr (!std::is_void_v<C>) copy = p.param_copy.ptr<C>();
+  adamw8bit_kernel<G, C><<<static_cast<unsigned>(blocks), kQ8Threads, 0, cuda::current_stream()>>>(
+      p.param.ptr<float>(), p.grad.ptr<const G>(), p.exp_avg.ptr<uint8_t>(), p.exp_avg_sq.ptr<uint8_t>(),
+      p.absmax.ptr<float>(), copy, rows, p.row_numel, p.block_rows, c);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+template <class G>
+void adamw8bit_grad(const AdamW8bitParams& p, const Q8Coef& c) {
+  if (!p.param_copy.data)
+    adamw8bit_launch<G, void>(p, c);
+  else if (p.param_copy.dtype == DType::kBF16)
+    adamw8bit_launch<G, __nv_bfloat16>(p, c);
+  else if (p.param_copy.dtype == DType::kF16)
+    adamw8bit_launch<G, __half>(p, c);
+  else
+    MT_FAIL("adamw8bit kernel: param_copy must be bf16 or f16, got {}", dtype_name(p.param_copy.dtype));
+}
+
+void adamw8bit(const AdamW8bitParams& p) {
+  MT_CHECK(p.param.dtype == DType::kF32, "adamw8bit kernel: the param must be f32, got {}", dtype_name(p.param.dtype));
+  MT_CHECK(p.exp_avg.dtype == DType::kU8 && p.exp_avg_sq.dtype == DType::kU8 && p.absmax.dtype == DType::kF32,
+           "adamw8bit kernel: codes must be u8 and absmax f32");
+  MT_CHECK(p.row_numel > 0 && p.block_rows > 0 && p.param.numel() % p.row_numel == 0 &&
+               p.absmax.numel() == 2 * (p.param.numel() / p.row_numel),
+           "adamw8bit kernel: {} elements are not rows of {} with 2 absmax per row ({} given)", p.param.numel(),
+           p.row_numel, p.absmax.numel());
+  if (p.param.numel() == 0) return;
+  Q8Coef c{static_cast<float>(p.decay),     static_cast<float>(p.beta1),     static_cast<float>(p.beta2),
+           static_cast<float>(1 - p.beta1), static_cast<float>(1 - p.beta2), static_cast<float>(p.step_size),
+           static_cast<float>(p.bc2_sqrt),  static_cast<float>(p.eps),       static_cast<float>(p.grad_scale),
+           p.grad_scale != 1};
+  switch (p.grad.dtype) {
+    case DType::kF32: adamw8bit_grad<float>(p, c); break;
+    case DType::kBF16: adamw8bit_grad<__nv_bfloat16>(p, c); break;
+    case DType::kF16: adamw8bit_grad<__half>(p, c); break;
+    default: MT_FAIL("adamw8bit kernel: grad dtype {} (f32, bf16, f16)", dtype_name(p.grad.dtype));
+  }
+}
+
 }  // namespace
 
 void register_cuda_optim(KernelTable& t) {
   t.adamw = adamw;
   t.adamw_multi = adamw_multi;
   t.sum_sq = sum_sq;
+  t.adamw8bit = adamw8bit;
 }
 
 }  // namespace mt

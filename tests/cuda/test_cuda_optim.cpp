@@ -8,6 +8,7 @@
 
 #include "cuda_testing.h"
 #include "optim/adamw.h"
+#include "optim/adamw8bit.h"
 #include "optim/clip.h"
 #include "testing.h"
 
@@ -141,5 +142,50 @@ TEST_CASE("cuda mixed-precision AdamW in one pass (bf16 grads, scale, bf16 copie
     INFO(ca[i].first << " " << init[i].desc());
     REQUIRE_CLOSE(on_cpu(cb[i].second.detach()), ca[i].second.detach(), 1e-6, 1e-9);
     REQUIRE_CLOSE(on_cpu(copies_b[i].second), cb[i].second.detach().to(Device::cpu()).to(DType::kBF16), 0, 0);
+  }
+}
+
+TEST_CASE("cuda 8-bit AdamW gives the CPU's weights, codes and absmax bit for bit", "[cuda]") {
+  mt::testing::require_cuda();
+  // Quantized: [100, 64] (4 blocks of 32 rows, the last one partial), [8192] (32 blocks of 256),
+  // [3000, 7] (94 blocks); [50]: f32 moments through the adamw kernel.
+  const Shape shapes[] = {{100, 64}, {8192}, {3000, 7}, {50}};
+  NamedTensors cpu_params, gpu_params;
+  uint64_t seed = 500;
+  for (const Shape& s : shapes) {
+    const Tensor init = rand(s, DType::kF32, seed++);
+    const std::string name = fmt::format("p{}", cpu_params.size());
+    cpu_params.emplace_back(name, init.clone().requires_grad_(true));
+    gpu_params.emplace_back(name, on_cuda(init).requires_grad_(true));
+  }
+  AdamWOptions o;
+  o.lr = 1e-2;
+  AdamW8bit cpu_opt(make_param_groups(cpu_params, 0.1), o), gpu_opt(make_param_groups(gpu_params, 0.1), o);
+  for (int step = 0; step < 5; ++step) {
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      const Tensor g = rand(cpu_params[i].second.shape(), DType::kF32, 2000 + 10 * step + i, -3, 3);
+      cpu_params[i].second.set_grad(g);
+      gpu_params[i].second.set_grad(on_cuda(g));
+    }
+    cpu_opt.step();
+    gpu_opt.step();
+  }
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    INFO(cpu_params[i].first << " " << cpu_params[i].second.desc());
+    const Tensor a = on_cpu(gpu_params[i].second.detach()), b = cpu_params[i].second.detach();
+    if (AdamW8bit::quantized(b.shape()))
+      REQUIRE(mt::testing::same_bits(a, b));
+    else  // the adamw kernel: equal up to one rounding step (the test above)
+      REQUIRE_CLOSE(a, b, 1e-6, 1e-9);
+  }
+  const NamedTensors sa = cpu_opt.state_dict(), sb = gpu_opt.state_dict();
+  REQUIRE(sa.size() == sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    INFO(sa[i].first << " " << sa[i].second.desc());
+    REQUIRE(sa[i].first == sb[i].first);
+    if (sa[i].second.dtype() == DType::kU8 || sa[i].first.find("absmax") != std::string::npos)
+      REQUIRE(mt::testing::same_bits(sb[i].second, sa[i].second));
+    else
+      REQUIRE_CLOSE(on_cpu(sb[i].second), sa[i].second, 1e-6, 1e-9);
   }
 }

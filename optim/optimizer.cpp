@@ -226,11 +226,13 @@ void Optimizer::load_state_dict_with(const NamedTensors& state, const NamedTenso
       problems.push_back(fmt::format("key '{}' appears twice", key));
   }
   std::vector<std::string> missing;
-  for (const auto& [key, t] : own)
+  for (const auto& entry : own) {
+    const std::string& key = entry.first;  // (a named variable: clang 14 cannot capture a binding)
     if (!src.count(key) && std::none_of(problems.begin(), problems.end(), [&](const std::string& p) {
           return p.find("'" + key + "'") != std::string::npos;
         }))
       missing.push_back(key);
+  }
   if (!missing.empty()) problems.insert(problems.begin(), fmt::format("missing keys: {}", list_names(missing)));
   if (!problems.empty()) {
     std::string msg;

@@ -16,6 +16,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/params.h"
+#include "runtime/error.h"
+
 namespace mt::quant8 {
 
 inline uint8_t encode_m(float x, float absmax) {
@@ -43,6 +46,18 @@ inline float decode_v(uint8_t code, float absmax) {
   const float t = static_cast<float>(code) / 255.0f;
   const float t2 = t * t;
   return absmax * (t2 * t2);
+}
+
+// The adamw8bit kernels' argument checks (CPU and CUDA): f32 param, u8 codes, f32 absmax with
+// two values per row of row_numel elements.
+inline void check_params(const AdamW8bitParams& p) {
+  MT_CHECK(p.param.dtype == DType::kF32, "adamw8bit kernel: the param must be f32, got {}", dtype_name(p.param.dtype));
+  MT_CHECK(p.exp_avg.dtype == DType::kU8 && p.exp_avg_sq.dtype == DType::kU8 && p.absmax.dtype == DType::kF32,
+           "adamw8bit kernel: codes must be u8 and absmax f32");
+  MT_CHECK(p.row_numel > 0 && p.block_rows > 0 && p.param.numel() % p.row_numel == 0 &&
+               p.absmax.numel() == 2 * (p.param.numel() / p.row_numel),
+           "adamw8bit kernel: {} elements are not rows of {} with 2 absmax per row ({} given)", p.param.numel(),
+           p.row_numel, p.absmax.numel());
 }
 
 }  // namespace mt::quant8

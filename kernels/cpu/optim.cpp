@@ -142,13 +142,7 @@ void adamw8bit_grad(const AdamW8bitParams& p) {
 }
 
 void adamw8bit(const AdamW8bitParams& p) {
-  MT_CHECK(p.param.dtype == DType::kF32, "adamw8bit kernel: the param must be f32, got {}", dtype_name(p.param.dtype));
-  MT_CHECK(p.exp_avg.dtype == DType::kU8 && p.exp_avg_sq.dtype == DType::kU8 && p.absmax.dtype == DType::kF32,
-           "adamw8bit kernel: codes must be u8 and absmax f32");
-  MT_CHECK(p.row_numel > 0 && p.block_rows > 0 && p.param.numel() % p.row_numel == 0 &&
-               p.absmax.numel() == 2 * (p.param.numel() / p.row_numel),
-           "adamw8bit kernel: {} elements are not rows of {} with 2 absmax per row ({} given)", p.param.numel(),
-           p.row_numel, p.absmax.numel());
+  quant8::check_params(p);
   switch (p.grad.dtype) {
     case DType::kF32: adamw8bit_grad<float>(p); break;
     case DType::kBF16: adamw8bit_grad<BFloat16>(p); break;

@@ -6,6 +6,7 @@
 // gradient clipping; and 8-bit AdamW (the CPU's bits).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/loops.cuh"
+#include "kernels/quant8.h"
 #include "kernels/registry.h"
 
 namespace mt {
@@ -390,13 +391,7 @@ void adamw8bit_grad(const AdamW8bitParams& p, const Q8Coef& c) {
 }
 
 void adamw8bit(const AdamW8bitParams& p) {
-  MT_CHECK(p.param.dtype == DType::kF32, "adamw8bit kernel: the param must be f32, got {}", dtype_name(p.param.dtype));
-  MT_CHECK(p.exp_avg.dtype == DType::kU8 && p.exp_avg_sq.dtype == DType::kU8 && p.absmax.dtype == DType::kF32,
-           "adamw8bit kernel: codes must be u8 and absmax f32");
-  MT_CHECK(p.row_numel > 0 && p.block_rows > 0 && p.param.numel() % p.row_numel == 0 &&
-               p.absmax.numel() == 2 * (p.param.numel() / p.row_numel),
-           "adamw8bit kernel: {} elements are not rows of {} with 2 absmax per row ({} given)", p.param.numel(),
-           p.row_numel, p.absmax.numel());
+  quant8::check_params(p);
   if (p.param.numel() == 0) return;
   Q8Coef c{static_cast<float>(p.decay),     static_cast<float>(p.beta1),     static_cast<float>(p.beta2),
            static_cast<float>(1 - p.beta1), static_cast<float>(1 - p.beta2), static_cast<float>(p.step_size),

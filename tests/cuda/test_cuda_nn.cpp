@@ -111,8 +111,10 @@ TEST_CASE("cuda rms_norm matches cpu: values, dx, dw", "[cuda]") {
   require_gpu();
   // Odd H (scalar path), H a multiple of 8 (16-byte vectors), many rows (several rows per weight-
   // gradient chunk), a wide row whose accumulators do not fit shared memory, and H = 1000 (the
-  // backward's register path with threads that own no vector of the second round).
-  const Shape shapes[] = {{3, 5, 17}, {4, 4096}, {1500, 96}, {3, 16384}, {2, 1}, {700, 1000}};
+  // backward's register path with threads that own no vector of the second round), and rows
+  // counts that split unevenly into weight-gradient chunks ({4099, 256}, {1030, 2048}: 9 and 3
+  // rows per chunk, a shorter last chunk).
+  const Shape shapes[] = {{3, 5, 17}, {4, 4096}, {1500, 96}, {3, 16384}, {2, 1}, {700, 1000}, {4099, 256}, {1030, 2048}};
   for (DType dt : kFloatTypes)
     for (const Shape& s : shapes) {
       INFO(fmt::format("{} {}", dt, s));

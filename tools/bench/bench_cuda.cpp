@@ -210,6 +210,7 @@ void bench_backward_kernels(double copy_gbs) {
 
 int main(int argc, char** argv) {
   if (argc > 1) g_reps = std::max(1, std::atoi(argv[1]));
+  const std::string only = argc > 2 ? argv[2] : "";  // "attention": the attention figures alone
   if (cuda::device_count() == 0) {
     fmt::print("bench_cuda: cannot run: no CUDA device ({})\n", cuda::unavailable_reason());
     return 0;
@@ -219,6 +220,11 @@ int main(int argc, char** argv) {
     MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     fmt::print("device: {} ({} SMs), {} reps per figure\n", prop.name, prop.multiProcessorCount, g_reps);
     manual_seed(0);
+    if (only == "attention") {
+      bench_attention(4, 16, 8, 2048, 128);
+      bench_attention(4, 32, 8, 2048, 64);
+      return 0;
+    }
     bench_gemm(4096);
     bench_gemm(8192);
     // llama-1b (Llama 3.2 1B) at batch 4 x 2048 = 8192 tokens: [tokens, in] @ [in, out].
@@ -260,8 +266,20 @@ int main(int argc, char** argv) {
     Tensor logits = uniform({tokens, vocab}, -4, 4, TensorOptions(DType::kBF16).with_device(gpu));
     Tensor target = randint(0, vocab, {tokens}, TensorOptions(DType::kI64).with_device(gpu));
     Tensor loss;
+    // The kernels alone, then the op (which also checks every target on the host: one copy back).
+    Tensor rows_loss = empty({tokens}, TensorOptions().with_device(gpu)), lse = empty({tokens}, TensorOptions().with_device(gpu));
+    CrossEntropyParams cp{logits.view_info(), target.view_info(), rows_loss.view_info(), lse.view_info(), -100};
     bench_bandwidth("cross_entropy bf16 [4096, 32768]", static_cast<double>(tokens * vocab) * 2, copy_gbs,
-                    [&] { loss = cross_entropy(logits, target); });
+                    [&] { MT_KERNEL(DeviceType::kCUDA, cross_entropy, cp); });
+    Tensor glogits = empty({tokens, vocab}, TensorOptions(DType::kBF16).with_device(gpu));
+    Tensor gloss = ones({tokens}, TensorOptions().with_device(gpu));
+    CrossEntropyBwdParams cb{logits.view_info(), target.view_info(), lse.view_info(), gloss.view_info(),
+                             glogits.view_info(), -100};
+    bench_bandwidth("cross_entropy backward bf16 [4096, 32768]", 2.0 * static_cast<double>(tokens * vocab) * 2,
+                    copy_gbs, [&] { MT_KERNEL(DeviceType::kCUDA, cross_entropy_bwd, cb); });
+    const double op_ms = time_ms([&] { loss = cross_entropy(logits, target); });
+    fmt::print("cross_entropy op (mean loss; targets checked on the host): {:.3f} ms, {:.1f} GB/s\n", op_ms,
+               static_cast<double>(tokens * vocab) * 2 / (op_ms * 1e-3) * 1e-9);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_cuda: {}\n", e.what());
     return 1;

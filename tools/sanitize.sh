@@ -6,7 +6,8 @@
 # finding fails the run; findings are saved under build-san/fuzz/findings/.
 # Environment: MT_FUZZ_SECONDS (per target, default 30), MT_FUZZ_SEED (default 1: CI explores the
 # same inputs on every run, so a new finding comes from a code change, not from chance), MT_SAN_TEST_ARGS (`meson test` arguments;
-# default "--no-suite slow": parity_np4, about 10 minutes under ASan, is left to tools/test.sh; set
+# default "--no-suite slow --no-suite long": parity_np4 (about 10 minutes under ASan) and the
+# end-to-end runs of several minutes each under ASan (suite 'long') are left to tools/test.sh; set
 # it empty to run everything), MT_FUZZ_ONLY=1 (skip the test suite), MT_JOBS (ninja -j).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ CXX="$cxx" AR=llvm-ar-14 MT_BUILD_DIR="$BUILD" \
 rc=0
 if [ "${MT_FUZZ_ONLY:-0}" != 1 ]; then
   # shellcheck disable=SC2086
-  meson test -C "$BUILD" --print-errorlogs --num-processes 2 --timeout-multiplier 3 ${MT_SAN_TEST_ARGS---no-suite slow} 2>&1 | tee "$BUILD/test-summary.log"
+  meson test -C "$BUILD" --print-errorlogs --num-processes 2 --timeout-multiplier 3 ${MT_SAN_TEST_ARGS---no-suite slow --no-suite long} 2>&1 | tee "$BUILD/test-summary.log"
   test_rc=${PIPESTATUS[0]}
   ok=$(grep -E '^Ok:' "$BUILD/test-summary.log" | awk '{print $2}')
   fail=$(grep -E '^Fail:' "$BUILD/test-summary.log" | awk '{print $2}')

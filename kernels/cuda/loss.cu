@@ -7,6 +7,7 @@
 // loss 0 (forward) and zero gradient (backward).
 #include <algorithm>
 
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/registry.h"
 
@@ -26,31 +27,6 @@ using loss_t = acc_t<T>;
 
 __device__ __forceinline__ int64_t target_at(const void* t, bool i64, int64_t stride, int64_t n) {
   return i64 ? static_cast<const int64_t*>(t)[n * stride] : static_cast<int64_t>(static_cast<const int32_t*>(t)[n * stride]);
-}
-
-template <class A>
-__device__ __forceinline__ void ms_merge(A& m, A& s, A m2, A s2) {
-  const A mn = m > m2 ? m : m2;
-  if (mn == -INFINITY) return;
-  s = (m == -INFINITY ? A(0) : s * exp(m - mn)) + (m2 == -INFINITY ? A(0) : s2 * exp(m2 - mn));
-  m = mn;
-}
-
-template <class A>
-__device__ void block_max_sum(A& m, A& s, A* shm, A* shs) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-  __syncthreads();
-  if (lane == 0) {
-    shm[wid] = m;
-    shs[wid] = s;
-  }
-  __syncthreads();
-  m = lane < nw ? shm[lane] : A(-INFINITY);
-  s = lane < nw ? shs[lane] : A(0);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
 constexpr int kThreads = 512;

@@ -34,6 +34,7 @@ struct EstimateOptions {
   int64_t accum = 1;   // micro-batches per optimizer step (gradients reduced once, on the last)
   DType precision = DType::kF32;  // parameter and compute dtype; bf16/f16 add f32 master weights
   std::string optimizer = "adamw";  // adamw (2 f32 moments per parameter) or adamw8bit (optim/adamw8bit.h)
+  std::string recompute = "none";   // as printed; EstimateModel::build_meta marks the modules (models/recompute.h)
   int64_t bucket_bytes = int64_t{25} << 20;  // GradReducerOptions::bucket_bytes
   std::string input_module = "model";  // the module whose input 0 the token ids feed
 };

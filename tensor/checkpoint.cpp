@@ -86,8 +86,9 @@ class CheckpointNode : public Node {
     std::vector<Tensor> roots, root_grads;
     for (size_t k = 0; k < out_index.size(); ++k) {
       const Tensor& o = outs[out_index[k]];
-      MT_CHECK(o.defined() && o.shape() == outputs[k].shape,
-               "checkpoint: recomputed output {} is {} but the forward gave shape {}", out_index[k],
+      // Node::outputs holds local shapes (a DTensor output's shard on this rank).
+      MT_CHECK(o.defined() && o.local_shape() == outputs[k].shape,
+               "checkpoint: recomputed output {} is {} but the forward gave local shape {}", out_index[k],
                o, outputs[k].shape);
       if (o.requires_grad() && grads[k].defined()) {
         roots.push_back(o);

@@ -16,6 +16,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/hf_config.h"
 #include "models/llama.h"
+#include "models/recompute.h"
 #include "models/safetensors.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"

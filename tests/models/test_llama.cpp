@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "models/llama.h"
+#include "models/recompute.h"
 #include "model_testing.h"
 #include "testing.h"
 
@@ -430,6 +431,38 @@ TEST_CASE("llama: dropout changes outputs in train mode only", "[cpu]") {
   plain->loss(ids, tg).backward();
   REQUIRE_CLOSE(eager->get_parameter("model.layers.0.self_attn.q_proj.weight").grad(),
                 plain->get_parameter("model.layers.0.self_attn.q_proj.weight").grad(), 1e-8, 1e-10);
+}
+
+TEST_CASE("llama: --recompute presets mark decoder layers or their feed-forward blocks; same gradients", "[cpu]") {
+  ModelConfig c = tiny_llama();
+  c.attention_dropout = 0.1;
+  c.residual_dropout = 0.1;
+  auto grads_with = [&](RecomputeMode mode) {
+    manual_seed(9);
+    auto m = build_causal_lm(c, DType::kF32);
+    const int64_t marked = apply_recompute(*m, mode);
+    CHECK(marked == (mode == RecomputeMode::kNone ? 0 : c.num_hidden_layers));
+    for (auto& [path, mod] : m->named_modules()) {
+      const bool layer = dynamic_cast<LlamaDecoderLayer*>(mod.get()) != nullptr;
+      const bool ffn = path.size() > 4 && path.substr(path.size() - 4) == ".mlp";
+      const bool want = (mode == RecomputeMode::kFull && layer) || (mode == RecomputeMode::kSelective && ffn);
+      INFO(path);
+      CHECK((mod->recompute() == Recompute::kYes) == want);
+    }
+    m->train();
+    manual_seed(3);  // the dropout stream
+    m->loss(ids_tensor(kIds, 2, 5), ids_tensor(kTargets, 2, 5)).backward();
+    std::vector<std::vector<float>> g;
+    for (auto& [name, p] : m->named_parameters()) g.push_back(p.grad().to_vector<float>());
+    return g;
+  };
+  const auto none = grads_with(RecomputeMode::kNone);
+  CHECK(grads_with(RecomputeMode::kFull) == none);  // bit for bit, dropout masks replayed
+  CHECK(grads_with(RecomputeMode::kSelective) == none);
+  REQUIRE_THROWS_WITH(parse_recompute("layers", "meshtrain train --recompute"),
+                      Contains("meshtrain train --recompute: expected none, full") && Contains("'layers'"));
+  Linear lonely(4, 4, Bias::kNo, 0.02, DType::kF32);
+  REQUIRE_THROWS_WITH(apply_recompute(lonely, RecomputeMode::kFull), Contains("no decoder layers"));
 }
 
 TEST_CASE("llama: bad inputs and configs throw clear errors", "[cpu]") {

@@ -26,6 +26,7 @@
 #include "models/config.h"
 #include "models/hf_config.h"
 #include "models/llama.h"
+#include "models/recompute.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
 #include "plan/estimate.h"
@@ -60,10 +61,12 @@ ModelConfig config_for(const std::string& plan) {
   return c;
 }
 
-std::shared_ptr<CausalLM> build(const ModelConfig& c) {
+std::shared_ptr<CausalLM> build(const ModelConfig& c, RecomputeMode recompute = RecomputeMode::kNone) {
   manual_seed(1234);
   InitDeviceGuard g(Device::meta());
-  return build_causal_lm(c);
+  std::shared_ptr<CausalLM> m = build_causal_lm(c);
+  apply_recompute(*m, recompute);
+  return m;
 }
 
 struct Measured {
@@ -89,9 +92,10 @@ bool any_rank(bool v) {
   return f.item_int() != 0;
 }
 
-Measured run_real(const ModelConfig& cfg, const Plan& plan, const PlanMesh& pm, const EstimateOptions& o) {
+Measured run_real(const ModelConfig& cfg, const Plan& plan, const PlanMesh& pm, const EstimateOptions& o,
+                  RecomputeMode recompute = RecomputeMode::kNone) {
   DeviceMesh mesh(pm.shape, pm.names);
-  std::shared_ptr<CausalLM> model = build(cfg);
+  std::shared_ptr<CausalLM> model = build(cfg, recompute);
   Measured m;
   {
     Parallelized par = parallelize(*model, plan, mesh);
@@ -307,6 +311,55 @@ TEST_CASE("estimate: --optimizer adamw8bit sizes the state as optim/adamw8bit.h 
   WARN("llama-tiny optimizer state: AdamW " << f32.optimizer_bytes << " bytes, 8-bit AdamW " << q8.optimizer_bytes
                                             << " (" << static_cast<double>(q8.optimizer_bytes) / f32.optimizer_bytes
                                             << "x)");
+}
+
+TEST_CASE("estimate: --recompute full / selective: the dry run keeps what the real step keeps", "[mpi]") {
+  // The estimate marks the same modules on its meta model (models/recompute.h): its peak follows
+  // the real step's, activations shrink, and the recomputed forward adds matmul FLOPs.
+  const int np = world().size();
+  EstimateOptions o;
+  o.batch = 4 * np;  // 4 sequences per data-parallel rank
+  o.seq = 128;       // activations well above the optimizer step's and the buckets' temporaries
+  for (const std::string name : {"llama_dp", "llama_tp_sp"}) {
+    Plan plan = load_plan(plans_dir() + "/" + name + ".plan");
+    const ModelConfig cfg = config_for(name);
+    const PlanMesh pm = plan.resolve_mesh(np);
+    std::vector<int64_t> coord(static_cast<size_t>(pm.ndim()));
+    {
+      int64_t rem = world().rank();
+      for (int d = pm.ndim() - 1; d >= 0; --d) {
+        coord[static_cast<size_t>(d)] = rem % pm.shape[d];
+        rem /= pm.shape[d];
+      }
+    }
+    RankEstimate none, prev;
+    int64_t none_measured = 0;
+    for (RecomputeMode mode : {RecomputeMode::kNone, RecomputeMode::kSelective, RecomputeMode::kFull}) {
+      INFO(name << " np " << np << " --recompute " << recompute_name(mode));
+      EstimateModel em;
+      em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg, mode)); };
+      em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+      const RankEstimate est = estimate_rank(em, plan, pm, coord, o);
+      const Measured m = run_real(cfg, plan, pm, o, mode);
+      const double err = static_cast<double>(est.peak_bytes - m.peak) / static_cast<double>(m.peak);
+      CHECK(std::abs(err) <= 0.10);
+      if (mode == RecomputeMode::kNone) {
+        none = est;
+        none_measured = m.peak;
+      } else {  // less kept than with none (full: no more than selective), more FLOPs than before
+        CHECK(est.activation_bytes < none.activation_bytes);
+        CHECK(m.peak < none_measured);
+        CHECK(est.activation_bytes <= prev.activation_bytes);
+        CHECK(est.cost.matmul_flops > prev.cost.matmul_flops);
+      }
+      if (world().rank() == 0)
+        fmt::print("estimate: {} np {} --recompute {}: predicted peak {} (activations {}), measured {} ({:+.2f}%), "
+                   "matmul GFLOP {:.3f}\n",
+                   name, np, recompute_name(mode), est.peak_bytes, est.activation_bytes, m.peak, 100 * err,
+                   est.cost.matmul_flops * 1e-9);
+      prev = est;
+    }
+  }
 }
 
 TEST_CASE("roofline: links by node span, the alpha-beta formulas, profile errors name the field", "[mpi]") {

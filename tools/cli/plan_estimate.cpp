@@ -13,6 +13,7 @@
 
 #include "models/hf_config.h"
 #include "models/llama.h"
+#include "models/recompute.h"
 #include "plan/estimate.h"
 #include "plan/roofline.h"
 #include "runtime/error.h"
@@ -62,22 +63,22 @@ EstimateOptions options_from(const Args& args) {
            "meshtrain plan: --optimizer {} is not supported by the estimate (adamw or adamw8bit, docs/estimate.md)",
            opt);
   o.optimizer = opt;
-  const std::string rc = args.str("recompute");
-  MT_CHECK(rc == "none",
-           "meshtrain plan: --recompute {} is not supported: the training step keeps every activation (no "
-           "activation recomputation in `meshtrain train` yet, docs/estimate.md); use --recompute none",
-           rc);
+  o.recompute = recompute_name(parse_recompute(args.str("recompute"), "meshtrain plan --recompute"));
   const double mb = args.real("bucket-mb");
   MT_CHECK(mb > 0, "meshtrain plan: --bucket-mb must be positive, got {}", mb);
   o.bucket_bytes = static_cast<int64_t>(mb * (1 << 20));
   return o;
 }
 
-EstimateModel model_of(const ModelConfig& cfg) {
+// The model as `meshtrain train` runs it: built on the meta device, with the modules of
+// --recompute marked, so the dry run keeps (and recomputes) what the training step does.
+EstimateModel model_of(const ModelConfig& cfg, RecomputeMode recompute) {
   EstimateModel em;
-  em.build_meta = [cfg]() -> std::shared_ptr<Module> {
+  em.build_meta = [cfg, recompute]() -> std::shared_ptr<Module> {
     InitDeviceGuard meta(Device::meta());
-    return build_causal_lm(cfg);
+    std::shared_ptr<CausalLM> m = build_causal_lm(cfg);
+    apply_recompute(*m, recompute);
+    return m;
   };
   em.loss = [](Module& m, const Tensor& ids, const Tensor& targets) {
     return static_cast<CausalLM&>(m).loss(ids, targets);
@@ -381,7 +382,8 @@ std::vector<FlagSpec> estimate_flags() {
       {"accum", "--estimate: micro-batches per optimizer step", "1", false},
       {"precision", "--estimate: f32, bf16 or f16 (16-bit adds f32 master weights)", "bf16", false},
       {"optimizer", "--estimate: adamw or adamw8bit (muon is not modelled and refused)", "adamw", false},
-      {"recompute", "--estimate: none (selective and full are not implemented and refused)", "none", false},
+      {"recompute", "--estimate: none, full (every decoder layer recomputes in backward) or selective (each "
+                    "layer's feed-forward block), as `meshtrain train --recompute`", "none", false},
       {"bucket-mb", "--estimate: gradient reducer bucket size in MiB", "25", false},
       {"hardware", "--estimate: h100-nvlink, h100-ib, h200, a100, or a profile JSON file", "h100-nvlink", false},
       {"json", "--estimate/--sweep: print JSON", "", true},
@@ -401,7 +403,7 @@ int run_plan_estimate(const Args& args) {
   const std::string config_name = args.str("config");
   ModelConfig cfg = resolve_config(config_name);
   const EstimateOptions o = options_from(args);
-  const EstimateModel em = model_of(cfg);
+  const EstimateModel em = model_of(cfg, parse_recompute(o.recompute, "meshtrain plan --recompute"));
   const HardwareProfile hw = load_hardware_profile(args.str("hardware"));
   if (args.has("sweep")) return run_sweep(args, config_name, cfg, em, o, hw);
   const std::string plan_path = args.required("plan");
@@ -419,7 +421,7 @@ int run_plan_estimate(const Args& args) {
     j["world"] = world;
     j["mesh"] = mesh.str();
     j["options"] = {{"batch", o.batch}, {"seq", o.seq}, {"accum", o.accum}, {"precision", dtype_name(o.precision)},
-                    {"optimizer", o.optimizer}, {"recompute", "none"}, {"bucket_bytes", o.bucket_bytes}};
+                    {"optimizer", o.optimizer}, {"recompute", o.recompute}, {"bucket_bytes", o.bucket_bytes}};
     j["hardware"] = nlohmann::ordered_json::parse(hardware_profile_json(hw));
     j["ranks"] = nlohmann::ordered_json::array();
     for (size_t i = 0; i < r.ranks.size(); ++i) j["ranks"].push_back(rank_json(r.ranks[i], r.times[i], mesh));

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "models/corpus.h"
+#include "models/recompute.h"
 #include "mesh/dtensor.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip.h"
@@ -76,6 +77,9 @@ std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::st
       {"beta2", "AdamW beta2", "0.95", false},
       {"grad-clip", "clip the global gradient norm to this (0: off)", "1.0", false},
       {"dropout", "attention and residual dropout probability", "0", false},
+      {"recompute", "activation recomputation: none, full (every decoder layer keeps only its input and runs "
+                    "again in backward) or selective (each layer's feed-forward block); docs/models.md", "none",
+       false},
       {"seed", "random seed (init, dropout)", "1337", false},
       {"no-fuse", "with --plan: one collective per gradient and mesh dim instead of fused buckets", "", true},
       {"bucket-mb", "with --plan: gradient bucket size in MiB", "25", false},
@@ -107,6 +111,7 @@ void validate_step_flags(const Args& args, const std::string& command) {
   real_in(args, command, "beta2", 0, 1, true, "AdamW's beta2 must be in [0, 1)");
   real_in(args, command, "grad-clip", 0, inf, false, "the clipping norm must be >= 0 (0: off)");
   real_in(args, command, "dropout", 0, 1, true, "a dropout probability must be in [0, 1)");
+  parse_recompute(args.str("recompute"), "meshtrain " + command + " --recompute");
   real_in(args, command, "bucket-mb", 1.0 / (1 << 20), 1 << 20, false,
           "the gradient bucket must be between 1 byte and 1 TiB");
 }
@@ -199,6 +204,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
       grad_clip_(args.real("grad-clip")),
       // A run shorter than the warmup warms up over the whole run.
       sched_{args.real("lr"), args.real("min-lr"), std::min(args.integer("warmup"), total_steps), total_steps} {
+  apply_recompute(model, parse_recompute(args.str("recompute"), "meshtrain " + command + " --recompute"));
   if (plan) {
     GradReducerOptions ro;
     ro.fuse = !args.flag("no-fuse");

@@ -231,9 +231,10 @@ void silu_mul_bwd(const SiluMulBwdParams& p) {
       for (int64_t i = 0; i < n; ++i) {
         const C x = C(load<T>(q[0] + i * s[0])), y = C(load<T>(q[1] + i * s[1])), g = C(load<T>(q[2] + i * s[2]));
         const C gy = C(convert<T>(g * y));
-        const C sig = C(1) / (C(1) + std::exp(-x));
+        const C e = std::exp(-x);  // one exp for both formulas: the same value either would compute
+        const C sig = C(1) / (C(1) + e);
         *reinterpret_cast<T*>(q[3] + i * s[3]) = convert<T>(C(T(sig * (C(1) + x * (C(1) - sig)))) * gy);
-        *reinterpret_cast<T*>(q[4] + i * s[4]) = convert<T>(C(T(x / (C(1) + std::exp(-x)))) * g);
+        *reinterpret_cast<T*>(q[4] + i * s[4]) = convert<T>(C(T(x / (C(1) + e))) * g);
       }
     });
   });

@@ -48,6 +48,8 @@ Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Te
   if (any_dist(q0, k0, v0)) [[unlikely]] {
     DistOp d{op, DistRule::kAttention};
     d.args[0] = causal == Causal::kYes;
+    double scale_arg = scale;
+    d.extra = &scale_arg;  // read by context-parallel attention (mesh/ring_attention.h)
     return dist_dispatch1(d, {q0, k0, v0}, MT_DIST_LOCAL(scaled_dot_product_attention(l[0], l[1], l[2], causal, scale)));
   }
   check_same_device(q0, k0, op);

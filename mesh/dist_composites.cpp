@@ -137,7 +137,12 @@ std::optional<Tensor> context_parallel_composite(const DistOp& op, const std::ve
              "context parallelism takes one", placements_str(qs->placements()), cp, d);
     cp = d;
   }
-  if (cp < 0) return std::nullopt;
+  const auto& args = *static_cast<const AttentionArgs*>(op.extra);
+  const bool with_dropout = op.args[1] != 0;
+  if (cp < 0) {
+    if (with_dropout) return eager_attention_dropout(in[0], in[1], in[2], args.scale, args.dropout, args.gen);
+    return std::nullopt;
+  }
   const DTensorSpec* ks = spec_of(in[1]);
   const DTensorSpec* vs = spec_of(in[2]);
   MT_CHECK(ks && vs && ks->placements() == qs->placements() && vs->placements() == qs->placements(),
@@ -161,10 +166,24 @@ std::optional<Tensor> context_parallel_composite(const DistOp& op, const std::ve
     coord[cp] = c;
     segs.push_back(local_layout(ks->global_shape(), ks->placements(), mesh.shape(), coord).segments[2]);
   }
-  const double scale = *static_cast<const double*>(op.extra);
+  CpDropout drop;
+  if (with_dropout && args.dropout > 0) {
+    // Every rank reserves the blocks of the global probabilities [B, Hq, T, T], as dropout does.
+    const Shape& g = qs->global_shape();
+    const Shape ps{g[0], g[1], g[2], g[2]};
+    Generator& gen = args.gen ? *args.gen : default_generator();
+    drop.p = args.dropout;
+    drop.seed = gen.seed();
+    drop.offset = gen.reserve(random_blocks(RandomDist::kBernoulli, in[0].dtype(), ps.numel(), 1 - args.dropout, 0));
+    drop.strides = ps.contiguous_strides();
+    const LocalLayout ql = local_layout(g, qs->placements(), mesh.shape(), mesh.coordinate_shape());
+    for (int d = 0; d < 2; ++d)
+      if (!ql.segments[static_cast<size_t>(d)].empty())
+        drop.base += ql.segments[static_cast<size_t>(d)][0].global_start * drop.strides[d];
+  }
   Communicator comm = mesh.is_simulated() ? Communicator() : mesh.comm(cp);
   Tensor out = context_parallel_attention(to_local(in[0]), to_local(in[1]), to_local(in[2]), segs, comm,
-                                          op.args[0] != 0, scale);
+                                          op.args[0] != 0, args.scale, drop.p > 0 ? &drop : nullptr);
   Shape gs = qs->global_shape();
   gs[3] = vs->global_shape()[3];
   return from_local(out, mesh, qs->placements(), gs);

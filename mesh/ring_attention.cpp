@@ -7,6 +7,7 @@
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "tensor/random.h"
 
 namespace mt {
 
@@ -96,7 +97,8 @@ struct BlockOut {
   Tensor o, lse;
 };
 
-BlockOut attend_block(const Tensor& q, const Tensor& k, const Tensor& v, bool diagonal, double scale, DType sdt) {
+BlockOut attend_block(const Tensor& q, const Tensor& k, const Tensor& v, bool diagonal, double scale, DType sdt,
+                      const CpDropout* drop, int64_t qpos, int64_t kpos) {
   Tensor s = mul(matmul(q, k.transpose(2, 3)), scale).to(sdt);
   if (diagonal) {
     const int64_t n = q.size(2);
@@ -110,7 +112,17 @@ BlockOut attend_block(const Tensor& q, const Tensor& k, const Tensor& v, bool di
   Tensor mx = max(s.detach(), -1, KeepDim::kYes);  // every row has a visible key (the diagonal's own)
   Tensor e = exp(sub(s, mx));
   Tensor l = sum(e, {-1}, KeepDim::kYes);
-  Tensor o = matmul(div(e, l), v.to(sdt));
+  Tensor probs = div(e, l);
+  if (drop && drop->p > 0) {
+    // As the eager path: probabilities cast to q's dtype, then the dropout of their global elements.
+    // The output stays normalized by the undropped sum l, so the merge below is unchanged.
+    const double keep = 1 - drop->p;
+    Tensor mask = empty(probs.shape(), q.options().with_grad(false));
+    fill_random(mask, RandomDist::kBernoulli, keep, 0, drop->seed, drop->offset,
+                drop->base + qpos * drop->strides[2] + kpos * drop->strides[3], drop->strides);
+    probs = div(mul(probs.to(q.dtype()), mask), keep).to(sdt);
+  }
+  Tensor o = matmul(probs, v.to(sdt));
   return {o, add(mx, log(l))};
 }
 
@@ -147,7 +159,7 @@ int64_t rows_of(const std::vector<DimSegment>& segs) {
 // Adds the visible (q chunk, k chunk) blocks of one k/v block to the accumulators. Returns
 // whether any block used kb.
 bool attend(std::vector<BlockOut>& acc, const std::vector<Chunk>& qc, const Tensor& q, const std::vector<Chunk>& kc,
-            const Tensor& kb, const Tensor& vb, bool causal, double scale, DType sdt) {
+            const Tensor& kb, const Tensor& vb, bool causal, double scale, DType sdt, const CpDropout* drop) {
   bool used = false;
   for (size_t i = 0; i < qc.size(); ++i) {
     const Chunk& a = qc[i];
@@ -170,7 +182,7 @@ bool attend(std::vector<BlockOut>& acc, const std::vector<Chunk>& qc, const Tens
       g_stats.scores_computed += diagonal ? a.length * (a.length + 1) / 2 : a.length * b.length;
       used = true;
       merge(acc[i], attend_block(q.narrow(2, a.local, a.length), kb.narrow(2, b.local, b.length),
-                                 vb.narrow(2, b.local, b.length), diagonal, scale, sdt));
+                                 vb.narrow(2, b.local, b.length), diagonal, scale, sdt, drop, a.global, b.global));
     }
   }
   return used;
@@ -184,7 +196,7 @@ CpAttentionStats& cp_attention_stats() { return g_stats; }
 
 Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const std::vector<std::vector<DimSegment>>& segs, Communicator comm, bool causal,
-                                  double scale) {
+                                  double scale, const CpDropout* drop) {
   MT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
            "context-parallel attention: expected 4-D q, k, v; got {}, {}, {}", q.shape(), k.shape(), v.shape());
   const int64_t B = q.size(0), Hq = q.size(1), nq = q.size(2), Dv = v.size(3);
@@ -211,7 +223,7 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
       base += lens.back();
     }
     Tensor kg = repeat_kv(gather_seq(k, comm, lens), Hq), vg = repeat_kv(gather_seq(v, comm, lens), Hq);
-    attend(acc, qc, q, chunks_of(all), kg, vg, causal, scale, sdt);
+    attend(acc, qc, q, chunks_of(all), kg, vg, causal, scale, sdt, drop);
   } else {
     Tensor kb = k, vb = v;
     for (int step = 0; step < kr; ++step) {
@@ -223,7 +235,7 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
         vb = ring_shift(vb, comm, vs, kTagBase + 4 * step + 2);
       }
       if (!attend(acc, qc, q, chunks_of(segs[static_cast<size_t>(src)]), repeat_kv(kb, Hq), repeat_kv(vb, Hq),
-                  causal, scale, sdt))
+                  causal, scale, sdt, drop))
         unused.push_back(kb), unused.push_back(vb);
     }
   }

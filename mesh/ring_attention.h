@@ -33,12 +33,23 @@ struct CpAttentionStats {
 };
 CpAttentionStats& cp_attention_stats();
 
+// Dropout on the attention probabilities with the single-device masks: the mask of element
+// (b, h, i, j) of the global probabilities [B, Hq, T, T] is the Philox draw at its global index
+// (docs/rng.md); `base` is the global index of this rank's first (b, h) (batch or heads may be split
+// on other mesh dims), `strides` the global strides. The caller reserved the generator's blocks.
+struct CpDropout {
+  double p = 0;
+  uint64_t seed = 0, offset = 0;
+  int64_t base = 0;
+  Shape strides;
+};
+
 // The local part of context-parallel attention. q [B, Hq, nq, D], k/v [B, Hkv, nk, D] are this
 // rank's rows; segs[r] are the global positions of cp rank r's rows (in local order; the same
 // partition for q and k/v); comm is the cp dim's communicator (rank = its coordinate).
 // Differentiable (through the ring). Returns [B, Hq, nq, Dv] in q's dtype.
 Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const std::vector<std::vector<DimSegment>>& segs, Communicator comm, bool causal,
-                                  double scale);
+                                  double scale, const CpDropout* dropout = nullptr);
 
 }  // namespace mt

@@ -101,7 +101,7 @@ int run_plan(int argc, char** argv) {
   }
   // Context parallelism: the sequence split of the model's input and each rank's positions for --seq.
   for (const HookRecord& r : ir.records) {
-    if (r.hook != HookPoint::kForwardPre || !r.io_input || !r.module.empty() || r.io_index != 0 || !r.dst) continue;
+    if (r.hook != HookPoint::kForwardPre || !r.io_input || r.module != "model" || r.io_index != 0 || !r.dst) continue;
     for (size_t d = 0; d < r.dst->size(); ++d) {
       const Placement& p = (*r.dst)[d];
       if (!p.splits() || p.dim() != 1) continue;
@@ -119,7 +119,8 @@ int run_plan(int argc, char** argv) {
       for (int64_t c = 0; c < k && c < 16; ++c) {
         coord[static_cast<int>(d)] = c;
         std::string pos;
-        for (const DimSegment& s : local_layout(Shape{1, seq}, one, mesh.shape, coord).segments[1])
+        const LocalLayout lay = local_layout(Shape{1, seq}, one, mesh.shape, coord);
+        for (const DimSegment& s : lay.segments[1])
           pos += fmt::format("{}[{}, {})", pos.empty() ? "" : " + ", s.global_start, s.global_start + s.length);
         fmt::print("#   {}={}: positions {} of --seq {}\n", mesh.names[d], c, pos.empty() ? "none" : pos, seq);
       }

@@ -21,25 +21,42 @@ constexpr int kTagBase = 7000;
 
 int64_t bytes_of(const Tensor& t) { return t.numel() * dtype_size(t.dtype()); }
 
-// Every rank sends x to rank + 1 and receives rank - 1's block (shape recv_shape). Differentiable:
-// the gradient of the received block goes back to rank - 1, the one of x comes from rank + 1.
-Tensor ring_shift(const Tensor& x, Communicator comm, const Shape& recv_shape, int tag) {
+// Every rank sends x to rank + 1 and receives rank - 1's block (shape recv_shape), asynchronously:
+// start_shift posts both, finish_shift waits and records the differentiable op, so the block
+// computation in between overlaps the transfer. Backward: the gradient of the received block goes
+// back to rank - 1, the one of x comes from rank + 1.
+struct PendingShift {
+  Tensor sent, received;
+  Work send, recv;
+  int tag = 0;
+};
+
+PendingShift start_shift(const Tensor& x, Communicator& comm, const Shape& recv_shape, int tag) {
   const int k = comm.size(), me = comm.rank();
-  const int next = (me + 1) % k, prev = (me + k - 1) % k;
-  Tensor xs = x.detach().contiguous();
-  Tensor y = empty(recv_shape, x.options().with_grad(false));
-  Work w = comm.send_async(xs, next, tag);
-  comm.recv(y, prev, tag);
-  w.wait();
-  g_stats.bytes_sent += bytes_of(xs);
+  PendingShift p;
+  p.tag = tag;
+  p.sent = x.detach().contiguous();
+  p.received = empty(recv_shape, x.options().with_grad(false));
+  p.send = comm.send_async(p.sent, (me + 1) % k, tag);
+  p.recv = comm.recv_async(p.received, (me + k - 1) % k, tag);
+  g_stats.bytes_sent += bytes_of(p.sent);
+  return p;
+}
+
+Tensor finish_shift(const Tensor& x, PendingShift& p, Communicator comm) {
+  p.recv.wait();
+  p.send.wait();
+  Tensor y = p.received;
   if (needs_grad(x)) {
+    const int k = comm.size(), me = comm.rank();
+    const int next = (me + 1) % k, prev = (me + k - 1) % k, tag = p.tag + 1;
     const Shape xshape = x.shape();
     const TensorOptions opts = x.options().with_grad(false);
     record("RingShiftBackward", {x}, y, [comm, xshape, opts, tag, next, prev](const std::vector<Tensor>& g) mutable {
       Tensor gy = g[0].contiguous();
       Tensor gx = empty(xshape, opts);
-      Work sw = comm.send_async(gy, prev, tag + 1);
-      comm.recv(gx, next, tag + 1);
+      Work sw = comm.send_async(gy, prev, tag);
+      comm.recv(gx, next, tag);
       sw.wait();
       g_stats.bytes_sent += bytes_of(gy);
       return std::vector<Tensor>{gx};
@@ -228,15 +245,22 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
     Tensor kb = k, vb = v;
     for (int step = 0; step < kr; ++step) {
       const int src = (me - step + kr) % kr;
-      if (step > 0) {
+      // Post the next step's exchange first: the transfer runs while this block is computed.
+      PendingShift pk, pv;
+      const bool more = step + 1 < kr;
+      if (more) {
         Shape ks = kb.shape(), vs = vb.shape();
-        ks[2] = vs[2] = rows_of(segs[static_cast<size_t>(src)]);
-        kb = ring_shift(kb, comm, ks, kTagBase + 4 * step);
-        vb = ring_shift(vb, comm, vs, kTagBase + 4 * step + 2);
+        ks[2] = vs[2] = rows_of(segs[static_cast<size_t>((src - 1 + kr) % kr)]);
+        pk = start_shift(kb, comm, ks, kTagBase + 4 * (step + 1));
+        pv = start_shift(vb, comm, vs, kTagBase + 4 * (step + 1) + 2);
       }
       if (!attend(acc, qc, q, chunks_of(segs[static_cast<size_t>(src)]), repeat_kv(kb, Hq), repeat_kv(vb, Hq),
                   causal, scale, sdt, drop))
         unused.push_back(kb), unused.push_back(vb);
+      if (more) {
+        kb = finish_shift(kb, pk, comm);
+        vb = finish_shift(vb, pv, comm);
+      }
     }
   }
   if (qc.empty()) return empty(Shape{B, Hq, 0, Dv}, q.options().with_grad(false));

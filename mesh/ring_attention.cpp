@@ -16,50 +16,45 @@ namespace {
 CpAttentionMode g_mode = CpAttentionMode::kRing;
 CpAttentionStats g_stats;
 
-// Point-to-point tags of the ring (the cp communicator carries nothing else point to point).
-constexpr int kTagBase = 7000;
-
 int64_t bytes_of(const Tensor& t) { return t.numel() * dtype_size(t.dtype()); }
 
 // Every rank sends x to rank + 1 and receives rank - 1's block (shape recv_shape), asynchronously:
-// start_shift posts both, finish_shift waits and records the differentiable op, so the block
-// computation in between overlaps the transfer. Backward: the gradient of the received block goes
-// back to rank - 1, the one of x comes from rank + 1.
+// start_shift posts the exchange, finish_shift waits and records the differentiable op, so the
+// block computation in between overlaps the transfer. Backward: the gradient of the received block
+// goes back to rank - 1, the one of x comes from rank + 1. The exchange is an all_to_allv with one
+// non-empty block per rank (grouped send/recv on NCCL: a cycle of plain sends, each waiting for its
+// peer's receive queued behind the peer's own send, could deadlock on a device stream).
 struct PendingShift {
-  Tensor sent, received;
-  Work send, recv;
-  int tag = 0;
+  Work work;
+  Shape shape;
 };
 
-PendingShift start_shift(const Tensor& x, Communicator& comm, const Shape& recv_shape, int tag) {
+Tensor flat_of(const Tensor& t) { return t.detach().contiguous().reshape(Shape{t.numel()}); }
+
+Work post_shift(Communicator& comm, const Tensor& flat, int to, int from, int64_t recv_numel) {
+  const int k = comm.size();
+  std::vector<int64_t> sc(static_cast<size_t>(k), 0), rc(static_cast<size_t>(k), 0);
+  sc[static_cast<size_t>(to)] = flat.numel();
+  rc[static_cast<size_t>(from)] = recv_numel;
+  g_stats.bytes_sent += bytes_of(flat);
+  return comm.all_to_allv_async(flat, sc, rc);
+}
+
+PendingShift start_shift(const Tensor& x, Communicator& comm, const Shape& recv_shape) {
   const int k = comm.size(), me = comm.rank();
-  PendingShift p;
-  p.tag = tag;
-  p.sent = x.detach().contiguous();
-  p.received = empty(recv_shape, x.options().with_grad(false));
-  p.send = comm.send_async(p.sent, (me + 1) % k, tag);
-  p.recv = comm.recv_async(p.received, (me + k - 1) % k, tag);
-  g_stats.bytes_sent += bytes_of(p.sent);
-  return p;
+  return {post_shift(comm, flat_of(x), (me + 1) % k, (me + k - 1) % k, recv_shape.numel()), recv_shape};
 }
 
 Tensor finish_shift(const Tensor& x, PendingShift& p, Communicator comm) {
-  p.recv.wait();
-  p.send.wait();
-  Tensor y = p.received;
+  p.work.wait();
+  Tensor y = p.work.result().view(p.shape);
   if (needs_grad(x)) {
-    const int k = comm.size(), me = comm.rank();
-    const int next = (me + 1) % k, prev = (me + k - 1) % k, tag = p.tag + 1;
     const Shape xshape = x.shape();
-    const TensorOptions opts = x.options().with_grad(false);
-    record("RingShiftBackward", {x}, y, [comm, xshape, opts, tag, next, prev](const std::vector<Tensor>& g) mutable {
-      Tensor gy = g[0].contiguous();
-      Tensor gx = empty(xshape, opts);
-      Work sw = comm.send_async(gy, prev, tag);
-      comm.recv(gx, next, tag);
-      sw.wait();
-      g_stats.bytes_sent += bytes_of(gy);
-      return std::vector<Tensor>{gx};
+    record("RingShiftBackward", {x}, y, [comm, xshape](const std::vector<Tensor>& g) mutable {
+      const int k = comm.size(), me = comm.rank();
+      Work w = post_shift(comm, flat_of(g[0]), (me + k - 1) % k, (me + 1) % k, xshape.numel());
+      w.wait();
+      return std::vector<Tensor>{w.result().view(xshape)};
     });
   }
   return y;
@@ -251,8 +246,8 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
       if (more) {
         Shape ks = kb.shape(), vs = vb.shape();
         ks[2] = vs[2] = rows_of(segs[static_cast<size_t>((src - 1 + kr) % kr)]);
-        pk = start_shift(kb, comm, ks, kTagBase + 4 * (step + 1));
-        pv = start_shift(vb, comm, vs, kTagBase + 4 * (step + 1) + 2);
+        pk = start_shift(kb, comm, ks);
+        pv = start_shift(vb, comm, vs);
       }
       if (!attend(acc, qc, q, chunks_of(segs[static_cast<size_t>(src)]), repeat_kv(kb, Hq), repeat_kv(vb, Hq),
                   causal, scale, sdt, drop))

@@ -1,7 +1,8 @@
 // Context-parallel attention (docs/context_parallel.md): scaled_dot_product_attention on q, k, v
 // [B, H, T, D] DTensors whose sequence dim (2) is split over one mesh dim (the cp dim), S(2) or
 // the load-balanced ZS(2). Each rank keeps its q rows; the k/v blocks travel around the cp ring
-// (point to point, one block per step) and the partial results of every visible block are merged
+// (one block per step to the next rank, overlapping the current block's compute) and the partial
+// results of every visible block are merged
 // with the online softmax (log-sum-exp). The backward is the same ring in reverse: the gradients of
 // the received k/v blocks go back to the rank they came from, accumulating dk/dv on the way.
 // The causal mask uses the global positions of each rank's chunks (local_layout), so any split of

@@ -1,6 +1,7 @@
 #include "mesh/dist_composites.h"
 
 #include "mesh/dtensor.h"
+#include "mesh/ring_attention.h"
 #include "mesh/shard_layout.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"
@@ -122,6 +123,72 @@ Tensor vocab_parallel_rows(const Tensor& logits0, const Tensor& target, int64_t 
   return where(ne(target, static_cast<double>(ignore)), sub(lse, zt), 0.0);
 }
 
+// scaled_dot_product_attention with the sequence (dim 2) split over one mesh dim: ring attention
+// (mesh/ring_attention.h) on the local rows. Other mesh dims may split batch or heads as the
+// attention rule allows.
+std::optional<Tensor> context_parallel_composite(const DistOp& op, const std::vector<Tensor>& in) {
+  const DTensorSpec* qs = spec_of(in[0]);
+  if (!qs) return std::nullopt;
+  int cp = -1;
+  for (int d = 0; d < qs->mesh().ndim(); ++d) {
+    const Placement& p = qs->placements()[static_cast<size_t>(d)];
+    if (!p.splits() || p.dim() != 2) continue;
+    MT_CHECK(cp < 0, "scaled_dot_product_attention: the sequence dim of q {} is split over two mesh dims ({} and {}); "
+             "context parallelism takes one", placements_str(qs->placements()), cp, d);
+    cp = d;
+  }
+  const auto& args = *static_cast<const AttentionArgs*>(op.extra);
+  const bool with_dropout = op.args[1] != 0;
+  if (cp < 0) {
+    if (with_dropout) return eager_attention_dropout(in[0], in[1], in[2], args.scale, args.dropout, args.gen);
+    return std::nullopt;
+  }
+  const DTensorSpec* ks = spec_of(in[1]);
+  const DTensorSpec* vs = spec_of(in[2]);
+  MT_CHECK(ks && vs && ks->placements() == qs->placements() && vs->placements() == qs->placements(),
+           "scaled_dot_product_attention: context parallelism needs q, k and v placed alike, got q {}, k {}, v {}",
+           placements_str(qs->placements()), ks ? placements_str(ks->placements()) : "local",
+           vs ? placements_str(vs->placements()) : "local");
+  for (int d = 0; d < qs->mesh().ndim(); ++d) {
+    const Placement& p = qs->placements()[static_cast<size_t>(d)];
+    MT_CHECK(!p.is_partial() && (!p.splits() || d == cp || (p.is_shard() && p.dim() <= 1)),
+             "scaled_dot_product_attention: with the sequence split over mesh dim {}, the other mesh dims may split "
+             "only batch S(0) or heads S(1), got {}", cp, placements_str(qs->placements()));
+  }
+  MT_CHECK(qs->global_shape()[2] == ks->global_shape()[2],
+           "scaled_dot_product_attention: context parallelism is self-attention: q has {} positions, k has {}",
+           qs->global_shape()[2], ks->global_shape()[2]);
+  const DeviceMesh& mesh = qs->mesh();
+  const int64_t k = mesh.size(cp);
+  std::vector<std::vector<DimSegment>> segs;
+  Shape coord = mesh.coordinate_shape();
+  for (int64_t c = 0; c < k; ++c) {
+    coord[cp] = c;
+    segs.push_back(local_layout(ks->global_shape(), ks->placements(), mesh.shape(), coord).segments[2]);
+  }
+  CpDropout drop;
+  if (with_dropout && args.dropout > 0) {
+    // Every rank reserves the blocks of the global probabilities [B, Hq, T, T], as dropout does.
+    const Shape& g = qs->global_shape();
+    const Shape ps{g[0], g[1], g[2], g[2]};
+    Generator& gen = args.gen ? *args.gen : default_generator();
+    drop.p = args.dropout;
+    drop.seed = gen.seed();
+    drop.offset = gen.reserve(random_blocks(RandomDist::kBernoulli, in[0].dtype(), ps.numel(), 1 - args.dropout, 0));
+    drop.strides = ps.contiguous_strides();
+    const LocalLayout ql = local_layout(g, qs->placements(), mesh.shape(), mesh.coordinate_shape());
+    for (int d = 0; d < 2; ++d)
+      if (!ql.segments[static_cast<size_t>(d)].empty())
+        drop.base += ql.segments[static_cast<size_t>(d)][0].global_start * drop.strides[d];
+  }
+  Communicator comm = mesh.is_simulated() ? Communicator() : mesh.comm(cp);
+  Tensor out = context_parallel_attention(to_local(in[0]), to_local(in[1]), to_local(in[2]), segs, comm,
+                                          op.args[0] != 0, args.scale, drop.p > 0 ? &drop : nullptr);
+  Shape gs = qs->global_shape();
+  gs[3] = vs->global_shape()[3];
+  return from_local(out, mesh, qs->placements(), gs);
+}
+
 Tensor all_replicate(const Tensor& t) {
   if (!t.is_distributed()) return t;
   const DTensorSpec& s = dtensor_spec(t, "cross_entropy");
@@ -159,6 +226,7 @@ Tensor minmax_composite(const Tensor& x, ReduceOp op, int64_t mask, bool keep) {
 }  // namespace
 
 std::optional<Tensor> dist_composite(const DistOp& op, const std::vector<Tensor>& in) {
+  if (op.rule == DistRule::kAttention) return context_parallel_composite(op, in);
   if (op.rule == DistRule::kEmbedding) {
     uint32_t v = dims_splitting(spec_of(in[0]), 0);
     if (v) return vocab_parallel_embedding(in[0], in[1], v);

@@ -47,6 +47,13 @@ Placement Placement::interleaved_shard(int dim, int64_t groups) {
   return p;
 }
 
+Placement Placement::zigzag_shard(int dim) {
+  MT_CHECK(dim >= 0, "ZigzagShard: dim must be >= 0, got {}", dim);
+  Placement p = interleaved_shard(dim, 2);
+  p.mirrored_ = true;
+  return p;
+}
+
 Placement Placement::ragged_shard(int dim, std::vector<int64_t> units, int64_t block) {
   MT_CHECK(dim >= 0, "RaggedShard: dim must be >= 0, got {}", dim);
   MT_CHECK(block >= 1, "RaggedShard: block must be >= 1, got {} (dim {})", block, dim);
@@ -67,7 +74,8 @@ std::string Placement::str() const {
     case PlacementKind::kReplicate: return "R";
     case PlacementKind::kShard: return fmt::format("S({})", dim_);
     case PlacementKind::kPartial: return fmt::format("P({})", partial_op_name(op_));
-    case PlacementKind::kInterleavedShard: return fmt::format("IS({},{})", dim_, groups_);
+    case PlacementKind::kInterleavedShard:
+      return mirrored_ ? fmt::format("ZS({})", dim_) : fmt::format("IS({},{})", dim_, groups_);
     case PlacementKind::kRaggedShard:
       return fmt::format("RS({},[{}],b{})", dim_, fmt::join(units_, ","), block_);
   }
@@ -85,6 +93,7 @@ size_t Placement::hash() const {
   mix(static_cast<uint64_t>(op_));
   mix(static_cast<uint64_t>(static_cast<int64_t>(dim_)));
   mix(static_cast<uint64_t>(groups_));
+  mix(static_cast<uint64_t>(mirrored_));
   mix(static_cast<uint64_t>(block_));
   for (int64_t u : units_) mix(static_cast<uint64_t>(u));
   return static_cast<size_t>(h);
@@ -122,7 +131,7 @@ class Parser {
   }
   [[noreturn]] void fail(const std::string& what) const {
     MT_FAIL("Placement::parse: cannot parse '{}': {} at position {} (forms: R, S(d), P(sum|avg|max|min), "
-            "IS(d,groups), RS(d,[u0,u1,...],bBLOCK))",
+            "IS(d,groups), ZS(d), RS(d,[u0,u1,...],bBLOCK))",
             original_, what, i_);
   }
 
@@ -151,6 +160,11 @@ class Parser {
       const int64_t g = integer();
       expect(")");
       return checked([&] { return Placement::interleaved_shard(d, g); });
+    }
+    if (eat("ZS(")) {
+      const int d = dim();
+      expect(")");
+      return Placement::zigzag_shard(d);
     }
     if (eat("S(")) {
       const int d = dim();

@@ -18,7 +18,9 @@ enum class PlacementKind : uint8_t {
   kReplicate,         // R: every rank holds the whole tensor
   kShard,             // S(dim): dim chunked across ranks (torch.chunk sizes)
   kPartial,           // P(op): every rank holds a term; the tensor is their reduction by op
-  kInterleavedShard,  // IS(dim,groups): dim viewed as [groups, n/groups], each group chunked
+  kInterleavedShard,  // IS(dim,groups): dim viewed as [groups, n/groups], each group chunked;
+                      // ZS(dim) (zigzag, mirrored()): IS(dim,2) whose second group's chunks go to
+                      // the ranks in reverse order: rank r holds chunks r and 2k-1-r of 2k
   kRaggedShard,       // RS(dim,[u0,u1,..],bB): rank r holds u_r units of B rows, in rank order
 };
 
@@ -33,6 +35,8 @@ class Placement {
   static Placement shard(int dim);
   static Placement partial(PartialOp op = PartialOp::kSum);
   static Placement interleaved_shard(int dim, int64_t groups);
+  // ZS(dim): the load-balanced layout of a causal sequence for context parallelism (docs/context_parallel.md).
+  static Placement zigzag_shard(int dim);
   static Placement ragged_shard(int dim, std::vector<int64_t> units, int64_t block = 1);
   // Parses the printed form; spaces are ignored, "P" alone is P(sum). Throws naming the text.
   static Placement parse(std::string_view text);
@@ -49,6 +53,9 @@ class Placement {
   int dim() const { return dim_; }                 // S, IS, RS; -1 otherwise
   PartialOp reduce_op() const { return op_; }       // P
   int64_t groups() const { return groups_; }       // IS
+  bool mirrored() const { return mirrored_; }       // ZS: an IS whose odd groups go in reverse rank order
+  // The chunk of group g that rank c of k holds (IS: c; ZS: c, then k-1-c).
+  int64_t group_chunk(int64_t g, int64_t k, int64_t c) const { return mirrored_ && (g % 2) ? k - 1 - c : c; }
   const std::vector<int64_t>& units() const { return units_; }  // RS: units per rank
   int64_t block() const { return block_; }         // RS: rows per unit
 
@@ -56,7 +63,7 @@ class Placement {
   size_t hash() const;
   bool operator==(const Placement& o) const {
     return kind_ == o.kind_ && dim_ == o.dim_ && op_ == o.op_ && groups_ == o.groups_ &&
-           block_ == o.block_ && units_ == o.units_;
+           mirrored_ == o.mirrored_ && block_ == o.block_ && units_ == o.units_;
   }
   bool operator!=(const Placement& o) const { return !(*this == o); }
 
@@ -65,6 +72,7 @@ class Placement {
   PartialOp op_ = PartialOp::kSum;
   int dim_ = -1;
   int64_t groups_ = 0;
+  bool mirrored_ = false;
   int64_t block_ = 0;
   std::vector<int64_t> units_;
 };

@@ -74,9 +74,11 @@ std::vector<IndexRange> split_ranges(const Placement& p, int64_t n, int64_t k, i
     }
     case PlacementKind::kInterleavedShard: {
       const int64_t m = n / p.groups();
-      const IndexRange ch = chunk_range(m, k, r);
       std::vector<IndexRange> out;
-      for (int64_t g = 0; g < p.groups(); ++g) out.push_back(IndexRange{g * m + ch.start, ch.length});
+      for (int64_t g = 0; g < p.groups(); ++g) {
+        const IndexRange ch = chunk_range(m, k, p.group_chunk(g, k, r));
+        out.push_back(IndexRange{g * m + ch.start, ch.length});
+      }
       return out;
     }
     default: break;

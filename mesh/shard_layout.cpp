@@ -77,9 +77,11 @@ std::vector<IndexRange> split_ranges(const char* op, const Placement& p, int mes
                "{}: {} on mesh dim {}: tensor dim {} has size {} here, not divisible by {} groups ({})", op,
                p.str(), mesh_dim, p.dim(), n, g, ctx.str());
       const int64_t m = n / g;
-      const IndexRange r = chunk_range(m, k, c);
       std::vector<IndexRange> out;
-      for (int64_t j = 0; j < g; ++j) out.push_back({j * m + r.start, r.length});
+      for (int64_t j = 0; j < g; ++j) {
+        const IndexRange r = chunk_range(m, k, p.group_chunk(j, k, c));
+        out.push_back({j * m + r.start, r.length});
+      }
       return out;
     }
     case PlacementKind::kRaggedShard: {
@@ -218,11 +220,17 @@ Tensor local_shard(const Tensor& global, const Placements& placements, const Sha
       Shape grouped = t.shape();
       grouped[d] = n / p.groups();
       grouped.insert(d, p.groups());
-      const IndexRange r = chunk_range(n / p.groups(), k, c);
-      Tensor g = t.contiguous().view(grouped).narrow(d + 1, r.start, r.length).contiguous();
+      Tensor whole = t.contiguous().view(grouped);
+      std::vector<Tensor> parts;
+      int64_t len = 0;
+      for (int64_t j = 0; j < p.groups(); ++j) {
+        const IndexRange r = chunk_range(n / p.groups(), k, p.group_chunk(j, k, c));
+        parts.push_back(whole.narrow(d, j, 1).narrow(d + 1, r.start, r.length).contiguous());
+        len += r.length;
+      }
       Shape flat = t.shape();
-      flat[d] = p.groups() * r.length;
-      t = g.view(flat);
+      flat[d] = len;
+      t = cat(parts, d + 1).view(flat);
     } else {
       // Validation (unit count and sum) is shared with local_layout; the slice is computed here.
       split_ranges(op, p, i, n, k, c, ctx);

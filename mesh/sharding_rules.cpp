@@ -14,7 +14,8 @@ namespace mt {
 Placement with_dim(const Placement& p, int dim) {
   switch (p.kind()) {
     case PlacementKind::kShard: return Placement::shard(dim);
-    case PlacementKind::kInterleavedShard: return Placement::interleaved_shard(dim, p.groups());
+    case PlacementKind::kInterleavedShard:
+      return p.mirrored() ? Placement::zigzag_shard(dim) : Placement::interleaved_shard(dim, p.groups());
     case PlacementKind::kRaggedShard: return Placement::ragged_shard(dim, p.units(), p.block());
     default: return p;
   }
@@ -395,7 +396,7 @@ bool rule_reshape(DimCtx& c, const Placement& q) {
         return true;
       }
     }
-    if (q.kind() == PlacementKind::kInterleavedShard && before == 1 && after == 1) {
+    if (q.kind() == PlacementKind::kInterleavedShard && !q.mirrored() && before == 1 && after == 1) {
       // IS(j, groups) of n: out dims multiplying to `groups`, then the chunked part.
       int64_t acc = 1;
       for (int o = g.o0; o < g.o1; ++o) {

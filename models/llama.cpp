@@ -107,28 +107,6 @@ namespace {
 
 Bias bias_if(bool on) { return on ? Bias::kYes : Bias::kNo; }
 
-// HF eager attention, used when attention dropout is active (the fused kernel has none):
-// q [B, Hq, T, D], k/v [B, Hkv, T, D] -> [B, Hq, T, D].
-Tensor eager_attention(const Tensor& q, Tensor k, Tensor v, double scale, double dropout_p) {
-  const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1);
-  if (Hkv != Hq) {  // repeat_kv
-    const int64_t rep = Hq / Hkv;
-    k = k.unsqueeze(2).expand(Shape{B, Hkv, rep, T, D}).reshape(Shape{B, Hq, T, D});
-    v = v.unsqueeze(2).expand(Shape{B, Hkv, rep, T, v.size(3)}).reshape(Shape{B, Hq, T, v.size(3)});
-  }
-  Tensor scores = mul(matmul(q, k.transpose(2, 3)), scale);
-  std::vector<uint8_t> m(static_cast<size_t>(T * T));
-  for (int64_t i = 0; i < T; ++i)
-    for (int64_t j = 0; j < T; ++j) m[static_cast<size_t>(i * T + j)] = j > i ? 1 : 0;
-  Tensor mask = from_vector<uint8_t>(m, Shape{T, T}).to(DType::kBool);
-  if (mask.device() != q.device()) mask = mask.to(q.device());
-  scores = masked_fill(scores, mask, -std::numeric_limits<double>::infinity());
-  const DType sdt = q.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
-  Tensor probs = softmax(scores.to(sdt), -1).to(q.dtype());
-  probs = dropout(probs, dropout_p);
-  return matmul(probs, v);
-}
-
 }  // namespace
 
 LlamaAttention::LlamaAttention(const ModelConfig& c, DType dtype)
@@ -165,7 +143,7 @@ std::vector<Tensor> LlamaAttention::forward(const std::vector<Tensor>& inputs) {
   v = v.transpose(1, 2);
   const double scale = std::pow(static_cast<double>(D), -0.5);  // HF: head_dim**-0.5
   Tensor attn = is_training() && attention_dropout_ > 0
-                    ? eager_attention(q, k, v, scale, attention_dropout_)
+                    ? attention_dropout(q, k, v, scale, attention_dropout_)  // HF's eager path
                     : scaled_dot_product_attention(q, k, v, Causal::kYes, scale);
   attn = attn.to(x.dtype()).transpose(1, 2).reshape(Shape{B, T, -1});
   return {(*o_proj_)(attn)};

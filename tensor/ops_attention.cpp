@@ -8,12 +8,14 @@
 // gradients are written in [B, T, H, D] memory (the layout models transpose back into
 // [B, T, H * D] for free). The backward is the fused attention_bwd kernel (no double backward).
 #include <cmath>
+#include <limits>
 
 #include "kernels/registry.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/dist_dispatch.h"
 #include "tensor/ops_nn.h"
+#include "tensor/ops.h"
 #include "tensor/pointwise_util.h"
 
 namespace mt {
@@ -48,6 +50,8 @@ Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Te
   if (any_dist(q0, k0, v0)) [[unlikely]] {
     DistOp d{op, DistRule::kAttention};
     d.args[0] = causal == Causal::kYes;
+    AttentionArgs a{scale};
+    d.extra = &a;  // read by context-parallel attention (mesh/ring_attention.h)
     return dist_dispatch1(d, {q0, k0, v0}, MT_DIST_LOCAL(scaled_dot_product_attention(l[0], l[1], l[2], causal, scale)));
   }
   check_same_device(q0, k0, op);
@@ -127,6 +131,42 @@ Tensor scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, const Te
            });
   }
   return out.to(in_dtype);
+}
+
+}  // namespace mt
+
+namespace mt {
+
+Tensor eager_attention_dropout(const Tensor& q, Tensor k, Tensor v, double scale, double dropout_p, Generator* gen) {
+  const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1);
+  if (Hkv != Hq) {  // repeat_kv
+    const int64_t rep = Hq / Hkv;
+    k = k.unsqueeze(2).expand(Shape{B, Hkv, rep, T, D}).reshape(Shape{B, Hq, T, D});
+    v = v.unsqueeze(2).expand(Shape{B, Hkv, rep, T, v.size(3)}).reshape(Shape{B, Hq, T, v.size(3)});
+  }
+  Tensor scores = mul(matmul(q, k.transpose(2, 3)), scale);
+  std::vector<uint8_t> m(static_cast<size_t>(T * T));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < T; ++j) m[static_cast<size_t>(i * T + j)] = j > i ? 1 : 0;
+  Tensor mask = from_vector<uint8_t>(m, Shape{T, T}).to(DType::kBool);
+  if (mask.device() != q.device()) mask = mask.to(q.device());
+  scores = masked_fill(scores, mask, -std::numeric_limits<double>::infinity());
+  const DType sdt = q.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor probs = softmax(scores.to(sdt), -1).to(q.dtype());
+  probs = dropout(probs, dropout_p, gen);
+  return matmul(probs, v);
+}
+
+Tensor attention_dropout(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p, Generator* gen) {
+  if (any_dist(q, k, v)) [[unlikely]] {
+    DistOp d{"attention_dropout", DistRule::kAttention};
+    d.args[0] = 1;  // causal
+    d.args[1] = 1;  // with dropout: the composite runs it (ring or eager_attention_dropout)
+    AttentionArgs a{scale, p, gen};
+    d.extra = &a;
+    return dist_dispatch1(d, {q, k, v}, MT_DIST_LOCAL(eager_attention_dropout(l[0], l[1], l[2], scale, p, gen)));
+  }
+  return eager_attention_dropout(q, k, v, scale, p, gen);
 }
 
 }  // namespace mt

@@ -40,6 +40,22 @@ enum class Causal { kNo, kYes };
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     Causal causal = Causal::kYes, double scale = 0);
 
+// Causal attention with dropout on the probabilities, HF's eager path (the fused kernel has no
+// dropout): softmax(q k^T * scale + causal mask) in f32 (f64 for f64), cast to q's dtype, dropout p,
+// times v; k/v heads repeated for GQA. q [B, Hq, T, D], k/v [B, Hkv, T, D]. On DTensors with the
+// sequence split (context parallelism) it is ring attention with the single-device masks
+// (docs/context_parallel.md); on other DTensors the same composition of ops.
+Tensor attention_dropout(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
+                         Generator* gen = nullptr);
+// The composition itself (what attention_dropout runs on one device).
+Tensor eager_attention_dropout(const Tensor& q, Tensor k, Tensor v, double scale, double p, Generator* gen = nullptr);
+// DistOp::extra of attention ops: the scale, and the dropout of attention_dropout.
+struct AttentionArgs {
+  double scale = 0;
+  double dropout = 0;
+  Generator* gen = nullptr;
+};
+
 // Zeroes elements with probability p and scales the rest by 1/(1-p); identity when p == 0.
 // The mask comes from the Philox generator (default one when gen is null).
 Tensor dropout(const Tensor& x, double p, Generator* gen = nullptr);

@@ -49,13 +49,14 @@ std::vector<int64_t> dim0_sizes(const Shape& shape, const Placements& ps, int64_
 }
 
 // Every placement a mesh dim of size k can take for `shape`: R, P(op), S(d) for each dim,
-// IS(d,g) for g in {2,3} dividing the global size, RS(d, irregular units with zeros, block 1 or 2).
+// IS(d,g) for g in {2,3} dividing the global size, ZS(d) for even sizes, RS(d, irregular units with zeros, block 1 or 2).
 std::vector<Placement> candidates(const Shape& shape, int64_t k, PartialOp partial_op) {
   std::vector<Placement> out{Placement::replicate(), Placement::partial(partial_op)};
   for (int d = 0; d < shape.size(); ++d) {
     out.push_back(Placement::shard(d));
     for (int64_t g : {2, 3})
       if (shape[d] % g == 0) out.push_back(Placement::interleaved_shard(d, g));
+    if (shape[d] % 2 == 0) out.push_back(Placement::zigzag_shard(d));  // IS(d,2), odd group mirrored
     const int64_t block = shape[d] % 2 == 0 ? 2 : 1;
     std::vector<int64_t> units(static_cast<size_t>(k), 0);
     for (int64_t u = 0; u < shape[d] / block; ++u) units[static_cast<size_t>((u * u + 1) % k)]++;
@@ -115,6 +116,7 @@ TEST_CASE("placement: printing, parsing, equality, hashing", "[cpu]") {
       {Placement::partial(PartialOp::kMax), "P(max)"},
       {Placement::partial(PartialOp::kMin), "P(min)"},
       {Placement::interleaved_shard(0, 3), "IS(0,3)"},
+      {Placement::zigzag_shard(1), "ZS(1)"},
       {Placement::ragged_shard(0, {2, 1, 3}, 4), "RS(0,[2,1,3],b4)"},
       {Placement::ragged_shard(2, {0, 5}), "RS(2,[0,5],b1)"},
   };

@@ -168,19 +168,21 @@ TEST_CASE("redistribute: all pairs of R, S, P on a [1, 2, 2] mesh", "[cpu][mpi]"
     all_pairs(global_tensor(s), basic_options(2, false), mesh_3d());
 }
 
-TEST_CASE("redistribute: interleaved and ragged shards", "[cpu][mpi]") {
+TEST_CASE("redistribute: interleaved, zigzag and ragged shards", "[cpu][mpi]") {
   const int64_t k = P();
   const std::vector<int64_t> units = k == 1 ? std::vector<int64_t>{6}
                                      : k == 2 ? std::vector<int64_t>{4, 2}
                                               : std::vector<int64_t>{0, 3, 1, 2};
   std::vector<Placement> opts{Placement::replicate(), Placement::shard(0), Placement::shard(1),
                               Placement::partial(), Placement::interleaved_shard(0, 2),
-                              Placement::interleaved_shard(0, 3), Placement::ragged_shard(0, units, 2)};
+                              Placement::interleaved_shard(0, 3), Placement::ragged_shard(0, units, 2),
+                              Placement::zigzag_shard(0)};
   all_pairs(global_tensor({12, 5}), opts, mesh_1d());
   if (P() == 4) {
     std::vector<Placement> o2{Placement::replicate(), Placement::shard(0), Placement::shard(1),
                               Placement::partial(), Placement::interleaved_shard(0, 2),
-                              Placement::ragged_shard(1, {2, 3}), Placement::ragged_shard(0, {1, 0}, 3)};
+                              Placement::ragged_shard(1, {2, 3}), Placement::ragged_shard(0, {1, 0}, 3),
+                              Placement::zigzag_shard(0)};
     all_pairs(global_tensor({12, 5}), o2, mesh_2d());
   }
 }

@@ -66,7 +66,8 @@ class Probe : public Module {
 TEST_CASE("parallelize: every stock plan that fits gives the single-device init bit for bit", "[cpu]") {
   const int64_t world = mt::world().size();
   for (const std::string name : {"llama_dp", "llama_tp", "llama_tp_sp", "llama_dp_tp", "llama_zero3", "llama_fsdp",
-                                 "llama_fsdp_tp", "mixtral_ep", "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp"}) {
+                                 "llama_fsdp_tp", "mixtral_ep", "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp", "llama_cp",
+                                 "llama_dp_cp_tp"}) {
     Plan plan = load_plan(plans_dir() + "/" + name + ".plan");
     if (!fits(plan, world)) continue;
     INFO(name << " on " << world << " ranks");

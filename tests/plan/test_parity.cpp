@@ -101,7 +101,8 @@ TEST_CASE("parity: every stock plan trains like one device", "[mpi]") {
   const int64_t world = mt::world().size();
   const int steps = 20;
   for (const std::string name : {"llama_dp", "llama_tp", "llama_tp_sp", "llama_dp_tp", "llama_zero3", "llama_fsdp",
-                                 "llama_fsdp_tp", "mixtral_ep", "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp"}) {
+                                 "llama_fsdp_tp", "mixtral_ep", "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp", "llama_cp",
+                                 "llama_dp_cp_tp"}) {
     const char* only = std::getenv("MT_PARITY_PLAN");  // run one plan (debugging)
     if (only && name != only) continue;
     for (bool uneven : {false, true}) {
@@ -148,7 +149,8 @@ TEST_CASE("parity: every stock plan trains like one device", "[mpi]") {
 TEST_CASE("parity: one backward gives the single-device gradients under every stock plan", "[mpi]") {
   const int64_t world = mt::world().size();
   for (const std::string name : {"llama_dp", "llama_tp", "llama_tp_sp", "llama_dp_tp", "llama_zero3", "llama_fsdp",
-                                 "llama_fsdp_tp", "mixtral_ep", "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp"}) {
+                                 "llama_fsdp_tp", "mixtral_ep", "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp", "llama_cp",
+                                 "llama_dp_cp_tp"}) {
     Plan plan = load_plan(plans_dir() + "/" + name + ".plan");
     PlanMesh pm;
     try {

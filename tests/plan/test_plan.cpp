@@ -39,7 +39,8 @@ const char* config_for(const std::string& plan) {
 
 const std::vector<std::string> kStock = {"llama_dp",   "llama_tp",      "llama_tp_sp", "llama_dp_tp",
                                          "llama_zero3", "llama_fsdp",   "llama_fsdp_tp", "mixtral_ep",
-                                         "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp"};
+                                         "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp",  "llama_cp",
+                                         "llama_dp_cp_tp"};
 
 std::string lower_str(const Plan& p, const std::string& config, int64_t world) {
   auto m = meta_model(config);
@@ -70,8 +71,9 @@ TEST_CASE("plan: every stock plan parses, prints back and lowers at world 2", "[
     REQUIRE(p.entries().size() >= 1);
     Plan again = parse_plan(p.str(), "again.plan");
     REQUIRE(again.str() == p.str());
-    std::string ir = lower_str(p, config_for(name), 2);
-    REQUIRE(ir == lower_str(again, config_for(name), 2));
+    const int64_t world = name == "llama_dp_cp_tp" ? 4 : 2;  // cp=2 x tp=2
+    std::string ir = lower_str(p, config_for(name), world);
+    REQUIRE(ir == lower_str(again, config_for(name), world));
     REQUIRE(ir.find("param_init:") != std::string::npos);
   }
 }
@@ -372,6 +374,7 @@ TEST_CASE("plan: the forward check finds uneven head splits, naming the module a
     for (int64_t world : {1, 2, 4}) {
       // 4-way tensor parallelism splits llama-tiny's 2 KV heads; dp_tp and ep_tp need 2 ranks.
       if ((name == "llama_tp" || name == "llama_tp_sp") && world == 4) continue;
+      if (name == "llama_dp_cp_tp" && world != 4) continue;  // cp=2 x tp=2
       if ((name == "llama_dp_tp" || name == "mixtral_ep_tp" || name == "llama_fsdp_tp" || name == "llama_hsdp") &&
           world == 1)
         continue;

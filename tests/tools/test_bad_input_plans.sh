@@ -40,6 +40,12 @@ plan rep "mesh tp=*\nplace model a{1001} tp=R\n"
 bad_case "repetition over 1000" --watch "$P" "rep.plan:2:14" "invalid repetition size" -- "${run[@]}" "$P/rep.plan" --world 2
 
 # ---- plans the model cannot run ----
+plan nocp "mesh dp=*\nplace model <in>:0 dp=S(0) cp=ZS(1)\n"
+bad_case "a cp dim the mesh lacks" --watch "$P" "nocp.plan:2:28" "'cp=ZS(1)' names no mesh dim" -- \
+  "${run[@]}" "$P/nocp.plan" --world 2
+plan zsodd "mesh cp=*\nplace model <in>:0 cp=ZS(3)\n"
+bad_case "ZS on a dim the ids lack" --watch "$P" "zsodd.plan:2:20" -- "${run[@]}" "$P/zsodd.plan" --world 2
+
 bad_case "uneven KV heads (llama_tp, tp 4, 2 KV heads)" --watch "$plans" \
   "llama_tp.plan: a forward under the plan on mesh [tp=4]" "model.layers.0.self_attn.k_proj.weight" "'tp' must divide 2" \
   "llama_tp.plan:8:1" -- \

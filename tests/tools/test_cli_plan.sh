@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `meshtrain {eval,grad,init,train} --plan P` under mpirun -np 2 (and llama_dp_tp under -np 4)
+# `meshtrain {eval,grad,init,train} --plan P` under mpirun -np 2 (and llama_dp_tp, llama_fsdp_tp and
+# llama_dp_cp_tp under -np 4)
 # against the single-device commands: eval loss within 1e-5, gradients within 1e-5 of the largest
 # magnitude, init files byte-identical, train losses within 1e-5 per step (measured by
 # `meshtrain parity`, whose parallel losses must be those `train --plan` prints, and whose
@@ -83,7 +84,7 @@ PY
 }
 
 # ---- every stock LLaMA plan ---------------------------------------------------------------------------
-for spec in llama_dp:2 llama_tp:2 llama_tp_sp:2 llama_zero3:2 llama_fsdp:2 llama_dp_tp:4 llama_fsdp_tp:4; do
+for spec in llama_dp:2 llama_tp:2 llama_tp_sp:2 llama_zero3:2 llama_fsdp:2 llama_dp_tp:4 llama_fsdp_tp:4 llama_cp:2 llama_dp_cp_tp:4; do
   plan=${spec%%:*}
   np=${spec##*:}
   P="$PLANS/$plan.plan"

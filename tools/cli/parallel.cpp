@@ -135,6 +135,24 @@ void quiet_non_root(const PlanContext& ctx) {
   if (!std::freopen("/dev/null", "w", stdout)) MT_FAIL("cannot redirect stdout of rank {}", ctx.rank);
 }
 
+void check_sequence_split(const Parallelized& par, const PlanContext& ctx, int64_t seq, const std::string& command) {
+  for (const HookRecord& r : par.ir().records) {
+    if (r.hook != HookPoint::kForwardPre || !r.io_input || r.module != "model" || r.io_index != 0 || !r.dst) continue;
+    const Placements& ps = *r.dst;
+    for (size_t d = 0; d < ps.size(); ++d) {
+      const Placement& p = ps[d];
+      if (!(p.splits() && p.dim() == 1 && p.mirrored())) continue;
+      const int64_t k = ctx.mesh->size(static_cast<int>(d));
+      const std::string name = ctx.mesh->names()[d];
+      std::string line = r.from.empty() ? ctx.path : r.from.back().str();
+      MT_CHECK(seq % (2 * k) == 0,
+               "meshtrain {}: --seq {} is not divisible by 2 x {} = {}: the load-balanced sequence layout {}={} ({}) "
+               "cuts the sequence in 2 x {} chunks, rank r holding chunks r and {}-r (use a --seq multiple of {})",
+               command, seq, name, 2 * k, name, p.str(), line, name, 2 * k - 1, 2 * k);
+    }
+  }
+}
+
 Tensor place_input(const Tensor& global, const Parallelized& par, const PlanContext& ctx) {
   return distribute_tensor(global, *ctx.mesh, par.input_placements("model"));
 }

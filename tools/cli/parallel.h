@@ -59,6 +59,10 @@ PlanContext load_plan_context(const std::string& path);
 // A rank other than 0 sends its stdout to /dev/null so that only rank 0 prints results.
 void quiet_non_root(const PlanContext& ctx);
 
+// A load-balanced sequence split (ZS(1) on the model's input, context parallelism) needs --seq
+// divisible by 2 x the dim's size: the error names --seq and the plan line.
+void check_sequence_split(const Parallelized& par, const PlanContext& ctx, int64_t seq, const std::string& command);
+
 // The global tensor (the same on every rank) as a DTensor with the placements the plan gives the
 // model's input (ids and targets alike).
 Tensor place_input(const Tensor& global, const Parallelized& par, const PlanContext& ctx);

@@ -99,6 +99,33 @@ int run_plan(int argc, char** argv) {
       fmt::print("# note: 1F1B needs --accum >= {} (the stage count); train and parity refuse --accum {}\n",
                  layout.size(), accum);
   }
+  // Context parallelism: the sequence split of the model's input and each rank's positions for --seq.
+  for (const HookRecord& r : ir.records) {
+    if (r.hook != HookPoint::kForwardPre || !r.io_input || r.module != "model" || r.io_index != 0 || !r.dst) continue;
+    for (size_t d = 0; d < r.dst->size(); ++d) {
+      const Placement& p = (*r.dst)[d];
+      if (!p.splits() || p.dim() != 1) continue;
+      const int64_t k = mesh.shape[static_cast<int>(d)], seq = args.integer("seq", 1, int64_t{1} << 24);
+      fmt::print("# context parallel over {} ({} ranks): the sequence is {}{} ({}); ring attention\n", mesh.names[d], k,
+                 p.str(), p.mirrored() ? ", load-balanced: 2 x cp chunks, rank r holds chunks r and 2cp-1-r" : "",
+                 r.from.empty() ? plan_path : r.from.back().str());
+      if (p.mirrored() && seq % (2 * k) != 0) {
+        fmt::print("# note: --seq {} is not divisible by 2 x {} = {}; train and parity refuse it\n", seq, k, 2 * k);
+        continue;
+      }
+      Shape coord(std::vector<int64_t>(static_cast<size_t>(mesh.shape.size()), 0));
+      Placements one(mesh.shape.size(), Placement::replicate());
+      one[d] = p;
+      for (int64_t c = 0; c < k && c < 16; ++c) {
+        coord[static_cast<int>(d)] = c;
+        std::string pos;
+        const LocalLayout lay = local_layout(Shape{1, seq}, one, mesh.shape, coord);
+        for (const DimSegment& s : lay.segments[1])
+          pos += fmt::format("{}[{}, {})", pos.empty() ? "" : " + ", s.global_start, s.global_start + s.length);
+        fmt::print("#   {}={}: positions {} of --seq {}\n", mesh.names[d], c, pos.empty() ? "none" : pos, seq);
+      }
+    }
+  }
   if (args.flag("fsdp-layout")) {
     MT_CHECK(!ir.fsdp_units.empty(), "meshtrain plan --fsdp-layout: plan {} has no fsdp entries", plan_path);
     fmt::print("# FSDP layouts: {} units\n", ir.fsdp_units.size());

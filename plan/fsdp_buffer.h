@@ -37,11 +37,16 @@ struct FsdpCounters {
   int64_t all_gathers = 0;
   int64_t reduce_scatters = 0;
   int64_t forward_bytes_copied = 0;   // outside collectives, while gathering (0 on the steady path)
-  int64_t backward_bytes_copied = 0;  // gradients put into the unit's gradient buffer
+  int64_t backward_bytes_copied = 0;  // gradients copied into the unit's gradient buffer (0 on the
+                                      // steady path: the formulas write them there)
   int64_t adoption_bytes = 0;         // parameters moved into a shard buffer (at setup, after Module::to)
   int64_t prefetches = 0;             // all-gathers started ahead of their unit (in all_gathers too)
   int64_t prefetch_hits = 0;          // of those, the ones their unit used
   int64_t replica_all_reduces = 0;    // HSDP: a unit's gradient shard summed over a replica dim
+  int64_t buffer_allocations = 0;     // buffers made (shard, gathered, gradient, gradient shard):
+                                      // once per unit, flat after the first step
+  int64_t buffer_refills = 0;         // a resharded buffer's memory taken again (same buffer)
+  int64_t zero_copy_grads = 0;        // gradients found written in place in the unit's buffer
 };
 FsdpCounters fsdp_counters();
 void reset_fsdp_counters();

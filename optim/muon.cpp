@@ -78,6 +78,14 @@ bool Muon::uses_muon(const std::string& name, const Shape& shape) {
   return shape.size() == 2 && name.find("embed") == std::string::npos && name.find("lm_head") == std::string::npos;
 }
 
+int64_t Muon::state_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, s] : state_)
+    for (const Tensor* t : {&s.buf, &s.m, &s.v})
+      if (t->defined()) n += local_view(*t).numel() * static_cast<int64_t>(dtype_size(t->dtype()));
+  return n;
+}
+
 double Muon::shape_scale(int64_t rows, int64_t cols) {
   return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
 }

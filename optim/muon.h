@@ -55,6 +55,8 @@ class Muon : public Optimizer {
   // The factor applied to the orthogonalized update of a rows x cols matrix: 0.2 sqrt(max(rows, cols)).
   static double shape_scale(int64_t rows, int64_t cols);
 
+  // Bytes of optimizer state this rank holds (momentum buffers, AdamW moments; local shards).
+  int64_t state_bytes() const;
   NamedTensors state_dict() const override;
   void load_state_dict(const NamedTensors& state) override;
 

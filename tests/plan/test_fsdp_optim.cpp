@@ -8,7 +8,9 @@
 //   - the stock llama_fsdp (granularity 1 row) is refused for 8-bit AdamW naming its plan line;
 //   - Muon on a RaggedShard matrix (gathered to its root rank, orthogonalized there, the update sent
 //     back) equals one device bit for bit on the same gradients; the roots are spread over the
-//     ranks; llama_fsdp (and llama_fsdp_tp, whose TP-split matrices are replicated for Newton-Schulz)
+//     ranks; matrices split over tp and dp (FSDP x TP) go to one root of the flattened group, with
+//     the bits of one device and the ranks' Newton-Schulz work adding up to one device's; llama_fsdp
+//     (and llama_fsdp_tp)
 //     train with Muon like one device (20 steps, losses within 1e-5; llama_fsdp also with an uneven
 //     batch and vocabulary).
 #include <cmath>
@@ -60,7 +62,7 @@ std::shared_ptr<CausalLM> build(const ModelConfig& c, bool meta) {
 
 // `steps` steps of 8-bit AdamW (or Muon); the losses, and the parameters (full tensors) after the last step.
 std::vector<double> train8(CausalLM& model, const Parallelized* par, const DeviceMesh* mesh, int steps, int64_t B,
-                           int64_t T, NamedTensors* final_params, bool muon = false) {
+                           int64_t T, NamedTensors* final_params, bool muon = false, double* ns_flops = nullptr) {
   std::unique_ptr<GradReducer> reducer;
   if (par) reducer = std::make_unique<GradReducer>(model, *mesh);
   std::unique_ptr<Optimizer> optp;
@@ -95,6 +97,7 @@ std::vector<double> train8(CausalLM& model, const Parallelized* par, const Devic
   }
   for (auto& [name, p] : model.named_parameters())
     final_params->emplace_back(name, p.is_distributed() ? full_tensor(p.detach()) : p.detach().clone());
+  if (ns_flops) *ns_flops = muon ? static_cast<const Muon&>(opt).newton_schulz_flops() : 0;
   return losses;
 }
 
@@ -270,6 +273,72 @@ TEST_CASE("fsdp optim: Muon on a RaggedShard matrix equals one device bit for bi
   for (size_t i = 0; i < shapes.size(); ++i) CHECK(bitwise_equal(full_tensor(dist[i].detach()), plain[i]));
 }
 
+TEST_CASE("fsdp optim: Muon on matrices split over two mesh dims (FSDP x TP) iterates each on one root",
+          "[mpi]") {
+  const int64_t world = mt::world().size();
+  const int64_t tp = world % 2 == 0 ? 2 : 1, dp = world / tp;
+  DeviceMesh mesh(Shape{tp, dp}, {"tp", "dp"});
+  // As llama_fsdp_tp splits them: S(0) on tp then a RaggedShard of the tp shard's rows on dp
+  // (q/k/v/gate/up), and S(1) on tp then a RaggedShard of the rows on dp (o/down); a rank of dp
+  // may hold no rows.
+  struct M {
+    Shape shape;
+    Placement on_tp;
+  };
+  const std::vector<M> ms = {{Shape{60, 40}, Placement::shard(0)}, {Shape{36, 70}, Placement::shard(1)},
+                             {Shape{44, 24}, Placement::shard(0)}};
+  std::vector<Tensor> plain, dist;
+  std::vector<Placements> pss;
+  std::vector<ParamGroup> g1(1), g2(1);
+  for (size_t i = 0; i < ms.size(); ++i) {
+    const int64_t rows = ms[i].on_tp.dim() == 0 ? ms[i].shape[0] / tp : ms[i].shape[0];
+    std::vector<int64_t> units(static_cast<size_t>(dp));
+    int64_t left = rows;
+    for (int64_t r = 0; r + 1 < dp; ++r) left -= (units[static_cast<size_t>(r)] = std::min(left, 3 + 9 * r));
+    units.back() = left;
+    pss.push_back({ms[i].on_tp, Placement::ragged_shard(0, units, 1)});
+    Tensor global = mt::testing::rand(ms[i].shape, DType::kF32, 70 + i);
+    plain.push_back(global.clone().requires_grad_());
+    dist.push_back(distribute_tensor(global, mesh, pss.back()).requires_grad_());
+    const std::string name = "layers." + std::to_string(i) + ".weight";
+    g1[0].params.emplace_back(name, plain.back());
+    g2[0].params.emplace_back(name, dist.back());
+  }
+  g1[0].weight_decay = g2[0].weight_decay = 0.1;
+  MuonOptions o;
+  o.lr = 0.01;
+  Muon one(g1, o), sharded(g2, o);
+  REQUIRE(sharded.roots().size() == ms.size());
+  for (const auto& [name, root] : sharded.roots()) CHECK((root >= 0 && root < world));
+  if (world > 1)  // load balancing: the two largest iterations on different ranks
+    CHECK(sharded.roots().at("layers.0.weight") != sharded.roots().at("layers.1.weight"));
+  for (int s = 0; s < 4; ++s) {
+    for (size_t i = 0; i < ms.size(); ++i) {
+      Tensor g = mt::testing::rand(ms[i].shape, DType::kF32, 900 + 10 * static_cast<uint64_t>(s) + i);
+      plain[i].set_grad(g);
+      dist[i].set_grad(distribute_tensor(g, mesh, pss[i]));
+    }
+    one.step();
+    sharded.step();
+  }
+  // The same bits as one device (the root iterates on the same whole matrix) ...
+  for (size_t i = 0; i < ms.size(); ++i) {
+    INFO("matrix " << i);
+    CHECK(bitwise_equal(full_tensor(dist[i].detach()), plain[i]));
+  }
+  // ... and each matrix iterated once per step in all: the ranks' Newton-Schulz work adds up to one
+  // device's (before: every rank iterated every matrix, world times the work).
+  Tensor mine = full(Shape{1}, sharded.newton_schulz_flops(), DType::kF64);
+  Tensor most = mine.clone();
+  mesh.comm().all_reduce(mine, CommReduceOp::kSum);
+  mesh.comm().all_reduce(most, CommReduceOp::kMax);
+  CHECK(mine.item() == one.newton_schulz_flops());
+  if (mt::world().rank() == 0)
+    fmt::print("fsdp Muon tp {} x dp {}: Newton-Schulz flops per step, one device {:.3g}, the busiest rank {:.3g}, "
+               "all ranks {:.3g}\n", tp, dp, one.newton_schulz_flops() / 4, most.item() / 4, mine.item() / 4);
+  if (world > 1) CHECK(most.item() < one.newton_schulz_flops());
+}
+
 TEST_CASE("fsdp optim: llama_fsdp and llama_fsdp_tp train like one device with Muon", "[mpi]") {
   const int64_t world = mt::world().size();
   // Uneven: a batch the ranks do not divide and a vocabulary of 259 rows (embedding and lm_head
@@ -294,10 +363,16 @@ TEST_CASE("fsdp optim: llama_fsdp and llama_fsdp_tp train like one device with M
     const int steps = 20;
     auto ref = build(cfg, false);
     NamedTensors want_p, got_p;
-    std::vector<double> want = train8(*ref, nullptr, nullptr, steps, B, T, &want_p, true);
+    double want_ns = 0, got_ns = 0;
+    std::vector<double> want = train8(*ref, nullptr, nullptr, steps, B, T, &want_p, true, &want_ns);
     auto model = build(cfg, true);
     Parallelized par = parallelize(*model, plan, mesh);
-    std::vector<double> got = train8(*model, &par, &mesh, steps, B, T, &got_p, true);
+    std::vector<double> got = train8(*model, &par, &mesh, steps, B, T, &got_p, true, &got_ns);
+    // Every matrix iterated on one rank: the ranks' Newton-Schulz work adds up to one device's.
+    Tensor ns = full(Shape{1}, got_ns, DType::kF64), most = ns.clone();
+    mesh.comm().all_reduce(ns, CommReduceOp::kSum);
+    mesh.comm().all_reduce(most, CommReduceOp::kMax);
+    CHECK(ns.item() == want_ns);
     double worst = 0, worst_p = 0;
     for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got[s] - want[s]));
     REQUIRE(want_p.size() == got_p.size());
@@ -305,8 +380,9 @@ TEST_CASE("fsdp optim: llama_fsdp and llama_fsdp_tp train like one device with M
       worst_p = std::max(worst_p, mt::max(mt::abs(sub(got_p[i].second, want_p[i].second))).item());
     if (mt::world().rank() == 0)
       fmt::print("fsdp Muon {}{} np {}: max |loss diff| over {} steps {:.2e}, max |param diff| {:.2e}; "
-                 "losses {:.4f} -> {:.4f}\n", name, uneven ? " (uneven)" : "", world, steps, worst, worst_p,
-                 want.front(), want.back());
+                 "losses {:.4f} -> {:.4f}; Newton-Schulz flops per step: one device {:.3g}, busiest rank {:.3g}\n",
+                 name, uneven ? " (uneven)" : "", world, steps, worst, worst_p, want.front(), want.back(),
+                 want_ns / steps, most.item() / steps);
     for (int s = 0; s < steps; ++s) {
       INFO("step " << s);
       CHECK(std::abs(got[s] - want[s]) <= 1e-5);

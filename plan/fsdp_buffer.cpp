@@ -69,6 +69,7 @@ struct FsdpUnitBuffer::State {
   Tensor grad_full, grad_shard, grad_scratch;
   std::vector<char> claimed;          // per parameter: its destination was handed out
   bool node_pending = false;          // a recorded gather whose backward has not run yet
+  bool zero_copy = true;              // hand out gradient destinations
   std::vector<std::pair<int64_t, int64_t>> gaps;  // [begin, end) of grad_full no parameter covers
   std::map<int64_t, size_t> by_offset;            // full-buffer offset -> parameter (numel > 0)
   const Storage* registered = nullptr;            // full's storage, in the destination registry
@@ -127,7 +128,7 @@ struct FsdpUnitBuffer::State {
   // The gradient destination of compute tensor `w` (a view of `full`): its place in grad_full,
   // once per backward of the unit.
   Tensor destination(const Tensor& w) {
-    if (!node_pending) return Tensor();
+    if (!node_pending || !zero_copy) return Tensor();
     auto it = by_offset.find(w.offset() - full.offset());
     if (it == by_offset.end()) return Tensor();
     const size_t i = it->second;
@@ -442,6 +443,7 @@ FsdpUnitBuffer::~FsdpUnitBuffer() = default;
 const std::string& FsdpUnitBuffer::module() const { return s_->module; }
 const std::vector<std::string>& FsdpUnitBuffer::params() const { return s_->paths; }
 void FsdpUnitBuffer::set_reshard_after_forward(bool on) { s_->reshard = on; }
+void FsdpUnitBuffer::set_zero_copy_gradients(bool on) { s_->zero_copy = on; }
 void FsdpUnitBuffer::begin_forward() { s_->gathered.clear(); }
 
 void FsdpUnitBuffer::end_forward() {

@@ -67,6 +67,10 @@ class FsdpUnitBuffer {
   // (the unit module's backward-pre hook) gathers it again into the same storage, so only the
   // units in use hold full buffers. Off: the buffer stays until the backward no longer needs it.
   void set_reshard_after_forward(bool on);
+  // Zero-copy gradients (on by default): the weight-gradient formulas write into the unit's
+  // gradient buffer (tensor/grad_destination.h). Off: fresh gradients copied in (benchmarks;
+  // MT_FSDP_ZERO_COPY=0).
+  void set_zero_copy_gradients(bool on);
   // The unit's forward begins / ends, its backward begins (its module's hooks): the next
   // gathered() after begin_forward() gathers anew.
   void begin_forward();

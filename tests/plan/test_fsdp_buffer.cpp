@@ -194,6 +194,19 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   }
   unsetenv("MT_FSDP_PREFETCH");
 
+  // Gradients copied in (MT_FSDP_ZERO_COPY=0, the path before zero-copy): the same bits, and the
+  // counter sees each gradient copied once.
+  setenv("MT_FSDP_ZERO_COPY", "0", 1);
+  {
+    auto model5 = build(cfg, true);
+    Parallelized par5 = parallelize(*model5, plan, mesh);
+    reset_fsdp_counters();
+    CHECK(max_diff(grads_of(*model5, &par5, &mesh, B, T), got) == 0);
+    CHECK(fsdp_counters().backward_bytes_copied == unit_elements * 4);
+    CHECK(fsdp_counters().zero_copy_grads == 0);
+  }
+  unsetenv("MT_FSDP_ZERO_COPY");
+
   // The per-parameter path (MT_FSDP_DBUFFER=0) gives the same gradients.
   setenv("MT_FSDP_DBUFFER", "0", 1);
   auto model2 = build(cfg, true);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <map>
 
+#include "kernels/registry.h"
 #include "mesh/collective_count.h"
 #include "mesh/dtensor.h"
 #include "mesh/redistribute.h"
@@ -20,7 +21,7 @@ namespace {
 
 std::atomic<int64_t> g_all_gathers{0}, g_reduce_scatters{0}, g_forward_bytes{0}, g_backward_bytes{0},
     g_adoption_bytes{0}, g_prefetches{0}, g_prefetch_hits{0}, g_replica_all_reduces{0}, g_buffer_allocations{0},
-    g_buffer_refills{0}, g_zero_copy_grads{0};
+    g_buffer_refills{0}, g_zero_copy_grads{0}, g_ordered_reductions{0};
 
 }  // namespace
 
@@ -28,13 +29,13 @@ FsdpCounters fsdp_counters() {
   return {g_all_gathers.load(),    g_reduce_scatters.load(), g_forward_bytes.load(), g_backward_bytes.load(),
           g_adoption_bytes.load(), g_prefetches.load(),      g_prefetch_hits.load(),
           g_replica_all_reduces.load(), g_buffer_allocations.load(), g_buffer_refills.load(),
-          g_zero_copy_grads.load()};
+          g_zero_copy_grads.load(), g_ordered_reductions.load()};
 }
 
 void reset_fsdp_counters() {
   g_all_gathers = g_reduce_scatters = g_forward_bytes = g_backward_bytes = g_adoption_bytes = 0;
   g_prefetches = g_prefetch_hits = g_replica_all_reduces = 0;
-  g_buffer_allocations = g_buffer_refills = g_zero_copy_grads = 0;
+  g_buffer_allocations = g_buffer_refills = g_zero_copy_grads = g_ordered_reductions = 0;
 }
 
 // Everything the autograd node needs outlives the FsdpUnitBuffer (a graph may be alive after the
@@ -67,6 +68,8 @@ struct FsdpUnitBuffer::State {
   // and writes into grad_shard, whose views become the parameters' .grad (lent, not cloned).
   // grad_scratch takes the reduce-scatter while .grad still views grad_shard (accumulation).
   Tensor grad_full, grad_shard, grad_scratch;
+  Tensor grad_recv;                   // ordered reduction: every rank's chunk of my shard
+  bool ordered = false;               // reduce in rank order (all-to-all + sums), not reduce-scatter
   std::vector<char> claimed;          // per parameter: its destination was handed out
   bool node_pending = false;          // a recorded gather whose backward has not run yet
   bool zero_copy = true;              // hand out gradient destinations
@@ -318,6 +321,8 @@ struct FsdpUnitBuffer::State {
     }
     if (shard.is_meta())  // a plan checked or estimated on meta tensors: shapes and counts only
       count_collective("reduce_scatter", mesh.dim_label(dim), group, grad_full.numel() * dtype_size(dt));
+    else if (ordered && group > 1)
+      ordered_reduce(out);
     else
       mesh.comm(dim).reduce_scatter(grad_full, out, CommReduceOp::kSum);
     ++g_reduce_scatters;
@@ -339,6 +344,22 @@ struct FsdpUnitBuffer::State {
       result.push_back(from_local(out.narrow(0, p.shard_offset, p.shard_numel).view(p.stored_local), mesh, p.init,
                                   p.global_shape));
     return result;
+  }
+
+  // The reduce-scatter with a fixed order of the sum: an all-to-all brings every rank's term of
+  // this rank's shard (the same bytes a ring reduce-scatter moves), then out = ((t0 + t1) + t2)
+  // + ... in rank order, the order in which one device accumulates the gradients of micro-batches
+  // 0, 1, 2, ... (MT_FSDP_REDUCE=ordered; the MPI reduce-scatter's order is its own).
+  void ordered_reduce(Tensor& out) {
+    ensure(grad_recv, group * shard_size);
+    mesh.comm(dim).all_to_all(grad_full, grad_recv);
+    auto chunk = [&](int64_t r) { return grad_recv.narrow(0, r * shard_size, shard_size); };
+    const Tensor c0 = chunk(0), c1 = chunk(1);
+    BinaryParams bp{BinaryOp::kAdd, c0.view_info(), c1.view_info(), out.view_info()};
+    MT_KERNEL(out.device().type, binary, bp);
+    for (int64_t r = 2; r < group; ++r) out.add_(chunk(r));
+    if (reshard) free_data(grad_recv);
+    ++g_ordered_reductions;
   }
 
   static bool free_data(Tensor& t) {
@@ -444,6 +465,7 @@ const std::string& FsdpUnitBuffer::module() const { return s_->module; }
 const std::vector<std::string>& FsdpUnitBuffer::params() const { return s_->paths; }
 void FsdpUnitBuffer::set_reshard_after_forward(bool on) { s_->reshard = on; }
 void FsdpUnitBuffer::set_zero_copy_gradients(bool on) { s_->zero_copy = on; }
+void FsdpUnitBuffer::set_ordered_reduction(bool on) { s_->ordered = on; }
 void FsdpUnitBuffer::begin_forward() { s_->gathered.clear(); }
 
 void FsdpUnitBuffer::end_forward() {

@@ -47,6 +47,7 @@ struct FsdpCounters {
                                       // once per unit, flat after the first step
   int64_t buffer_refills = 0;         // a resharded buffer's memory taken again (same buffer)
   int64_t zero_copy_grads = 0;        // gradients found written in place in the unit's buffer
+  int64_t ordered_reductions = 0;     // reduce-scatters done in rank order (in reduce_scatters too)
 };
 FsdpCounters fsdp_counters();
 void reset_fsdp_counters();
@@ -71,6 +72,10 @@ class FsdpUnitBuffer {
   // gradient buffer (tensor/grad_destination.h). Off: fresh gradients copied in (benchmarks;
   // MT_FSDP_ZERO_COPY=0).
   void set_zero_copy_gradients(bool on);
+  // Ordered reduction (off by default; MT_FSDP_REDUCE=ordered): the gradient shard summed in rank
+  // order 0, 1, 2, ... (an all-to-all and local sums) instead of by MPI's reduce-scatter, so that
+  // it has the bits of one device accumulating the ranks' micro-batches in that order.
+  void set_ordered_reduction(bool on);
   // The unit's forward begins / ends, its backward begins (its module's hooks): the next
   // gathered() after begin_forward() gathers anew.
   void begin_forward();

@@ -3,9 +3,12 @@
 // point into it), so that
 //   forward:  one all-gather of the shard straight into the unit's full buffer; every parameter's
 //             compute tensor is a view of it at the planned offset (no copy in, no copy out);
-//   backward: one autograd node for the whole unit runs once every parameter's gradient is in,
-//             puts them in one gradient buffer and reduce-scatters it straight into the shard of
-//             gradients, whose views are the parameters' gradients; under HSDP (the batch also
+//   backward: the weight-gradient formulas write each gradient straight into the unit's
+//             gradient buffer (tensor/grad_destination.h: zero-copy); one autograd node for the
+//             whole unit runs once every parameter's gradient is in and reduce-scatters that
+//             buffer straight into the shard of gradients, whose views are the parameters'
+//             gradients (lent to .grad, not cloned); buffers are made once per unit and reused
+//             across steps; under HSDP (the batch also
 //             split over a dim the unit is replicated on) that shard is then all-reduced over
 //             it, once per unit.
 // With reshard after forward the full buffer's memory is freed when the unit's forward ends and

@@ -5,6 +5,9 @@
 //     a shard that cuts a block is refused naming the parameter;
 //   - plans/llama_fsdp_8bit trains llama-tiny with 8-bit AdamW like one device: 20 steps, losses
 //     within 1e-4, parameters within 4 lr (f32, dropout 0.1, even and uneven batches);
+//   - with the same gradient arithmetic (one device accumulating the ranks' row chunks in rank
+//     order, FSDP summing the ranks' gradient shards in rank order: MT_FSDP_REDUCE=ordered),
+//     llama_fsdp_8bit with 8-bit AdamW has the single-device parameters bit for bit after 20 steps;
 //   - the stock llama_fsdp (granularity 1 row) is refused for 8-bit AdamW naming its plan line;
 //   - Muon on a RaggedShard matrix (gathered to its root rank, orthogonalized there, the update sent
 //     back) equals one device bit for bit on the same gradients; the roots are spread over the

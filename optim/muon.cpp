@@ -52,6 +52,43 @@ std::vector<int64_t> rows_per_rank(const Tensor& p, int dim) {
   return rows;
 }
 
+// A matrix split otherwise (kGeneral: over several mesh dims, or not by rows): the mesh dims that
+// split it (non-Replicate, in mesh order). Its group is those dims flattened; group rank g is the
+// row-major index of the coordinates over them (DeviceMesh::flatten, mesh/device_mesh.h).
+struct GeneralSplit {
+  std::vector<std::string> names;  // the splitting mesh dims
+  Placements placements;           // the parameter's placements on them
+  Shape mesh_shape;                // their sizes
+  int64_t group = 1;
+  std::string key;                 // names joined: one load vector per group
+  // Coordinates (over the splitting dims) of group rank g.
+  Shape coord(int64_t g) const {
+    std::vector<int64_t> c(mesh_shape.size());
+    for (size_t k = mesh_shape.size(); k-- > 0;) {
+      c[k] = g % mesh_shape[k];
+      g /= mesh_shape[k];
+    }
+    return Shape(c);
+  }
+};
+
+GeneralSplit general_split(const Tensor& p) {
+  const DTensorSpec& spec = dtensor_spec(p, "Muon");
+  GeneralSplit gs;
+  const Shape shape = spec.mesh().shape();
+  for (size_t j = 0; j < spec.placements().size(); ++j) {
+    if (spec.placements()[j].is_replicate()) continue;
+    gs.names.push_back(spec.mesh().names()[j]);
+    gs.placements.push_back(spec.placements()[j]);
+    std::vector<int64_t> dims(gs.mesh_shape.begin(), gs.mesh_shape.end());
+    dims.push_back(shape[static_cast<int>(j)]);
+    gs.mesh_shape = Shape(dims);
+    gs.group *= shape[static_cast<int>(j)];
+    gs.key += (gs.key.empty() ? "" : ",") + gs.names.back();
+  }
+  return gs;
+}
+
 double ns_flops(int64_t rows, int64_t cols, int steps) {
   const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
   return steps * (2 * m * m * n + 2 * m * m * m + 2 * m * m * n);  // x x^T, A A, B x
@@ -78,6 +115,14 @@ bool Muon::uses_muon(const std::string& name, const Shape& shape) {
   return shape.size() == 2 && name.find("embed") == std::string::npos && name.find("lm_head") == std::string::npos;
 }
 
+int64_t Muon::state_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, s] : state_)
+    for (const Tensor* t : {&s.buf, &s.m, &s.v})
+      if (t->defined()) n += local_view(*t).numel() * static_cast<int64_t>(dtype_size(t->dtype()));
+  return n;
+}
+
 double Muon::shape_scale(int64_t rows, int64_t cols) {
   return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
 }
@@ -94,6 +139,7 @@ Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& opts)
     double flops;
     std::string name;
     int64_t group;
+    std::string key;  // the group's mesh dims
   };
   std::vector<Job> jobs;
   for (const ParamGroup& g : param_groups())
@@ -108,10 +154,15 @@ Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& opts)
         s.buf = zeros_like(p);
         if (p.is_distributed()) {
           const int dim = split_dim_of(name, p);
-          if (dim == kGeneral) general_.insert(name);
-          if (dim >= 0)
-            jobs.push_back({ns_flops(p.shape()[0], p.shape()[1], opts.ns_steps), name,
-                            dtensor_spec(p, "Muon").mesh().shape()[dim]});
+          const double flops = ns_flops(p.shape()[0], p.shape()[1], opts.ns_steps);
+          const DeviceMesh& mesh = dtensor_spec(p, "Muon").mesh();
+          if (dim == kGeneral) {
+            general_.insert(name);
+            const GeneralSplit gs = general_split(p);
+            jobs.push_back({flops, name, gs.group, gs.key});
+          } else if (dim >= 0) {
+            jobs.push_back({flops, name, mesh.shape()[dim], mesh.names()[static_cast<size_t>(dim)]});
+          }
         }
       } else {
         s.m = zeros_like(p);
@@ -123,9 +174,9 @@ Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& opts)
   // Greedy load balancing: the costliest matrix first, each to the least loaded rank (ties: the
   // lowest rank). The same on every rank (a function of the shapes and names only).
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.flops > b.flops; });
-  std::unordered_map<int64_t, std::vector<double>> load;  // per group size
+  std::unordered_map<std::string, std::vector<double>> load;  // per group (its mesh dims)
   for (const Job& j : jobs) {
-    std::vector<double>& l = load[j.group];
+    std::vector<double>& l = load[j.key];
     if (l.empty()) l.assign(static_cast<size_t>(j.group), 0.0);
     const auto it = std::min_element(l.begin(), l.end());
     *it += j.flops;
@@ -168,17 +219,8 @@ void Muon::update(Slot& slot, const Tensor& grad_in, double lr, double weight_de
     queued_.push_back({slot.name, p, u.contiguous(), lr, decay});
     return;
   }
-  Tensor o;
-  if (general_.count(slot.name)) {
-    // Split in a way a root gather does not handle: replicate u (collective, in parameter order on
-    // every rank), orthogonalize everywhere, keep this rank's shard.
-    const DTensorSpec& spec = dtensor_spec(s.param, "Muon");
-    const Tensor full = full_tensor(from_local(u.contiguous(), spec.mesh(), spec.placements(), s.param.shape()));
-    o = local_shard(newton_schulz5(full, opts_.ns_steps), spec.placements(), spec.mesh().shape(),
-                    Shape(spec.mesh().coordinates()));
-  } else {
-    o = newton_schulz5(u, opts_.ns_steps);  // the whole matrix is here
-  }
+  const Tensor o = newton_schulz5(u, opts_.ns_steps);  // the whole matrix is here
+  ns_flops_done_ += ns_flops(rows, cols, opts_.ns_steps);
   if (weight_decay != 0) p.mul_(decay);
   p.add_(o, -lr * scale);
 }
@@ -188,46 +230,86 @@ void Muon::finish_step(bool apply) {
   q.swap(queued_);
   if (!apply || q.empty()) return;
   NoGradGuard no_grad;
+  // A matrix split by rows on one mesh dim moves rows (its pieces are row ranges in rank order);
+  // one split otherwise (FSDP x TP: S(0) or S(1) on tp and a RaggedShard on dp) moves each rank's
+  // local block as a flat run of elements over the flattened group of its splitting dims, and the
+  // root assembles the matrix from the blocks (and cuts the update into them) by the placements.
+  // Either way the root's matrix is a one-hot RaggedShard of it: gathered on one rank, iterated
+  // there once, the update sent back.
   struct Move {
     Communicator comm;
-    std::vector<int64_t> counts, none, mine;  // rows per rank; zeros; mine at the root
+    std::vector<int64_t> counts, none, mine;  // rows (or elements) per rank; zeros; mine at the root
     int64_t me = 0, root = 0;
     Work gather, scatter;
     Tensor ortho;
+    bool general = false;
+    GeneralSplit split;
   };
   std::vector<Move> moves(q.size());
-  // 1. Every rank sends its rows of each matrix to that matrix's root (rank order = row order): all
-  //    the matrices' all-to-allv are started at once (the receive counts are known: no exchange).
+  // 1. Every rank sends its part of each matrix to that matrix's root: all the matrices'
+  //    all-to-allv are started at once (the receive counts are known from the placements: no exchange).
   for (size_t i = 0; i < q.size(); ++i) {
     const State& s = state_.at(q[i].name);
-    const int dim = split_dim_of(q[i].name, s.param);
     Move& mv = moves[i];
-    mv.comm = dtensor_spec(s.param, "Muon").mesh().comm(dim);
-    mv.counts = rows_per_rank(s.param, dim);
+    const DTensorSpec& spec = dtensor_spec(s.param, "Muon");
+    Tensor send = q[i].u;
+    if (general_.count(q[i].name)) {
+      mv.general = true;
+      mv.split = general_split(s.param);
+      mv.comm = spec.mesh().flatten(mv.split.names).comm();
+      for (int64_t g = 0; g < mv.split.group; ++g)
+        mv.counts.push_back(
+            local_layout(s.param.shape(), mv.split.placements, mv.split.mesh_shape, mv.split.coord(g)).local_shape.numel());
+      send = send.reshape(Shape{send.numel()});
+    } else {
+      const int dim = split_dim_of(q[i].name, s.param);
+      mv.comm = spec.mesh().comm(dim);
+      mv.counts = rows_per_rank(s.param, dim);
+    }
     mv.me = mv.comm.rank();
     mv.root = roots_.at(q[i].name);
     mv.none.assign(mv.counts.size(), 0);
     mv.mine = mv.none;
     mv.mine[static_cast<size_t>(mv.root)] = mv.counts[static_cast<size_t>(mv.me)];
-    mv.gather = mv.comm.all_to_allv_async(q[i].u, mv.mine, mv.me == mv.root ? mv.counts : mv.none);
+    mv.gather = mv.comm.all_to_allv_async(send, mv.mine, mv.me == mv.root ? mv.counts : mv.none);
   }
-  // 2. Each root orthogonalizes its matrices as their rows arrive (the roots at the same time, the
-  //    later gathers in flight meanwhile), and starts sending each rank its rows of the update.
+  // 2. Each root orthogonalizes its matrices as their parts arrive (the roots at the same time, the
+  //    later gathers in flight meanwhile), and starts sending each rank its part of the update.
   for (size_t i = 0; i < q.size(); ++i) {
     Move& mv = moves[i];
     const Shape& shape = state_.at(q[i].name).param.shape();
     mv.gather.wait();
-    mv.ortho = mv.me == mv.root ? newton_schulz5(mv.gather.result(), opts_.ns_steps)
-                                : empty(Shape{0, shape[1]}, q[i].u.options());
-    mv.scatter = mv.comm.all_to_allv_async(mv.ortho, mv.me == mv.root ? mv.counts : mv.none, mv.mine);
+    const bool root = mv.me == mv.root;
+    if (root) ns_flops_done_ += ns_flops(shape[0], shape[1], opts_.ns_steps);
+    if (!mv.general) {
+      mv.ortho = root ? newton_schulz5(mv.gather.result(), opts_.ns_steps) : empty(Shape{0, shape[1]}, q[i].u.options());
+    } else if (root) {
+      const Tensor flat = mv.gather.result();
+      std::vector<Tensor> blocks;
+      int64_t at = 0;
+      for (int64_t g = 0; g < mv.split.group; ++g) {
+        const Shape local =
+            local_layout(shape, mv.split.placements, mv.split.mesh_shape, mv.split.coord(g)).local_shape;
+        blocks.push_back(flat.narrow(0, at, local.numel()).view(local));
+        at += local.numel();
+      }
+      const Tensor o = newton_schulz5(assemble(blocks, shape, mv.split.placements, mv.split.mesh_shape), opts_.ns_steps);
+      std::vector<Tensor> parts;
+      for (int64_t g = 0; g < mv.split.group; ++g)
+        parts.push_back(local_shard(o, mv.split.placements, mv.split.mesh_shape, mv.split.coord(g)).reshape(Shape{-1}));
+      mv.ortho = cat(parts, 0);
+    } else {
+      mv.ortho = empty(Shape{0}, q[i].u.options());
+    }
+    mv.scatter = mv.comm.all_to_allv_async(mv.ortho, root ? mv.counts : mv.none, mv.mine);
   }
-  // 3. Every rank applies its rows of each update as they arrive.
+  // 3. Every rank applies its part of each update as it arrives.
   for (size_t i = 0; i < q.size(); ++i) {
     Move& mv = moves[i];
     const Shape& shape = state_.at(q[i].name).param.shape();
     mv.scatter.wait();
-    const Tensor o = mv.scatter.result();
     Tensor p = q[i].p;
+    const Tensor o = mv.general ? mv.scatter.result().view(p.shape()) : mv.scatter.result();
     if (q[i].decay != 1) p.mul_(q[i].decay);
     p.add_(o, -q[i].lr * shape_scale(shape[0], shape[1]));
   }

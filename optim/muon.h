@@ -18,8 +18,9 @@
 // DTensor parameters: a Muon matrix split along dim 0 on one mesh dim (FSDP's RaggedShard, ZeRO's
 // Shard(0)) is gathered to one root rank per matrix (chosen by load balancing), orthogonalized
 // there and its update redistributed back to the rows' owners (docs/fsdp.md, "Muon"). A matrix
-// split otherwise (tensor parallelism's S(1), or on two mesh dims: FSDP x TP) is replicated and
-// orthogonalized on every rank, each keeping its shard.
+// split otherwise (tensor parallelism's S(1), or on two mesh dims: FSDP x TP) is gathered the same
+// way over the flattened group of its splitting mesh dims: each rank's block goes to one root
+// (load-balanced per group), which assembles the matrix, iterates once and sends each rank its block.
 #pragma once
 
 #include <string>
@@ -55,12 +56,19 @@ class Muon : public Optimizer {
   // The factor applied to the orthogonalized update of a rows x cols matrix: 0.2 sqrt(max(rows, cols)).
   static double shape_scale(int64_t rows, int64_t cols);
 
+  // Bytes of optimizer state this rank holds (momentum buffers, AdamW moments; local shards).
+  int64_t state_bytes() const;
   NamedTensors state_dict() const override;
   void load_state_dict(const NamedTensors& state) override;
 
   // Under FSDP: the root rank that orthogonalizes each split Muon matrix (by name), chosen by
   // greedy load balancing (largest flops first, to the least loaded rank); empty otherwise.
+  // (FSDP x TP: the root's index in the flattened group of the matrix's splitting mesh dims.)
   const std::unordered_map<std::string, int64_t>& roots() const { return roots_; }
+  // Newton-Schulz work this rank has done since construction (flops, 5 x (4 m^2 n + 2 m^3) per
+  // matrix and step, m <= n its sides): each matrix is iterated once per step on one rank of its
+  // group, so the ranks' sum equals one device's.
+  double newton_schulz_flops() const { return ns_flops_done_; }
 
  protected:
   void update(Slot& slot, const Tensor& grad, double lr, double weight_decay) override;
@@ -87,7 +95,8 @@ class Muon : public Optimizer {
   std::vector<std::string> names_;
   std::unordered_map<std::string, State> state_;
   std::unordered_map<std::string, int64_t> roots_;
-  std::unordered_set<std::string> general_;  // split otherwise (TP's S(1), two mesh dims): replicated
+  double ns_flops_done_ = 0;
+  std::unordered_set<std::string> general_;  // split otherwise (TP's S(1), two mesh dims): blocks to a root
 };
 
 }  // namespace mt

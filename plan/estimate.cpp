@@ -74,14 +74,23 @@ bool same_local_shapes(const RankEstimate& est, const PlanMesh& mesh, const std:
   return true;
 }
 
+namespace {
+// Muon::uses_muon (optim/muon.h): 2-D, not an embedding, not the output head.
+bool muon_matrix(const std::string& name, const Shape& shape) {
+  return shape.size() == 2 && name.find("embed") == std::string::npos && name.find("lm_head") == std::string::npos;
+}
+}  // namespace
+
 RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const PlanMesh& pm,
                            const std::vector<int64_t>& coord, const EstimateOptions& o) {
   MT_CHECK(o.batch >= 1 && o.seq >= 1 && o.accum >= 1, "estimate: batch {}, seq {} and accum {} must be >= 1", o.batch,
            o.seq, o.accum);
-  MT_CHECK(o.optimizer == "adamw" || o.optimizer == "adamw8bit",
-           "estimate: --optimizer {} is not supported: the estimate models adamw and adamw8bit (docs/estimate.md)",
+  MT_CHECK(o.optimizer == "adamw" || o.optimizer == "adamw8bit" || o.optimizer == "muon",
+           "estimate: --optimizer {} is not supported: the estimate models adamw, adamw8bit and muon (docs/estimate.md)",
            o.optimizer);
   const bool eight_bit = o.optimizer == "adamw8bit";
+  const bool muon = o.optimizer == "muon";
+  int64_t muon_elements = 0;  // local elements of the Muon matrices (their optimizer traffic differs)
   MT_CHECK(o.precision == DType::kF32 || o.precision == DType::kBF16 || o.precision == DType::kF16,
            "estimate: precision {} is not supported (f32, bf16 or f16)", o.precision);
   RankEstimate est;
@@ -114,7 +123,13 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
     // 8-bit AdamW (optim/adamw8bit.h; plan/ does not see optim/, so its rule is repeated here and
     // tests/optim/test_adamw8bit.cpp checks the two agree): tensors of 4096 elements or more hold
     // two u8 codes per element and an f32 [rows, 2] absmax; smaller ones two f32 moments.
-    if (eight_bit && p.shape().numel() >= 4096) {
+    if (muon && muon_matrix(name, p.shape())) {
+      // Muon (optim/muon.h; its rule repeated here as for 8-bit AdamW, and tests/plan/
+      // test_estimate.cpp checks the two agree): one f32 momentum buffer per hidden matrix.
+      state.push_back(empty(local, TensorOptions(DType::kF32).with_device(Device::meta())));
+      est.optimizer_bytes += bytes_of(local, DType::kF32);
+      muon_elements += local.numel();
+    } else if (eight_bit && p.shape().numel() >= 4096) {
       for (int m = 0; m < 2; ++m) state.push_back(empty(local, TensorOptions(DType::kU8).with_device(Device::meta())));
       const Shape am{local.empty() ? 1 : local[0], 2};
       state.push_back(empty(am, TensorOptions(DType::kF32).with_device(Device::meta())));
@@ -179,7 +194,11 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
   // 16-bit model adds the gradient cast and the master-to-model rounding).
   const double n = static_cast<double>(est.local_params);
   // 8-bit AdamW reads p, g (f32) and two u8 codes, writes p and the codes: 14 bytes, not 28.
-  est.cost.other_bytes += (eight_bit ? 14 : 7 * 4) * n + (master ? n * (2 + 4) + n * (4 + 2) : 0);
+  // Muon's matrices: p, g and the momentum read, p and the momentum written (20 bytes; the
+  // Newton-Schulz GEMMs are not modelled), AdamW for the rest.
+  const double adam_n = n - static_cast<double>(muon_elements);
+  est.cost.other_bytes += (eight_bit ? 14 : 7 * 4) * adam_n + 5 * 4 * static_cast<double>(muon_elements) +
+                          (master ? n * (2 + 4) + n * (4 + 2) : 0);
   est.peak_bytes = meta_memory_stats().peak;
   est.activation_bytes = est.peak_bytes - est.persistent_bytes;
   return est;

@@ -33,8 +33,10 @@ struct EstimateOptions {
   int64_t seq = 128;   // tokens per sequence
   int64_t accum = 1;   // micro-batches per optimizer step (gradients reduced once, on the last)
   DType precision = DType::kF32;  // parameter and compute dtype; bf16/f16 add f32 master weights
-  std::string optimizer = "adamw";  // adamw (2 f32 moments per parameter) or adamw8bit (optim/adamw8bit.h)
-  std::string recompute = "none";   // as printed; EstimateModel::build_meta marks the modules (models/recompute.h)
+  // adamw (2 f32 moments per parameter), adamw8bit (optim/adamw8bit.h: 2 u8 codes + per-row absmax)
+  // or muon (optim/muon.h: one f32 momentum per hidden matrix, AdamW's moments for the rest)
+  std::string optimizer = "adamw";
+  std::string recompute = "none";  // as printed; EstimateModel::build_meta marks the modules (models/recompute.h)
   int64_t bucket_bytes = int64_t{25} << 20;  // GradReducerOptions::bucket_bytes
   std::string input_module = "model";  // the module whose input 0 the token ids feed
 };
@@ -52,7 +54,8 @@ struct RankEstimate {
   int64_t local_params = 0;     // elements this rank stores
   int64_t param_bytes = 0;      // in the compute precision
   int64_t grad_bytes = 0;       // reduced gradients (the parameters' placements)
-  int64_t optimizer_bytes = 0;  // AdamW: two f32 moments; adamw8bit: two u8 codes + per-row absmax
+  int64_t optimizer_bytes = 0;  // AdamW: two f32 moments; adamw8bit: two u8 codes + per-row absmax;
+                                // muon: one f32 momentum per hidden matrix, two f32 moments elsewhere
   int64_t master_bytes = 0;     // f32 master weights for 16-bit parameters, else 0
   // From the meta dry run of the measured step (measured from shapes).
   int64_t persistent_bytes = 0;  // alive when the step starts: parameters + master + optimizer state

@@ -3,33 +3,39 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 
+#include "kernels/registry.h"
 #include "mesh/collective_count.h"
 #include "mesh/dtensor.h"
 #include "mesh/redistribute.h"
 #include "mesh/shard_layout.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/grad_destination.h"
 
 namespace mt {
 namespace {
 
 std::atomic<int64_t> g_all_gathers{0}, g_reduce_scatters{0}, g_forward_bytes{0}, g_backward_bytes{0},
-    g_adoption_bytes{0}, g_prefetches{0}, g_prefetch_hits{0}, g_replica_all_reduces{0};
+    g_adoption_bytes{0}, g_prefetches{0}, g_prefetch_hits{0}, g_replica_all_reduces{0}, g_buffer_allocations{0},
+    g_buffer_refills{0}, g_zero_copy_grads{0}, g_ordered_reductions{0};
 
 }  // namespace
 
 FsdpCounters fsdp_counters() {
   return {g_all_gathers.load(),    g_reduce_scatters.load(), g_forward_bytes.load(), g_backward_bytes.load(),
           g_adoption_bytes.load(), g_prefetches.load(),      g_prefetch_hits.load(),
-          g_replica_all_reduces.load()};
+          g_replica_all_reduces.load(), g_buffer_allocations.load(), g_buffer_refills.load(),
+          g_zero_copy_grads.load(), g_ordered_reductions.load()};
 }
 
 void reset_fsdp_counters() {
   g_all_gathers = g_reduce_scatters = g_forward_bytes = g_backward_bytes = g_adoption_bytes = 0;
   g_prefetches = g_prefetch_hits = g_replica_all_reduces = 0;
+  g_buffer_allocations = g_buffer_refills = g_zero_copy_grads = g_ordered_reductions = 0;
 }
 
 // Everything the autograd node needs outlives the FsdpUnitBuffer (a graph may be alive after the
@@ -54,8 +60,23 @@ struct FsdpUnitBuffer::State {
   DeviceMesh mesh;
   int dim = -1;
   int64_t group = 1, rank = 0, shard_size = 0;
+  ~State() { unregister(); }
   Tensor shard;                       // [shard_size]: the parameters' storage
-  Tensor full;                        // [group * shard_size]: the last gather
+  Tensor full;                        // [group * shard_size]: the gathered parameters (made once)
+  // Zero-copy gradients: the weight-gradient formulas write each gradient straight into
+  // grad_full at its parameter's offset (tensor/grad_destination.h); the reduce-scatter reads it
+  // and writes into grad_shard, whose views become the parameters' .grad (lent, not cloned).
+  // grad_scratch takes the reduce-scatter while .grad still views grad_shard (accumulation).
+  Tensor grad_full, grad_shard, grad_scratch;
+  Tensor grad_recv;                   // ordered reduction: every rank's chunk of my shard
+  bool ordered = false;               // reduce in rank order (all-to-all + sums), not reduce-scatter
+  std::vector<char> claimed;          // per parameter: its destination was handed out
+  bool node_pending = false;          // a recorded gather whose backward has not run yet
+  bool zero_copy = true;              // hand out gradient destinations
+  std::vector<std::pair<int64_t, int64_t>> gaps;  // [begin, end) of grad_full no parameter covers
+  std::map<int64_t, size_t> by_offset;            // full-buffer offset -> parameter (numel > 0)
+  const Storage* registered = nullptr;            // full's storage, in the destination registry
+  const Storage* lending = nullptr;               // grad_shard's storage, lending .grad views
   std::vector<Tensor> gathered;       // this forward's compute tensors (empty: not gathered yet)
   bool reshard = false;               // free `full` after the forward, gather again for backward
   bool resharded = false;             // `full`'s memory is freed
@@ -70,6 +91,58 @@ struct FsdpUnitBuffer::State {
 
   uint64_t pass() const { return passes ? *passes : 0; }
 
+  // A buffer of n elements like the shard (its dtype and device), made once: counted.
+  Tensor make_buffer(int64_t n) const {
+    ++g_buffer_allocations;
+    return empty(Shape{n}, TensorOptions(shard.dtype()).with_device(shard.device()));
+  }
+  // `t` made once (again only after the parameters moved to another device or dtype) and its
+  // memory there (re-acquired after a reshard freed it).
+  void ensure(Tensor& t, int64_t n) {
+    if (!t.defined() || t.dtype() != shard.dtype() || t.device() != shard.device()) {
+      t = make_buffer(n);
+      return;
+    }
+    Storage* st = t.impl()->storage.get();
+    if (st && !st->has_data()) {
+      st->allocate_data();
+      ++g_buffer_refills;
+    }
+  }
+  void ensure_full() {
+    ensure(full, group * shard_size);
+    const Storage* st = full.impl()->storage.get();
+    if (st == registered) return;
+    unregister();
+    if (!st) return;
+    std::weak_ptr<State> weak = self;
+    set_grad_destination(st, [weak](const Tensor& w) {
+      auto s = weak.lock();
+      return s ? s->destination(w) : Tensor();
+    });
+    registered = st;
+  }
+  void unregister() {
+    if (registered) set_grad_destination(registered, nullptr);
+    registered = nullptr;
+    if (lending) set_grad_lender(lending, false);
+    lending = nullptr;
+  }
+  // The gradient destination of compute tensor `w` (a view of `full`): its place in grad_full,
+  // once per backward of the unit.
+  Tensor destination(const Tensor& w) {
+    if (!node_pending || !zero_copy) return Tensor();
+    auto it = by_offset.find(w.offset() - full.offset());
+    if (it == by_offset.end()) return Tensor();
+    const size_t i = it->second;
+    const Param& p = params[i];
+    if (claimed[i] || w.local_shape() != p.run_local || !w.is_contiguous()) return Tensor();
+    ensure(grad_full, group * shard_size);
+    claimed[i] = 1;
+    return grad_full.narrow(0, p.offset, p.numel).view(p.run_local);
+  }
+  std::weak_ptr<State> self;
+
   Work start_all_gather() {
     ++g_all_gathers;
     if (!shard.is_meta()) return mesh.comm(dim).all_gather_async(shard, full);
@@ -83,7 +156,7 @@ struct FsdpUnitBuffer::State {
   void prefetch_forward() {
     if (prefetched || gathered_pass == pass() || !adopted()) return;
     NoGradGuard ng;
-    full = empty(Shape{group * shard_size}, TensorOptions(shard.dtype()).with_device(shard.device()));
+    ensure_full();
     resharded = false;
     pending = start_all_gather();
     prefetched = true;
@@ -96,6 +169,7 @@ struct FsdpUnitBuffer::State {
     if (prefetched || !resharded) return;
     Storage& storage = *full.impl()->storage;
     storage.allocate_data();
+    ++g_buffer_refills;
     pending_version = storage.version;
     pending = start_all_gather();
     prefetched = true;
@@ -139,6 +213,7 @@ struct FsdpUnitBuffer::State {
                first.dtype(), first.device());
     NoGradGuard ng;
     Tensor fresh = zeros(Shape{shard_size}, TensorOptions(first.dtype()).with_device(first.device()));
+    ++g_buffer_allocations;
     for (Param& p : params) {
       Tensor dst = fresh.narrow(0, p.shard_offset, p.shard_numel);
       if (p.shard_numel > 0) dst.copy_(local_view(p.stored.detach()).reshape(Shape{p.shard_numel}));
@@ -182,15 +257,26 @@ struct FsdpUnitBuffer::State {
     return dims;
   }
 
+  // Whether `local` (a gradient's local tensor) is parameter i's place in grad_full already.
+  bool in_place(size_t i, const Tensor& local) const {
+    const Param& p = params[i];
+    return claimed[i] && grad_full.defined() && local.impl()->storage.get() == grad_full.impl()->storage.get() &&
+           local.offset() == grad_full.offset() + p.offset && local.is_contiguous() && local.numel() == p.numel;
+  }
+
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) {
     NoGradGuard ng;
     const DType dt = shard.dtype();
     const std::vector<int> replicas = replica_dims(grads);
-    Tensor full = zeros(Shape{group * shard_size}, TensorOptions(dt).with_device(shard.device()));
+    ensure(grad_full, group * shard_size);
     for (size_t i = 0; i < params.size(); ++i) {
       const Param& p = params[i];
       Tensor g = grads[i];
-      if (!g.defined() || p.numel == 0) continue;
+      if (p.numel == 0) continue;
+      if (!g.defined()) {  // no gradient flowed (an unused parameter): zeros, not a copy
+        grad_full.narrow(0, p.offset, p.numel).zero_();
+        continue;
+      }
       Placements want = p.run;
       want[static_cast<size_t>(dim)] = Placement::partial();
       for (int d : replicas) want[static_cast<size_t>(d)] = Placement::partial();
@@ -205,14 +291,40 @@ struct FsdpUnitBuffer::State {
       }
       MT_CHECK(local.numel() == p.numel, "FSDP unit {}: gradient of {} has {} elements, its compute tensor {}",
                module, p.path, local.numel(), p.numel);
-      full.narrow(0, p.offset, p.numel).copy_((local.dtype() == dt ? local : local.to(dt)).reshape(Shape{p.numel}));
+      if (in_place(i, local)) {  // written there by its backward formula: nothing to move
+        ++g_zero_copy_grads;
+        continue;
+      }
+      // Otherwise (a weight used twice, a gradient redistributed or cast, a formula without a
+      // destination) it is copied in: counted.
+      grad_full.narrow(0, p.offset, p.numel)
+          .copy_((local.dtype() == dt ? local : local.to(dt)).reshape(Shape{p.numel}));
       g_backward_bytes += p.numel * dtype_size(dt);
     }
-    Tensor out = empty(Shape{shard_size}, TensorOptions(dt).with_device(shard.device()));
+    for (const auto& [b, e] : gaps) grad_full.narrow(0, b, e - b).zero_();  // padding: zeros
+    std::fill(claimed.begin(), claimed.end(), 0);
+    node_pending = false;
+    // The shard of gradients: grad_shard, unless a .grad still views it (gradients accumulated
+    // over several backwards), then grad_scratch, which AccumulateGrad adds into .grad.
+    bool busy = false;
+    if (grad_shard.defined())
+      for (const Param& p : params) {
+        const Tensor gr = p.stored.grad();
+        busy |= gr.defined() && gr.impl()->storage.get() == grad_shard.impl()->storage.get();
+      }
+    Tensor& out = busy ? grad_scratch : grad_shard;
+    ensure(out, shard_size);
+    if (!busy && out.impl()->storage.get() != lending) {
+      if (lending) set_grad_lender(lending, false);
+      lending = out.impl()->storage.get();
+      if (lending) set_grad_lender(lending, true);
+    }
     if (shard.is_meta())  // a plan checked or estimated on meta tensors: shapes and counts only
-      count_collective("reduce_scatter", mesh.dim_label(dim), group, full.numel() * dtype_size(dt));
+      count_collective("reduce_scatter", mesh.dim_label(dim), group, grad_full.numel() * dtype_size(dt));
+    else if (ordered && group > 1)
+      ordered_reduce(out);
     else
-      mesh.comm(dim).reduce_scatter(full, out, CommReduceOp::kSum);
+      mesh.comm(dim).reduce_scatter(grad_full, out, CommReduceOp::kSum);
     ++g_reduce_scatters;
     for (int d : replicas) {
       if (shard.is_meta())
@@ -221,11 +333,40 @@ struct FsdpUnitBuffer::State {
         mesh.comm(d).all_reduce(out, CommReduceOp::kSum);
       ++g_replica_all_reduces;
     }
+    // With reshard, the unit's full buffers give their memory back until the next use (their
+    // storage objects stay: deterministic memory, no new buffers).
+    if (reshard) {
+      free_data(grad_full);
+      if (free_data(full)) resharded = true;
+    }
     std::vector<Tensor> result;
     for (const Param& p : params)
       result.push_back(from_local(out.narrow(0, p.shard_offset, p.shard_numel).view(p.stored_local), mesh, p.init,
                                   p.global_shape));
     return result;
+  }
+
+  // The reduce-scatter with a fixed order of the sum: an all-to-all brings every rank's term of
+  // this rank's shard (the same bytes a ring reduce-scatter moves), then out = ((t0 + t1) + t2)
+  // + ... in rank order, the order in which one device accumulates the gradients of micro-batches
+  // 0, 1, 2, ... (MT_FSDP_REDUCE=ordered; the MPI reduce-scatter's order is its own).
+  void ordered_reduce(Tensor& out) {
+    ensure(grad_recv, group * shard_size);
+    mesh.comm(dim).all_to_all(grad_full, grad_recv);
+    auto chunk = [&](int64_t r) { return grad_recv.narrow(0, r * shard_size, shard_size); };
+    const Tensor c0 = chunk(0), c1 = chunk(1);
+    BinaryParams bp{BinaryOp::kAdd, c0.view_info(), c1.view_info(), out.view_info()};
+    MT_KERNEL(out.device().type, binary, bp);
+    for (int64_t r = 2; r < group; ++r) out.add_(chunk(r));
+    if (reshard) free_data(grad_recv);
+    ++g_ordered_reductions;
+  }
+
+  static bool free_data(Tensor& t) {
+    Storage* st = t.defined() ? t.impl()->storage.get() : nullptr;
+    if (!st || !st->has_data()) return false;
+    st->free_data();
+    return true;
   }
 
   void gather(const std::shared_ptr<State>& self) {
@@ -236,7 +377,7 @@ struct FsdpUnitBuffer::State {
     }
     NoGradGuard ng;
     if (!take_prefetch(false)) {
-      full = empty(Shape{group * shard_size}, TensorOptions(shard.dtype()).with_device(shard.device()));
+      ensure_full();
       resharded = false;
       all_gather_into_full();
     }
@@ -253,6 +394,8 @@ struct FsdpUnitBuffer::State {
       any_grad |= p.stored.requires_grad();
     }
     if (!record || !any_grad) return;
+    node_pending = true;
+    std::fill(claimed.begin(), claimed.end(), 0);
     // The node keeps the state alive while a graph needs it; end_forward() drops the gathered
     // tensors that point back at the node.
     auto node = std::make_shared<FunctionNode>("FsdpUnitGather", [self](const std::vector<Tensor>& g) {
@@ -301,7 +444,18 @@ FsdpUnitBuffer::FsdpUnitBuffer(const FsdpUnit& unit, const HookIR& ir, Module& m
              "FSDP unit {}: parameter {} holds {} elements here, its layout puts {} on rank {}", s.module, p.path,
              p.stored_local.numel(), p.shard_numel, s.rank);
   }
-  for (size_t i = 0; i < s.params.size(); ++i) s.index[s.params[i].path] = i;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    s.index[s.params[i].path] = i;
+    if (s.params[i].numel > 0) s.by_offset[s.params[i].offset] = i;
+  }
+  s.claimed.assign(s.params.size(), 0);
+  int64_t end = 0;  // the padding: what no parameter covers (by_offset is sorted)
+  for (const auto& [offset, i] : s.by_offset) {
+    if (offset > end) s.gaps.emplace_back(end, offset);
+    end = std::max(end, offset + s.params[i].numel);
+  }
+  if (end < s.group * s.shard_size) s.gaps.emplace_back(end, s.group * s.shard_size);
+  s.self = s_;
   s.adopt();
 }
 
@@ -310,6 +464,8 @@ FsdpUnitBuffer::~FsdpUnitBuffer() = default;
 const std::string& FsdpUnitBuffer::module() const { return s_->module; }
 const std::vector<std::string>& FsdpUnitBuffer::params() const { return s_->paths; }
 void FsdpUnitBuffer::set_reshard_after_forward(bool on) { s_->reshard = on; }
+void FsdpUnitBuffer::set_zero_copy_gradients(bool on) { s_->zero_copy = on; }
+void FsdpUnitBuffer::set_ordered_reduction(bool on) { s_->ordered = on; }
 void FsdpUnitBuffer::begin_forward() { s_->gathered.clear(); }
 
 void FsdpUnitBuffer::end_forward() {
@@ -330,6 +486,7 @@ void FsdpUnitBuffer::begin_backward() {
   if (!s.take_prefetch(true)) {
     Storage& storage = *s.full.impl()->storage;
     storage.allocate_data();
+    ++g_buffer_refills;
     const uint32_t version = storage.version;  // the same values again: not a modification
     s.all_gather_into_full();
     storage.version = version;

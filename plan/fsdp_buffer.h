@@ -3,9 +3,12 @@
 // point into it), so that
 //   forward:  one all-gather of the shard straight into the unit's full buffer; every parameter's
 //             compute tensor is a view of it at the planned offset (no copy in, no copy out);
-//   backward: one autograd node for the whole unit runs once every parameter's gradient is in,
-//             puts them in one gradient buffer and reduce-scatters it straight into the shard of
-//             gradients, whose views are the parameters' gradients; under HSDP (the batch also
+//   backward: the weight-gradient formulas write each gradient straight into the unit's
+//             gradient buffer (tensor/grad_destination.h: zero-copy); one autograd node for the
+//             whole unit runs once every parameter's gradient is in and reduce-scatters that
+//             buffer straight into the shard of gradients, whose views are the parameters'
+//             gradients (lent to .grad, not cloned); buffers are made once per unit and reused
+//             across steps; under HSDP (the batch also
 //             split over a dim the unit is replicated on) that shard is then all-reduced over
 //             it, once per unit.
 // With reshard after forward the full buffer's memory is freed when the unit's forward ends and
@@ -37,11 +40,17 @@ struct FsdpCounters {
   int64_t all_gathers = 0;
   int64_t reduce_scatters = 0;
   int64_t forward_bytes_copied = 0;   // outside collectives, while gathering (0 on the steady path)
-  int64_t backward_bytes_copied = 0;  // gradients put into the unit's gradient buffer
+  int64_t backward_bytes_copied = 0;  // gradients copied into the unit's gradient buffer (0 on the
+                                      // steady path: the formulas write them there)
   int64_t adoption_bytes = 0;         // parameters moved into a shard buffer (at setup, after Module::to)
   int64_t prefetches = 0;             // all-gathers started ahead of their unit (in all_gathers too)
   int64_t prefetch_hits = 0;          // of those, the ones their unit used
   int64_t replica_all_reduces = 0;    // HSDP: a unit's gradient shard summed over a replica dim
+  int64_t buffer_allocations = 0;     // buffers made (shard, gathered, gradient, gradient shard):
+                                      // once per unit, flat after the first step
+  int64_t buffer_refills = 0;         // a resharded buffer's memory taken again (same buffer)
+  int64_t zero_copy_grads = 0;        // gradients found written in place in the unit's buffer
+  int64_t ordered_reductions = 0;     // reduce-scatters done in rank order (in reduce_scatters too)
 };
 FsdpCounters fsdp_counters();
 void reset_fsdp_counters();
@@ -62,6 +71,14 @@ class FsdpUnitBuffer {
   // (the unit module's backward-pre hook) gathers it again into the same storage, so only the
   // units in use hold full buffers. Off: the buffer stays until the backward no longer needs it.
   void set_reshard_after_forward(bool on);
+  // Zero-copy gradients (on by default): the weight-gradient formulas write into the unit's
+  // gradient buffer (tensor/grad_destination.h). Off: fresh gradients copied in (benchmarks;
+  // MT_FSDP_ZERO_COPY=0).
+  void set_zero_copy_gradients(bool on);
+  // Ordered reduction (off by default; MT_FSDP_REDUCE=ordered): the gradient shard summed in rank
+  // order 0, 1, 2, ... (an all-to-all and local sums) instead of by MPI's reduce-scatter, so that
+  // it has the bits of one device accumulating the ranks' micro-batches in that order.
+  void set_ordered_reduction(bool on);
   // The unit's forward begins / ends, its backward begins (its module's hooks): the next
   // gathered() after begin_forward() gathers anew.
   void begin_forward();

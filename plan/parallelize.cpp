@@ -466,6 +466,9 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
   const bool per_parameter = env_off("MT_FSDP_DBUFFER");  // per-parameter gathers (benchmarks)
   const bool keep_gathered = env_off("MT_FSDP_RESHARD");  // no reshard after forward (benchmarks)
   const bool prefetch = !env_off("MT_FSDP_PREFETCH");     // gathers started ahead (benchmarks: off)
+  const bool zero_copy = !env_off("MT_FSDP_ZERO_COPY");   // gradients written in place (benchmarks: off)
+  const char* reduce_env = std::getenv("MT_FSDP_REDUCE");  // "ordered": rank-order gradient sums
+  const bool ordered_reduce = reduce_env && std::string(reduce_env) == "ordered";
   std::map<std::string, std::shared_ptr<FsdpUnitBuffer>> unit_of_module;
   // Each forward pass of the model starts a new prefetch epoch, before any unit gathers: this
   // hook comes first (link_prefetch below fills it in).
@@ -480,6 +483,8 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
       unit_of_module[u.module] = buffer;
       // Reshard after forward except the root unit, whose backward starts as its forward ends.
       buffer->set_reshard_after_forward(!u.module.empty() && !keep_gathered);
+      buffer->set_zero_copy_gradients(zero_copy);
+      buffer->set_ordered_reduction(ordered_reduce);
       for (const std::string& p : u.params) fsdp[p] = buffer;
       std::shared_ptr<Module> m = u.module.empty() ? nullptr : model.get_module(u.module);
       Module& target = m ? *m : model;

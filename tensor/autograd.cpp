@@ -14,6 +14,7 @@
 
 #include "runtime/error.h"
 #include "runtime/profiler.h"
+#include "tensor/grad_destination.h"
 #include "tensor/ops_pointwise.h"
 #include "tensor/ops_reduce.h"
 
@@ -77,8 +78,11 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
     // else can see its storage.
     // With create_graph the clone is recorded, so .grad stays differentiable (and never aliases
     // a broadcast view that a later in-place add_ would corrupt).
-    bool exclusive = !GradMode::enabled() && g.use_count() == 1 && g.is_contiguous() &&
-                     g.impl()->storage && g.impl()->storage->use_count() == 1;
+    // A view of a lending gradient buffer (FSDP's shard of gradients, tensor/grad_destination.h)
+    // is taken as it is: its owner never writes it again while a .grad views it.
+    bool exclusive = !GradMode::enabled() && g.impl()->storage &&
+                     ((g.use_count() == 1 && g.is_contiguous() && g.impl()->storage->use_count() == 1) ||
+                      lends_grad_views(g.impl()->storage.get()));
     m.grad = std::make_unique<Tensor>(exclusive ? g : g.clone());
     m.grad->impl()->dist = gspec;
   } else {

@@ -10,6 +10,7 @@
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/dist_dispatch.h"
+#include "tensor/grad_destination.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_pointwise.h"
 #include "tensor/ops_reduce.h"
@@ -107,8 +108,22 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   }
   if (needs_grad(x)) {
     Shape xs = x.shape();
-    record("IndexSelectBackward", {x}, out, [xs, d, ic](const auto& g) {
-      return std::vector<Tensor>{index_add(zeros(xs, g[0].options()), d, ic, g[0])};
+    Tensor xw = x;  // for its grad_destination only (a view: no memory held)
+    record("IndexSelectBackward", {x}, out, [xs, d, ic, xw](const auto& g) {
+      // Zero-copy FSDP gradients (an embedding's weight): zeros and the rows added in place, in
+      // the unit's gradient buffer.
+      Tensor dst = grad_destination(xw);
+      if (!dst.defined()) return std::vector<Tensor>{index_add(zeros(xs, g[0].options()), d, ic, g[0])};
+      dst.zero_();
+      Tensor sc = g[0].to(dst.dtype()).contiguous();
+      IndexAddParams p;
+      p.out = dst.view_info();
+      p.index = ic.view_info();
+      p.src = sc.view_info();
+      p.dim = d;
+      p.alpha = 1;
+      if (sc.numel() > 0) MT_KERNEL(dst.device().type, index_add, p);
+      return std::vector<Tensor>{dst};
     });
   }
   return out;

@@ -12,6 +12,7 @@
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/dist_dispatch.h"
+#include "tensor/grad_destination.h"
 #include "tensor/ops_pointwise.h"
 #include "tensor/ops_reduce.h"
 #include "tensor/pointwise_util.h"
@@ -85,6 +86,22 @@ Tensor gemm(Tensor a, Tensor b, const char* op) {
 }
 
 Tensor mT(const Tensor& t) { return t.transpose(-1, -2); }
+
+// out = a @ b for 2-D operands of out's dtype, written into `out` (contiguous): a weight's
+// gradient into its grad_destination. No autograd.
+void gemm_into(Tensor a, Tensor b, const Tensor& out) {
+  if (out.numel() == 0) return;
+  if (a.size(1) == 0) {
+    Tensor o = out;
+    o.zero_();
+    return;
+  }
+  MatmulParams p;
+  p.a = gemm_view(a, a.shape());
+  p.b = gemm_view(b, b.shape());
+  p.out = out.view_info();
+  MT_KERNEL(out.device().type, matmul, p);
+}
 
 // Differentiable product of operands with rank >= 2 that share a dtype (f32 or f64).
 Tensor matmul_nd(const Tensor& a, const Tensor& b, const char* op) {
@@ -200,7 +217,14 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
     const bool bias_grad = has_bias && bias.requires_grad();
     record("LinearBackward", {x2, w, bias}, out, [x2, w, bias_grad](const auto& g) {
       Tensor gx = x2.requires_grad() ? matmul(g[0], w) : Tensor();
-      Tensor gw = w.requires_grad() ? matmul(mT(g[0]), x2) : Tensor();
+      Tensor gw;
+      if (w.requires_grad()) {
+        gw = grad_destination(w);  // zero-copy FSDP gradients: straight into the unit's buffer
+        if (gw.defined())
+          gemm_into(mT(g[0]).to(gw.dtype()), x2.to(gw.dtype()), gw);
+        else
+          gw = matmul(mT(g[0]), x2);
+      }
       Tensor gb = bias_grad ? sum(g[0], {0}) : Tensor();
       return std::vector<Tensor>{gx, gw, gb};
     });

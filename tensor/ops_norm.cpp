@@ -8,6 +8,7 @@
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/dist_dispatch.h"
+#include "tensor/grad_destination.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_pointwise.h"
 #include "tensor/ops_reduce.h"
@@ -117,7 +118,11 @@ Tensor rms_norm(const Tensor& x0, const Tensor& weight0, double eps) {
     record("RmsNormBackward", {x, w}, out, [x, w, rstd](const auto& g) {
       Tensor gy = g[0].to(x.dtype()).contiguous();
       Tensor gx = empty(x.shape(), x.options());
-      Tensor gw = w.defined() && w.requires_grad() ? empty(w.shape(), w.options()) : Tensor();
+      Tensor gw;
+      if (w.defined() && w.requires_grad()) {
+        gw = grad_destination(w);  // zero-copy FSDP gradients: straight into the unit's buffer
+        if (!gw.defined()) gw = empty(w.shape(), w.options());
+      }
       if (gx.numel() > 0 || (gw.defined() && gw.numel() > 0)) {
         RmsNormBwdParams p{rows_view(gy), rows_view(x), opt_view(w), rstd.view_info(), rows_view(gx), opt_view(gw)};
         MT_KERNEL(x.device().type, rms_norm_bwd, p);
@@ -147,7 +152,11 @@ Tensor layer_norm(const Tensor& x0, const Tensor& weight0, const Tensor& bias0, 
     record("LayerNormBackward", {x, w, b}, out, [x, w, b, mean, rstd](const auto& g) {
       Tensor gy = g[0].to(x.dtype()).contiguous();
       Tensor gx = empty(x.shape(), x.options());
-      Tensor gw = w.defined() && w.requires_grad() ? empty(w.shape(), w.options()) : Tensor();
+      Tensor gw;
+      if (w.defined() && w.requires_grad()) {
+        gw = grad_destination(w);  // zero-copy FSDP gradients: straight into the unit's buffer
+        if (!gw.defined()) gw = empty(w.shape(), w.options());
+      }
       Tensor gb = b.defined() && b.requires_grad() ? empty(b.shape(), b.options()) : Tensor();
       LayerNormBwdParams p{rows_view(gy),     rows_view(x),     opt_view(w),  mean.view_info(),
                            rstd.view_info(),  rows_view(gx),    opt_view(gw), opt_view(gb)};

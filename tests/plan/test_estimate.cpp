@@ -29,6 +29,7 @@
 #include "models/recompute.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
+#include "optim/muon.h"
 #include "plan/estimate.h"
 #include "plan/grad_reducer.h"
 #include "plan/parallelize.h"
@@ -286,8 +287,8 @@ TEST_CASE("estimate: 16-bit precision adds f32 master weights; memory scales dow
   CHECK(acc.cost.matmul_flops == Approx(4 * bf16.cost.matmul_flops).epsilon(0.02));
   CHECK(acc.peak_bytes < 2 * bf16.peak_bytes);
   // Refusals name the flag.
-  o.optimizer = "muon";
-  CHECK_THROWS_WITH(estimate_rank(em, dp, dp.resolve_mesh(4), {0}, o), Catch::Contains("muon"));
+  o.optimizer = "lion";
+  CHECK_THROWS_WITH(estimate_rank(em, dp, dp.resolve_mesh(4), {0}, o), Catch::Contains("lion"));
 }
 
 TEST_CASE("estimate: --optimizer adamw8bit sizes the state as optim/adamw8bit.h keeps it", "[mpi]") {
@@ -360,6 +361,38 @@ TEST_CASE("estimate: --recompute full / selective: the dry run keeps what the re
       prev = est;
     }
   }
+}
+
+TEST_CASE("estimate: --optimizer muon sizes the state as optim/muon.h keeps it, also under FSDP", "[mpi]") {
+  if (world().size() != 1) return;
+  const ModelConfig cfg = builtin_config("llama-tiny");
+  EstimateModel em;
+  em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
+  em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+  EstimateOptions o;
+  o.batch = 2;
+  o.seq = 8;
+  o.optimizer = "muon";
+  Plan dp = load_plan(plans_dir() + "/llama_dp.plan");
+  RankEstimate one = estimate_rank(em, dp, dp.resolve_mesh(1), {0}, o);
+  manual_seed(1);
+  std::shared_ptr<CausalLM> real = build_causal_lm(cfg);
+  Muon opt(make_param_groups(real->named_parameters(), 0.1), MuonOptions{});
+  CHECK(one.optimizer_bytes == opt.state_bytes());
+  // Under llama_fsdp the RaggedShards of the momenta and moments add up to one device's state.
+  Plan fsdp = load_plan(plans_dir() + "/llama_fsdp.plan");
+  for (int64_t n : {2, 4}) {
+    const PlanMesh pm = fsdp.resolve_mesh(n);
+    int64_t sum = 0;
+    for (int64_t r = 0; r < n; ++r) sum += estimate_rank(em, fsdp, pm, {r}, o).optimizer_bytes;
+    INFO("world " << n);
+    CHECK(sum == opt.state_bytes());
+  }
+  o.optimizer = "adamw";
+  RankEstimate adam = estimate_rank(em, dp, dp.resolve_mesh(1), {0}, o);
+  WARN("llama-tiny optimizer state: AdamW " << adam.optimizer_bytes << " bytes, Muon " << one.optimizer_bytes << " ("
+                                            << static_cast<double>(one.optimizer_bytes) / adam.optimizer_bytes << "x)");
+  CHECK(one.optimizer_bytes < adam.optimizer_bytes);
 }
 
 TEST_CASE("roofline: links by node span, the alpha-beta formulas, profile errors name the field", "[mpi]") {

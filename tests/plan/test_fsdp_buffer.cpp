@@ -1,12 +1,13 @@
 // The FSDP DBuffer (plan/fsdp_buffer.h) under llama_fsdp on every rank of the world: the unit's
 // parameters are views of one shard buffer at the planned offsets; one forward and backward
 // run one all-gather (two with reshard after forward) and one reduce-scatter per unit, copy
-// nothing outside collectives in the forward and each gradient once in the backward; resharding
+// nothing outside collectives in forward and backward (zero-copy gradients); resharding
 // lowers the step's peak memory without changing a gradient; the gradients equal the single-device ones
 // and the per-parameter path's; a parameter whose storage was moved (as Module::to does) is
 // adopted again at the next gather; prefetching the next unit's gather changes no collective
 // count and no gradient bit; under HSDP (llama_hsdp) each unit's gradient shard is all-reduced over
-// dp once.
+// dp once; over training steps the DBuffers make no new buffer after the first step, copy no byte,
+// hold the same memory after every step, and accumulate gradients over two backwards exactly.
 #include <cmath>
 #include <cstdlib>
 
@@ -16,6 +17,7 @@
 #include "models/llama.h"
 #include "plan/fsdp_buffer.h"
 #include "plan/grad_reducer.h"
+#include "optim/adamw.h"
 #include "plan/parallelize.h"
 #include "runtime/allocator.h"
 #include "tensor/ops.h"
@@ -126,7 +128,11 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   CHECK(c.reduce_scatters == static_cast<int64_t>(ir.fsdp_units.size()));
   CHECK(c.forward_bytes_copied == 0);
   CHECK(c.adoption_bytes == 0);
-  CHECK(c.backward_bytes_copied == unit_elements * 4);  // each gradient into its unit's buffer, once
+  // Zero-copy gradients: every weight-gradient formula wrote straight into its unit's buffer.
+  CHECK(c.backward_bytes_copied == 0);
+  int64_t unit_params = 0;
+  for (const FsdpUnit& u : ir.fsdp_units) unit_params += static_cast<int64_t>(u.params.size());
+  CHECK(c.zero_copy_grads == unit_params);
   // Prefetch: in the forward every layer's gather starts while the unit before it computes (the
   // root's is the first); in the backward every layer's but the last one's, and all are used.
   const int64_t layers = cfg.num_hidden_layers;
@@ -135,7 +141,8 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   const double d = max_diff(got, want);
   if (world().rank() == 0)
     fmt::print("fsdp buffer np {}: max |grad diff| vs one device {:.2e}; {} all-gathers, {} reduce-scatters, "
-               "{} bytes copied in backward\n", n, d, c.all_gathers, c.reduce_scatters, c.backward_bytes_copied);
+               "{} bytes copied in backward, {} gradients written in place ({} unit elements)\n", n, d, c.all_gathers,
+               c.reduce_scatters, c.backward_bytes_copied, c.zero_copy_grads, unit_elements);
   CHECK(d <= 1e-5);
 
   // A parameter moved to new storage (what Module::to does) is adopted again at the next gather.
@@ -187,6 +194,19 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   }
   unsetenv("MT_FSDP_PREFETCH");
 
+  // Gradients copied in (MT_FSDP_ZERO_COPY=0, the path before zero-copy): the same bits, and the
+  // counter sees each gradient copied once.
+  setenv("MT_FSDP_ZERO_COPY", "0", 1);
+  {
+    auto model5 = build(cfg, true);
+    Parallelized par5 = parallelize(*model5, plan, mesh);
+    reset_fsdp_counters();
+    CHECK(max_diff(grads_of(*model5, &par5, &mesh, B, T), got) == 0);
+    CHECK(fsdp_counters().backward_bytes_copied == unit_elements * 4);
+    CHECK(fsdp_counters().zero_copy_grads == 0);
+  }
+  unsetenv("MT_FSDP_ZERO_COPY");
+
   // The per-parameter path (MT_FSDP_DBUFFER=0) gives the same gradients.
   setenv("MT_FSDP_DBUFFER", "0", 1);
   auto model2 = build(cfg, true);
@@ -228,4 +248,70 @@ TEST_CASE("hsdp: units sharded over fsdp, replicated over dp, one all-reduce per
     fmt::print("hsdp np {} (dp {} x fsdp {}): max |grad diff| vs one device {:.2e}; {} reduce-scatters, {} "
                "all-reduces over dp\n", n, mesh.size(0), mesh.size(1), d, c.reduce_scatters, c.replica_all_reduces);
   CHECK(d <= 1e-5);
+}
+
+TEST_CASE("fsdp buffer: zero-copy gradients, buffers made once, deterministic memory", "[mpi][fsdp]") {
+  const int64_t n = world().size();
+  ModelConfig cfg = builtin_config("llama-tiny");
+  cfg.attention_dropout = cfg.residual_dropout = 0;
+  const int64_t B = 2 * n, T = 8;
+  Plan plan = load_plan(plans_dir() + "/llama_fsdp.plan");
+  PlanMesh pm = plan.resolve_mesh(n);
+  DeviceMesh mesh(pm.shape, pm.names);
+  auto model = build(cfg, true);
+  Parallelized par = parallelize(*model, plan, mesh);
+  const HookIR& ir = par.ir();
+  int64_t unit_params = 0;
+  for (const FsdpUnit& u : ir.fsdp_units) unit_params += static_cast<int64_t>(u.params.size());
+  GradReducer reducer(*model, mesh);
+  AdamWOptions o;
+  o.lr = 1e-3;
+  AdamW opt(make_param_groups(model->named_parameters(), 0.1), o);
+  Generator g(11);
+  Tensor t = randint(0, cfg.vocab_size, {B, T + 1}, DType::kI64, &g);
+  Placements ps = par.input_placements("model");
+  Tensor ids = distribute_tensor(t.narrow(1, 0, T).contiguous(), mesh, ps);
+  Tensor tg = distribute_tensor(t.narrow(1, 1, T).contiguous(), mesh, ps);
+  std::vector<int64_t> made, live;
+  for (int step = 0; step < 4; ++step) {
+    reset_fsdp_counters();
+    model->loss(ids, tg).backward();
+    reducer.finish();
+    opt.step();
+    opt.zero_grad();
+    const FsdpCounters c = fsdp_counters();
+    INFO("step " << step);
+    CHECK(c.forward_bytes_copied == 0);
+    CHECK(c.backward_bytes_copied == 0);
+    CHECK(c.adoption_bytes == 0);
+    CHECK(c.zero_copy_grads == unit_params);
+    made.push_back(c.buffer_allocations);
+    live.push_back(cpu_memory_stats().current);
+  }
+  // Step 1 makes each unit's gathered, gradient and gradient-shard buffers (3 per unit); later
+  // steps reuse them, and the process holds the same bytes after every step.
+  CHECK(made[0] == 3 * static_cast<int64_t>(ir.fsdp_units.size()));
+  for (size_t k = 1; k < made.size(); ++k) {
+    INFO("step " << k);
+    CHECK(made[k] == 0);
+    if (k >= 2) CHECK(live[k] == live[1]);
+  }
+  if (world().rank() == 0)
+    fmt::print("fsdp buffer np {}: buffers made per step {} {} {} {}; bytes held after steps 2-4: {} {} {}\n", n,
+               made[0], made[1], made[2], made[3], live[1], live[2], live[3]);
+
+  // Two backwards without zero_grad: the second reduce-scatter goes to the scratch shard and is
+  // added into .grad (which views the first), giving twice one backward's gradient.
+  reset_fsdp_counters();
+  model->loss(ids, tg).backward();
+  reducer.finish();
+  NamedTensors once, twice;
+  for (auto& [name, p] : model->named_parameters()) once.emplace_back(name, full_tensor(p.grad()));
+  model->loss(ids, tg).backward();
+  reducer.finish();
+  for (auto& [name, p] : model->named_parameters()) twice.emplace_back(name, mul(full_tensor(p.grad()), 0.5));
+  CHECK(max_diff(once, twice) <= 1e-6);
+  CHECK(fsdp_counters().buffer_allocations == static_cast<int64_t>(ir.fsdp_units.size()));  // the scratch shards
+  CHECK(fsdp_counters().backward_bytes_copied == 0);
+  opt.zero_grad();
 }

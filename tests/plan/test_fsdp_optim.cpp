@@ -5,10 +5,15 @@
 //     a shard that cuts a block is refused naming the parameter;
 //   - plans/llama_fsdp_8bit trains llama-tiny with 8-bit AdamW like one device: 20 steps, losses
 //     within 1e-4, parameters within 4 lr (f32, dropout 0.1, even and uneven batches);
+//   - with the same gradient arithmetic (one device accumulating the ranks' row chunks in rank
+//     order, FSDP summing the ranks' gradient shards in rank order: MT_FSDP_REDUCE=ordered),
+//     llama_fsdp_8bit with 8-bit AdamW has the single-device parameters bit for bit after 20 steps;
 //   - the stock llama_fsdp (granularity 1 row) is refused for 8-bit AdamW naming its plan line;
 //   - Muon on a RaggedShard matrix (gathered to its root rank, orthogonalized there, the update sent
 //     back) equals one device bit for bit on the same gradients; the roots are spread over the
-//     ranks; llama_fsdp (and llama_fsdp_tp, whose TP-split matrices are replicated for Newton-Schulz)
+//     ranks; matrices split over tp and dp (FSDP x TP) go to one root of the flattened group, with
+//     the bits of one device and the ranks' Newton-Schulz work adding up to one device's; llama_fsdp
+//     (and llama_fsdp_tp)
 //     train with Muon like one device (20 steps, losses within 1e-5; llama_fsdp also with an uneven
 //     batch and vocabulary).
 #include <cmath>
@@ -17,11 +22,13 @@
 #include <map>
 
 #include "mesh/dtensor.h"
+#include "mesh/shard_layout.h"
 #include "mesh/world.h"
 #include "models/config.h"
 #include "models/llama.h"
 #include "optim/adamw8bit.h"
 #include "optim/muon.h"
+#include "plan/fsdp_buffer.h"
 #include "plan/grad_reducer.h"
 #include "plan/parallelize.h"
 #include "runtime/error.h"
@@ -60,7 +67,7 @@ std::shared_ptr<CausalLM> build(const ModelConfig& c, bool meta) {
 
 // `steps` steps of 8-bit AdamW (or Muon); the losses, and the parameters (full tensors) after the last step.
 std::vector<double> train8(CausalLM& model, const Parallelized* par, const DeviceMesh* mesh, int steps, int64_t B,
-                           int64_t T, NamedTensors* final_params, bool muon = false) {
+                           int64_t T, NamedTensors* final_params, bool muon = false, double* ns_flops = nullptr) {
   std::unique_ptr<GradReducer> reducer;
   if (par) reducer = std::make_unique<GradReducer>(model, *mesh);
   std::unique_ptr<Optimizer> optp;
@@ -95,6 +102,7 @@ std::vector<double> train8(CausalLM& model, const Parallelized* par, const Devic
   }
   for (auto& [name, p] : model.named_parameters())
     final_params->emplace_back(name, p.is_distributed() ? full_tensor(p.detach()) : p.detach().clone());
+  if (ns_flops) *ns_flops = muon ? static_cast<const Muon&>(opt).newton_schulz_flops() : 0;
   return losses;
 }
 
@@ -206,6 +214,77 @@ TEST_CASE("fsdp optim: llama_fsdp_8bit trains like one device with 8-bit AdamW",
   }
 }
 
+// One device with the arithmetic of data parallelism: each step the batch is cut into the ranks'
+// row chunks, each chunk's loss (its mean, times its share of the tokens) backpropagated in rank
+// order, the gradients accumulated in .grad, then the optimizer. What llama_fsdp_8bit computes on
+// `world` ranks, on one device.
+std::vector<double> train8_chunked(CausalLM& model, int64_t world, int steps, int64_t B, int64_t T,
+                                   NamedTensors* final_params) {
+  AdamWOptions o;
+  o.lr = 3e-3;
+  o.beta2 = 0.95;
+  AdamW8bit opt(make_param_groups(model.named_parameters(), 0.1), o);
+  manual_seed(99);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    Generator g(1000);
+    Tensor t = randint(0, model.config().vocab_size, {B, T + 1}, DType::kI64, &g);
+    double loss = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      const IndexRange rows = chunk_range(B, world, r);
+      if (rows.length == 0) continue;
+      Tensor c = t.narrow(0, rows.start, rows.length);
+      Tensor l = model.loss(c.narrow(1, 0, T).contiguous(), c.narrow(1, 1, T).contiguous());
+      Tensor part = mul(l, static_cast<double>(rows.length) / static_cast<double>(B));
+      part.backward();
+      loss += part.item();
+    }
+    opt.step();
+    opt.zero_grad();
+    losses.push_back(loss);
+  }
+  for (auto& [name, p] : model.named_parameters()) final_params->emplace_back(name, p.detach().clone());
+  return losses;
+}
+
+TEST_CASE("fsdp optim: llama_fsdp_8bit equals one device with the same gradient arithmetic", "[mpi]") {
+  const int64_t world = mt::world().size();
+  Plan plan = load_plan(plans_dir() + "/llama_fsdp_8bit.plan");
+  PlanMesh pm = plan.resolve_mesh(world);
+  DeviceMesh mesh(pm.shape, pm.names);
+  ModelConfig cfg = builtin_config("llama-tiny");
+  cfg.attention_dropout = cfg.residual_dropout = 0;  // masks follow global positions, not chunks
+  const int64_t B = 2 * world, T = 8;
+  const int steps = 20;
+  auto ref = build(cfg, false);
+  NamedTensors want_p, got_p;
+  std::vector<double> want = train8_chunked(*ref, world, steps, B, T, &want_p);
+  // The gradient shards summed in rank order (MT_FSDP_REDUCE=ordered), as .grad accumulates the
+  // chunks above; MPI's own reduce-scatter order equals it at np 2 (a + b == b + a) but not beyond.
+  setenv("MT_FSDP_REDUCE", "ordered", 1);
+  auto model = build(cfg, true);
+  Parallelized par = parallelize(*model, plan, mesh);
+  unsetenv("MT_FSDP_REDUCE");
+  reset_fsdp_counters();
+  std::vector<double> got = train8(*model, &par, &mesh, steps, B, T, &got_p);
+  if (world > 1) CHECK(fsdp_counters().ordered_reductions == fsdp_counters().reduce_scatters);
+  double worst = 0, worst_p = 0;
+  for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got[s] - want[s]));
+  REQUIRE(want_p.size() == got_p.size());
+  for (size_t i = 0; i < want_p.size(); ++i)
+    worst_p = std::max(worst_p, mt::max(mt::abs(sub(got_p[i].second, want_p[i].second))).item());
+  if (mt::world().rank() == 0)
+    fmt::print("fsdp 8-bit AdamW llama_fsdp_8bit np {} vs one device in {} chunks: max |loss diff| {:.2e}, max "
+               "|param diff| {:.2e}\n", world, world, worst, worst_p);
+  // The parameters bit for bit after 20 steps; the losses differ only in how the printed loss is
+  // summed (the ranks' terms vs the chunks' means times their shares).
+  CHECK(worst_p == 0);
+  for (int s = 0; s < steps; ++s) {
+    INFO("step " << s);
+    CHECK(std::abs(got[s] - want[s]) <= 1e-5);
+  }
+}
+
 TEST_CASE("fsdp optim: a granularity that cuts 8-bit AdamW's blocks names the plan line", "[mpi]") {
   const int64_t world = mt::world().size();
   Plan plan = load_plan(plans_dir() + "/llama_fsdp.plan");
@@ -270,6 +349,72 @@ TEST_CASE("fsdp optim: Muon on a RaggedShard matrix equals one device bit for bi
   for (size_t i = 0; i < shapes.size(); ++i) CHECK(bitwise_equal(full_tensor(dist[i].detach()), plain[i]));
 }
 
+TEST_CASE("fsdp optim: Muon on matrices split over two mesh dims (FSDP x TP) iterates each on one root",
+          "[mpi]") {
+  const int64_t world = mt::world().size();
+  const int64_t tp = world % 2 == 0 ? 2 : 1, dp = world / tp;
+  DeviceMesh mesh(Shape{tp, dp}, {"tp", "dp"});
+  // As llama_fsdp_tp splits them: S(0) on tp then a RaggedShard of the tp shard's rows on dp
+  // (q/k/v/gate/up), and S(1) on tp then a RaggedShard of the rows on dp (o/down); a rank of dp
+  // may hold no rows.
+  struct M {
+    Shape shape;
+    Placement on_tp;
+  };
+  const std::vector<M> ms = {{Shape{60, 40}, Placement::shard(0)}, {Shape{36, 70}, Placement::shard(1)},
+                             {Shape{44, 24}, Placement::shard(0)}};
+  std::vector<Tensor> plain, dist;
+  std::vector<Placements> pss;
+  std::vector<ParamGroup> g1(1), g2(1);
+  for (size_t i = 0; i < ms.size(); ++i) {
+    const int64_t rows = ms[i].on_tp.dim() == 0 ? ms[i].shape[0] / tp : ms[i].shape[0];
+    std::vector<int64_t> units(static_cast<size_t>(dp));
+    int64_t left = rows;
+    for (int64_t r = 0; r + 1 < dp; ++r) left -= (units[static_cast<size_t>(r)] = std::min(left, 3 + 9 * r));
+    units.back() = left;
+    pss.push_back({ms[i].on_tp, Placement::ragged_shard(0, units, 1)});
+    Tensor global = mt::testing::rand(ms[i].shape, DType::kF32, 70 + i);
+    plain.push_back(global.clone().requires_grad_());
+    dist.push_back(distribute_tensor(global, mesh, pss.back()).requires_grad_());
+    const std::string name = "layers." + std::to_string(i) + ".weight";
+    g1[0].params.emplace_back(name, plain.back());
+    g2[0].params.emplace_back(name, dist.back());
+  }
+  g1[0].weight_decay = g2[0].weight_decay = 0.1;
+  MuonOptions o;
+  o.lr = 0.01;
+  Muon one(g1, o), sharded(g2, o);
+  REQUIRE(sharded.roots().size() == ms.size());
+  for (const auto& [name, root] : sharded.roots()) CHECK((root >= 0 && root < world));
+  if (world > 1)  // load balancing: the two largest iterations on different ranks
+    CHECK(sharded.roots().at("layers.0.weight") != sharded.roots().at("layers.1.weight"));
+  for (int s = 0; s < 4; ++s) {
+    for (size_t i = 0; i < ms.size(); ++i) {
+      Tensor g = mt::testing::rand(ms[i].shape, DType::kF32, 900 + 10 * static_cast<uint64_t>(s) + i);
+      plain[i].set_grad(g);
+      dist[i].set_grad(distribute_tensor(g, mesh, pss[i]));
+    }
+    one.step();
+    sharded.step();
+  }
+  // The same bits as one device (the root iterates on the same whole matrix) ...
+  for (size_t i = 0; i < ms.size(); ++i) {
+    INFO("matrix " << i);
+    CHECK(bitwise_equal(full_tensor(dist[i].detach()), plain[i]));
+  }
+  // ... and each matrix iterated once per step in all: the ranks' Newton-Schulz work adds up to one
+  // device's (before: every rank iterated every matrix, world times the work).
+  Tensor mine = full(Shape{1}, sharded.newton_schulz_flops(), DType::kF64);
+  Tensor most = mine.clone();
+  mesh.comm().all_reduce(mine, CommReduceOp::kSum);
+  mesh.comm().all_reduce(most, CommReduceOp::kMax);
+  CHECK(mine.item() == one.newton_schulz_flops());
+  if (mt::world().rank() == 0)
+    fmt::print("fsdp Muon tp {} x dp {}: Newton-Schulz flops per step, one device {:.3g}, the busiest rank {:.3g}, "
+               "all ranks {:.3g}\n", tp, dp, one.newton_schulz_flops() / 4, most.item() / 4, mine.item() / 4);
+  if (world > 1) CHECK(most.item() < one.newton_schulz_flops());
+}
+
 TEST_CASE("fsdp optim: llama_fsdp and llama_fsdp_tp train like one device with Muon", "[mpi]") {
   const int64_t world = mt::world().size();
   // Uneven: a batch the ranks do not divide and a vocabulary of 259 rows (embedding and lm_head
@@ -294,10 +439,16 @@ TEST_CASE("fsdp optim: llama_fsdp and llama_fsdp_tp train like one device with M
     const int steps = 20;
     auto ref = build(cfg, false);
     NamedTensors want_p, got_p;
-    std::vector<double> want = train8(*ref, nullptr, nullptr, steps, B, T, &want_p, true);
+    double want_ns = 0, got_ns = 0;
+    std::vector<double> want = train8(*ref, nullptr, nullptr, steps, B, T, &want_p, true, &want_ns);
     auto model = build(cfg, true);
     Parallelized par = parallelize(*model, plan, mesh);
-    std::vector<double> got = train8(*model, &par, &mesh, steps, B, T, &got_p, true);
+    std::vector<double> got = train8(*model, &par, &mesh, steps, B, T, &got_p, true, &got_ns);
+    // Every matrix iterated on one rank: the ranks' Newton-Schulz work adds up to one device's.
+    Tensor ns = full(Shape{1}, got_ns, DType::kF64), most = ns.clone();
+    mesh.comm().all_reduce(ns, CommReduceOp::kSum);
+    mesh.comm().all_reduce(most, CommReduceOp::kMax);
+    CHECK(ns.item() == want_ns);
     double worst = 0, worst_p = 0;
     for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got[s] - want[s]));
     REQUIRE(want_p.size() == got_p.size());
@@ -305,8 +456,9 @@ TEST_CASE("fsdp optim: llama_fsdp and llama_fsdp_tp train like one device with M
       worst_p = std::max(worst_p, mt::max(mt::abs(sub(got_p[i].second, want_p[i].second))).item());
     if (mt::world().rank() == 0)
       fmt::print("fsdp Muon {}{} np {}: max |loss diff| over {} steps {:.2e}, max |param diff| {:.2e}; "
-                 "losses {:.4f} -> {:.4f}\n", name, uneven ? " (uneven)" : "", world, steps, worst, worst_p,
-                 want.front(), want.back());
+                 "losses {:.4f} -> {:.4f}; Newton-Schulz flops per step: one device {:.3g}, busiest rank {:.3g}\n",
+                 name, uneven ? " (uneven)" : "", world, steps, worst, worst_p, want.front(), want.back(),
+                 want_ns / steps, most.item() / steps);
     for (int s = 0; s < steps; ++s) {
       INFO("step " << s);
       CHECK(std::abs(got[s] - want[s]) <= 1e-5);

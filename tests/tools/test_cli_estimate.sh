@@ -43,8 +43,21 @@ a = json.load(open(sys.argv[1]))['ranks'][0]['optimizer_bytes']
 b = json.load(open(sys.argv[2]))['ranks'][0]['optimizer_bytes']
 sys.exit(0 if 0.25 < b / a < 0.27 else 1)" "$tmp/q32.json" "$tmp/q8.json" || fail "adamw8bit optimizer bytes"
 
+# muon: one f32 momentum per hidden matrix (q/k/v/o, gate/up/down), AdamW's two f32 moments for the
+# embedding, the head and the norms; under llama_fsdp each rank holds its RaggedShard of both.
+# llama-tiny: 724,992 matrix elements of 791,680 -> (4 x 724,992 + 8 x 66,688) / (8 x 791,680) = 0.542.
+"$bin" plan --config llama-tiny --plan "$plans/llama_fsdp.plan" --world 2 --estimate --json > "$tmp/mu32.json" \
+  || fail "estimate --optimizer adamw (llama_fsdp)"
+"$bin" plan --config llama-tiny --plan "$plans/llama_fsdp.plan" --world 2 --estimate --optimizer muon --json \
+  > "$tmp/mu.json" || fail "estimate --optimizer muon"
+python3 -c "
+import json, sys
+a = sum(r['optimizer_bytes'] for r in json.load(open(sys.argv[1]))['ranks'])
+b = sum(r['optimizer_bytes'] for r in json.load(open(sys.argv[2]))['ranks'])
+sys.exit(0 if 0.53 < b / a < 0.55 else 1)" "$tmp/mu32.json" "$tmp/mu.json" || fail "muon optimizer bytes"
+
 # Refusals name the flag.
-for bad in "--recompute full" "--recompute selective" "--optimizer muon" "--optimizer sgd" "--precision fp8"; do
+for bad in "--recompute full" "--recompute selective" "--optimizer sgd" "--precision fp8"; do
   # shellcheck disable=SC2086
   if "$bin" plan --plan "$plans/llama_dp.plan" --estimate $bad 2> "$tmp/err.txt"; then fail "$bad accepted"; fi
   grep -qF -- "${bad%% *}" "$tmp/err.txt" || fail "$bad: error does not name the flag: $(cat "$tmp/err.txt")"

@@ -1,12 +1,14 @@
 // FSDP training steps (docs/fsdp.md) against ZeRO-3 and one process, measured in the same run:
 // llama_fsdp with its DBuffer (one all-gather and one reduce-scatter per unit), with and without
-// prefetching the next unit's gather (MT_FSDP_PREFETCH=0), llama_fsdp with
+// prefetching the next unit's gather (MT_FSDP_PREFETCH=0) and with the gradients copied into the
+// unit's buffer instead of written there (MT_FSDP_ZERO_COPY=0), llama_fsdp with
 // per-parameter gathers (MT_FSDP_DBUFFER=0: the planner's RaggedShards through redistribute), and
 // llama_zero3 (row-wise S(0) storage, per-parameter gathers). Per plan: steps/s and its ratio to
 // one process running the whole global batch, collectives per step (calls and MiB, rank 0), the
-// bytes the DBuffer copies outside collectives per step (forward: 0 on the steady path; backward:
-// the gradients put into each unit's gradient buffer), and rank 0's peak host memory in the step
-// against one process's.
+// bytes the DBuffer copies outside collectives per step (0 + 0 on the steady path: the gradients
+// are written into each unit's gradient buffer by their formulas), the DBuffer buffers made after
+// the warm-up step (0: deterministic memory), and rank 0's peak host memory in the step (over what
+// it held before the step) against one process's, and the process's whole peak.
 // `mpirun -np N ./bench_fsdp [plans_dir] [steps] [batch] [seq] [config]`
 #include <chrono>
 #include <cstdlib>
@@ -34,6 +36,8 @@ namespace {
 struct StepStats {
   double seconds = 1e30;  // best step
   int64_t calls = 0, bytes = 0, forward_copied = 0, backward_copied = 0, peak = 0;
+  int64_t peak_abs = 0;      // all the process holds at the step's peak (parameters, state included)
+  int64_t buffers_made = 0;  // DBuffer buffers made in the timed steps (0: all made in the warm-up)
 };
 
 // Best of `steps` timed steps after one warm-up; counts from the last step.
@@ -73,6 +77,8 @@ StepStats run(CausalLM& model, const Parallelized* par, const DeviceMesh* mesh, 
     st.forward_copied = c.forward_bytes_copied + c.adoption_bytes;
     st.backward_copied = c.backward_bytes_copied;
     st.peak = cpu_memory_stats().peak - before;
+    st.peak_abs = cpu_memory_stats().peak;
+    st.buffers_made += c.buffer_allocations;
   }
   return st;
 }
@@ -93,7 +99,9 @@ int main(int argc, char** argv) {
     fmt::print("one process: {:.2f} steps/s, peak {:.1f} MiB in the step (batch {} x {})\n", 1 / single.seconds,
                static_cast<double>(single.peak) / (1 << 20), B, T);
     fmt::print("| plan | np | steps/s | vs one process | collectives/step (rank 0) | MiB moved/step | DBuffer bytes "
-               "copied/step (forward + backward) | peak vs one process |\n|---|---|---|---|---|---|---|---|\n");
+               "copied/step (forward + backward) | DBuffer buffers made after step 1 | step peak vs one process | "
+               "process peak MiB (one process {:.1f}) |\n|---|---|---|---|---|---|---|---|---|---|\n",
+               static_cast<double>(single.peak_abs) / (1 << 20));
   }
   bench::world_barrier();
   struct Case {
@@ -101,11 +109,14 @@ int main(int argc, char** argv) {
     const char* plan;
     const char* dbuffer;   // MT_FSDP_DBUFFER
     const char* prefetch;  // MT_FSDP_PREFETCH
+    const char* zero_copy = "1";  // MT_FSDP_ZERO_COPY
   };
   for (const Case& c : {Case{"llama_zero3", "llama_zero3", "1", "1"},
                         Case{"llama_fsdp, per-parameter gathers", "llama_fsdp", "0", "1"},
                         Case{"llama_fsdp, DBuffer, no prefetch", "llama_fsdp", "1", "0"},
+                        Case{"llama_fsdp, DBuffer + prefetch, gradients copied in", "llama_fsdp", "1", "1", "0"},
                         Case{"llama_fsdp, DBuffer + prefetch", "llama_fsdp", "1", "1"}}) {
+    setenv("MT_FSDP_ZERO_COPY", c.zero_copy, 1);
     setenv("MT_FSDP_DBUFFER", c.dbuffer, 1);
     setenv("MT_FSDP_PREFETCH", c.prefetch, 1);
     Plan plan = load_plan(dir + "/" + c.plan + ".plan");
@@ -117,13 +128,16 @@ int main(int argc, char** argv) {
       Parallelized par = parallelize(*model, plan, mesh);
       st = run(*model, &par, &mesh, steps, B, T);
     }
-    if (root)
-      fmt::print("| {} | {} | {:.2f} | {:.2f} | {} | {:.2f} | {} | {:.2f} |\n", c.label, n, 1 / st.seconds,
+    if (root) {
+      const bool dbuf = std::string(c.dbuffer) == "1" && std::string(c.plan) == "llama_fsdp";
+      fmt::print("| {} | {} | {:.2f} | {:.2f} | {} | {:.2f} | {} | {} | {:.2f} | {:.1f} |\n", c.label, n, 1 / st.seconds,
                  single.seconds / st.seconds, st.calls, static_cast<double>(st.bytes) / (1 << 20),
-                 std::string(c.dbuffer) == "1" && std::string(c.plan) == "llama_fsdp"
-                     ? fmt::format("{} + {}", st.forward_copied, st.backward_copied)
-                     : std::string("n/a (inside redistribute)"),
-                 static_cast<double>(st.peak) / static_cast<double>(std::max<int64_t>(1, single.peak)));
+                 dbuf ? fmt::format("{} + {}", st.forward_copied, st.backward_copied)
+                      : std::string("n/a (inside redistribute)"),
+                 dbuf ? fmt::format("{}", st.buffers_made) : std::string("n/a"),
+                 static_cast<double>(st.peak) / static_cast<double>(std::max<int64_t>(1, single.peak)),
+                 static_cast<double>(st.peak_abs) / (1 << 20));
+    }
   }
   return 0;
 }

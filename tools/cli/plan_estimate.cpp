@@ -74,8 +74,8 @@ EstimateOptions options_from(const Args& args) {
   o.accum = args.integer("accum", 1, 1 << 20);
   o.precision = parse_precision(args.str("precision"));
   const std::string opt = args.str("optimizer");
-  MT_CHECK(opt == "adamw" || opt == "adamw8bit",
-           "meshtrain plan: --optimizer {} is not supported by the estimate (adamw or adamw8bit, docs/estimate.md)",
+  MT_CHECK(opt == "adamw" || opt == "adamw8bit" || opt == "muon",
+           "meshtrain plan: --optimizer {} is not supported by the estimate (adamw, adamw8bit or muon, docs/estimate.md)",
            opt);
   o.optimizer = opt;
   o.recompute = recompute_name(parse_recompute(args.str("recompute"), "meshtrain plan --recompute"));
@@ -160,6 +160,7 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
     fmt::print("  {:<28} {:>14}  {}  ({}: {})\n", "optimizer state", human(static_cast<double>(e.optimizer_bytes)),
                kShapes, o.optimizer,
                o.optimizer == "adamw8bit" ? "2 u8 codes + block absmax, f32 moments under 4096 elements"
+               : o.optimizer == "muon"    ? "f32 momentum per hidden matrix, 2 f32 moments for the rest"
                                           : "2 f32 moments");
     fmt::print("  {:<28} {:>14}  {}\n", "master weights", human(static_cast<double>(e.master_bytes)), kShapes);
     fmt::print("  {:<28} {:>14}  {}  (meta dry run: persistent {} + activations, gradients, buckets {})\n",
@@ -397,7 +398,7 @@ std::vector<FlagSpec> estimate_flags() {
       {"seq", "--estimate: tokens per sequence", "128", false},
       {"accum", "--estimate: micro-batches per optimizer step", "1", false},
       {"precision", "--estimate: f32, bf16 or f16 (16-bit adds f32 master weights)", "bf16", false},
-      {"optimizer", "--estimate: adamw or adamw8bit (muon is not modelled and refused)", "adamw", false},
+      {"optimizer", "--estimate: adamw, adamw8bit or muon (its optimizer state; Newton-Schulz GEMMs not timed)", "adamw", false},
       {"recompute", "--estimate: none, full (every decoder layer recomputes in backward) or selective (each "
                     "layer's feed-forward block), as `meshtrain train --recompute`", "none", false},
       {"bucket-mb", "--estimate: gradient reducer bucket size in MiB", "25", false},

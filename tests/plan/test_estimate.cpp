@@ -316,7 +316,9 @@ TEST_CASE("estimate: --optimizer adamw8bit sizes the state as optim/adamw8bit.h 
 
 TEST_CASE("estimate: --recompute full / selective: the dry run keeps what the real step keeps", "[mpi]") {
   // The estimate marks the same modules on its meta model (models/recompute.h): its peak follows
-  // the real step's, activations shrink, and the recomputed forward adds matmul FLOPs.
+  // the real step's, activations shrink, and the recomputed forward adds matmul FLOPs. llama-tiny
+  // only (the 30M runs of this test set MT_ESTIMATE_CONFIG; their shapes are not the point here).
+  if (!env_or("MT_ESTIMATE_CONFIG", "").empty()) return;
   const int np = world().size();
   EstimateOptions o;
   o.batch = 4 * np;  // 4 sequences per data-parallel rank

@@ -17,70 +17,7 @@ BIN=$1
 MPIRUN=$2
 PLANS=$3
 MODE=${4:-fast}
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
-export OMP_NUM_THREADS=1
-export MT_COLLECTIVE_TIMEOUT_S=${MT_COLLECTIVE_TIMEOUT_S:-30}
-fails=0
-pass() { echo "ok   - $1"; }
-fail() { echo "FAIL - $1"; fails=$((fails + 1)); }
-mpi() { local np=$1; shift; timeout 180 "$MPIRUN" -np "$np" --oversubscribe --mca btl self,vader "$@"; }
-SMALL="--batch 2 --seq 16 --warmup 1 --seed 7"
-
-# A parity --json report within TOL (every loss, step 1's grad norm and gradients) and DTOL (later
-# grad norms, weights and gradients after the last step: what AdamW magnifies when a plan's
-# reductions round differently), verdict pass; prints the worst of each kind.
-report_within() {
-  python3 - "$1" "$2" "$3" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1])); tol, dtol = float(sys.argv[2]), float(sys.argv[3])
-tight, loose = [], []
-for s in r["steps"]:
-    for k in ("loss_rel", "grad_norm_rel"):
-        if s[k] is not None:
-            (tight if k == "loss_rel" or s["step"] == 1 else loose).append((float(s[k]), f"step {s['step']} {k}"))
-for p in r["parameters"]:
-    if "grad_step1" in p: tight.append((float(p["grad_step1"]["rel"]), f"step-1 grad {p['name']}"))
-    for k in ("weight", "grad"):
-        if k in p: loose.append((float(p[k]["rel"]), f"{k} {p['name']}"))
-assert tight and loose, "nothing compared"
-ok, msg = r["verdict"] == "pass", []
-for name, xs, t in (("tol", tight, tol), ("drift-tol", loose, dtol)):
-    w = max(xs); ok = ok and w[0] <= t
-    msg.append(f"{len(xs)} within {name} {t:g}, worst {w[0]:.2e} ({w[1]})")
-print("; ".join(msg) + f"; {len(r['steps'])} steps")
-sys.exit(0 if ok else 1)
-PY
-}
-
-# parity PLAN NP STEPS ACCUM TOL DTOL [extra flags]
-parity() {
-  local plan=$1 np=$2 steps=$3 accum=$4 tol=$5 dtol=$6; shift 6
-  local tag="$(basename "$plan" .plan) np $np, $steps steps, accum $accum"
-  if mpi "$np" "$BIN" parity --plan "$plan" $SMALL --steps "$steps" --accum "$accum" --dropout 0.1 \
-      --json "$WORK/r.json" "$@" >"$WORK/out" 2>"$WORK/err"; then
-    r=$(report_within "$WORK/r.json" "$tol" "$dtol" 2>&1) && pass "$tag: $r" || fail "$tag: $r"
-  else
-    fail "$tag: exit $?: $(tail -n 2 "$WORK/out") $(grep '] error: ' "$WORK/err" | tail -n 1)"
-  fi
-}
-
-# Expects exit 2 (or 1 for train) with every PATTERN in the last error line.
-expect_error() {
-  local name=$1; shift
-  local pats=()
-  while [ "$1" != "--" ]; do pats+=("$1"); shift; done
-  shift
-  "$@" >"$WORK/out" 2>"$WORK/err"
-  local rc=$?
-  local last
-  last=$(grep "error: " "$WORK/err" | tail -n 1)
-  if [ $rc -eq 0 ]; then fail "$name: exit 0"; return; fi
-  for p in "${pats[@]}"; do
-    if ! grep -qF -- "$p" <<<"$last"; then fail "$name: '$p' not in: $last"; return; fi
-  done
-  pass "$name (exit $rc): ${last#*error: }"
-}
+source "$(dirname "$0")/parity_lib.sh"
 
 sed 's/pp=1f1b/pp=gpipe/' "$PLANS/llama_pp.plan" > "$WORK/llama_pp_gpipe.plan"
 

@@ -66,8 +66,16 @@ void count_host_call(HostCall c) {
     ++g_cost.blocking_collectives;
 }
 
+int gemm_dim_bucket(int64_t d) {
+  if (d <= 0) return kGemmDimBuckets - 1;
+  int b = 0;
+  while (b < kGemmDimBuckets - 1 && d > kGemmDimBound[b]) ++b;
+  return b;
+}
+
 void detail::add_kernel_cost(const KernelWork& w) {
   g_cost.matmul_flops += w.matmul_flops;
+  if (w.matmul_flops > 0) g_cost.matmul_flops_by_dim[gemm_dim_bucket(w.gemm_min_dim)] += w.matmul_flops;
   g_cost.matmul_bytes += w.matmul_bytes;
   g_cost.other_bytes += w.other_bytes;
   ++g_cost.kernels;
@@ -97,6 +105,9 @@ KernelWork kernel_work(const MatmulParams& p) {
   KernelWork w = with_views(p.a, p.b, p.out);
   w.matmul_flops = 2 * static_cast<double>(p.out.numel()) * k;
   w.matmul_bytes = bytes_of(p.a, p.b, p.out);
+  const int on = p.out.ndim();
+  const int64_t m = on >= 2 ? p.out.sizes[on - 2] : 1, n = on >= 1 ? p.out.sizes[on - 1] : 1;
+  w.gemm_min_dim = std::min({m, n, static_cast<int64_t>(k)});
   return w;
 }
 KernelWork kernel_work(const RmsNormParams& p) { return other(p.x, p.weight, p.out, p.rstd); }

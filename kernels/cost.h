@@ -13,10 +13,24 @@
 
 namespace mt {
 
+// Matmul FLOPs are also kept by the smallest dim of each product (M, N or the reduction K): a
+// GEMM with a thin dim (a weight gradient over few tokens, a projection of a short batch) runs
+// well below the rate of a square one, and the roofline charges each bucket at the profile's
+// efficiency for that dim (plan/roofline.h). Bucket b holds products whose smallest dim d has
+// kGemmDimBound[b - 1] < d <= kGemmDimBound[b]; the last one every larger d, and attention.
+inline constexpr int kGemmDimBuckets = 8;
+inline constexpr int64_t kGemmDimBound[kGemmDimBuckets - 1] = {8, 16, 32, 64, 128, 256, 512};
+int gemm_dim_bucket(int64_t smallest_dim);
+
 struct KernelCost {
   double matmul_flops = 0;  // matmul and attention (forward and backward), 2 per multiply-add
+  double matmul_flops_by_dim[kGemmDimBuckets] = {};  // the same FLOPs by the product's smallest dim
   double matmul_bytes = 0;  // their operands, read and written once
   double other_bytes = 0;   // every other kernel: inputs read + outputs written
+  // The optimizer step's bytes (modelled by the estimate, which does not run the optimizer): they
+  // run at the profile's optimizer bandwidth (an AdamW update does ~10 FLOPs per element, and on a
+  // CPU runs at about half the copy bandwidth).
+  double optimizer_bytes = 0;
   int64_t kernels = 0;      // kernel calls
   int64_t matmuls = 0;
   // Host-side calls above the kernels, each with its own per-call cost in the roofline
@@ -47,6 +61,7 @@ class KernelCostScope {
 // params' views in declaration order (kernels/params.h), whose shapes the profiler records.
 struct KernelWork {
   double matmul_flops = 0;
+  int64_t gemm_min_dim = 0;  // a matmul's smallest dim (0: attention or no matmul; the top bucket)
   double matmul_bytes = 0;
   double other_bytes = 0;
   const KView* views[10] = {};

@@ -31,8 +31,10 @@ void add_scaled(CollectiveCounts& into, const CollectiveCounts& part, int64_t ti
 void add_scaled(KernelCost& into, const KernelCost& part, int64_t times) {
   const double x = static_cast<double>(times);
   into.matmul_flops += part.matmul_flops * x;
+  for (int b = 0; b < kGemmDimBuckets; ++b) into.matmul_flops_by_dim[b] += part.matmul_flops_by_dim[b] * x;
   into.matmul_bytes += part.matmul_bytes * x;
   into.other_bytes += part.other_bytes * x;
+  into.optimizer_bytes += part.optimizer_bytes * x;
   into.kernels += part.kernels * times;
   into.matmuls += part.matmuls * times;
   into.dist_ops += part.dist_ops * times;
@@ -197,7 +199,7 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
   // Muon's matrices: p, g and the momentum read, p and the momentum written (20 bytes; the
   // Newton-Schulz GEMMs are not modelled), AdamW for the rest.
   const double adam_n = n - static_cast<double>(muon_elements);
-  est.cost.other_bytes += (eight_bit ? 14 : 7 * 4) * adam_n + 5 * 4 * static_cast<double>(muon_elements) +
+  est.cost.optimizer_bytes += (eight_bit ? 14 : 7 * 4) * adam_n + 5 * 4 * static_cast<double>(muon_elements) +
                           (master ? n * (2 + 4) + n * (4 + 2) : 0);
   est.peak_bytes = meta_memory_stats().peak;
   est.activation_bytes = est.peak_bytes - est.persistent_bytes;

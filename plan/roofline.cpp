@@ -79,6 +79,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   hw.devices_per_node = static_cast<int64_t>(dpn);
   hw.intra = link(j, "intra", source);
   hw.inter = link(j, "inter", source);
+  hw.optimizer_bandwidth = non_negative(j, "optimizer_bandwidth_gbs", 1e9, source);
   hw.kernel_overhead_s = non_negative(j, "kernel_overhead_us", 1e-6, source);
   hw.dist_op_overhead_s = non_negative(j, "dist_op_overhead_us", 1e-6, source);
   hw.redistribute_overhead_s = non_negative(j, "redistribute_overhead_us", 1e-6, source);
@@ -86,6 +87,26 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   if (j.contains("cpu_share")) {
     hw.cpu_share = positive(j, "cpu_share", 1, source);
     MT_CHECK(hw.cpu_share <= 1, "{}: hardware profile field \"cpu_share\" must be in (0, 1], got {}", source, hw.cpu_share);
+  }
+  if (j.contains("gemm_efficiency_by_min_dim")) {
+    const nlohmann::json& e = j["gemm_efficiency_by_min_dim"];
+    MT_CHECK(e.is_object(), "{}: hardware profile field \"gemm_efficiency_by_min_dim\" must be an object of "
+             "\"dim\": fraction, e.g. {{\"16\": 0.3, \"64\": 0.7}}", source);
+    for (const auto& [key, v] : e.items()) {
+      int64_t d = 0;
+      try {
+        size_t used = 0;
+        d = std::stoll(key, &used);
+        if (used != key.size()) d = 0;
+      } catch (const std::exception&) {
+        d = 0;
+      }
+      MT_CHECK(d > 0, "{}: gemm_efficiency_by_min_dim key \"{}\" is not a positive integer dim", source, key);
+      MT_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0,
+               "{}: gemm_efficiency_by_min_dim[\"{}\"] must be a positive number", source, key);
+      hw.gemm_efficiency.emplace_back(d, v.get<double>());
+    }
+    std::sort(hw.gemm_efficiency.begin(), hw.gemm_efficiency.end());
   }
   if (j.contains("compute_slots")) {
     const double cs = positive(j, "compute_slots", 1, source);
@@ -133,12 +154,14 @@ std::string hardware_profile_json(const HardwareProfile& hw) {
   j["devices_per_node"] = hw.devices_per_node;
   j["links"]["intra"] = {{"alpha_us", hw.intra.alpha_s * 1e6}, {"bandwidth_gbs", hw.intra.bandwidth / 1e9}};
   j["links"]["inter"] = {{"alpha_us", hw.inter.alpha_s * 1e6}, {"bandwidth_gbs", hw.inter.bandwidth / 1e9}};
+  if (hw.optimizer_bandwidth > 0) j["optimizer_bandwidth_gbs"] = hw.optimizer_bandwidth / 1e9;
   if (hw.kernel_overhead_s > 0) j["kernel_overhead_us"] = hw.kernel_overhead_s * 1e6;
   if (hw.dist_op_overhead_s > 0) j["dist_op_overhead_us"] = hw.dist_op_overhead_s * 1e6;
   if (hw.redistribute_overhead_s > 0) j["redistribute_overhead_us"] = hw.redistribute_overhead_s * 1e6;
   if (hw.collective_overhead_s > 0) j["collective_overhead_us"] = hw.collective_overhead_s * 1e6;
   if (hw.compute_slots > 0) j["compute_slots"] = hw.compute_slots;
   if (hw.cpu_share < 1) j["cpu_share"] = hw.cpu_share;
+  for (const auto& [d, f] : hw.gemm_efficiency) j["gemm_efficiency_by_min_dim"][std::to_string(d)] = f;
   return j.dump(2) + "\n";
 }
 
@@ -171,11 +194,36 @@ double collective_seconds(const std::string& kind, int64_t calls, int64_t bytes,
   return c * l.alpha_s + b / l.bandwidth;  // send / recv
 }
 
+double gemm_efficiency(const HardwareProfile& hw, int64_t dim) {
+  const auto& pts = hw.gemm_efficiency;
+  if (pts.empty()) return 1;
+  if (dim <= pts.front().first) return pts.front().second;
+  if (dim >= pts.back().first) return pts.back().second;
+  size_t i = 1;
+  while (pts[i].first < dim) ++i;
+  const double x0 = std::log(static_cast<double>(pts[i - 1].first)), x1 = std::log(static_cast<double>(pts[i].first));
+  const double u = (std::log(static_cast<double>(dim)) - x0) / (x1 - x0);
+  return pts[i - 1].second + u * (pts[i].second - pts[i - 1].second);
+}
+
 StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareProfile& hw, DType precision) {
   StepTime t;
   const double gemm = precision == DType::kF32 ? hw.gemm_flops_f32 : hw.gemm_flops_bf16;
-  t.matmul_s = est.cost.matmul_flops / gemm;
-  t.memory_s = est.cost.other_bytes / hw.memory_bandwidth;
+  t.matmul_full_rate_s = est.cost.matmul_flops / gemm;
+  // Each bucket of FLOPs at the efficiency of its largest dim (kernels/cost.h); the last bucket
+  // (dims over the last bound, and attention) at the full rate. FLOPs counted without buckets
+  // (none today) also at the full rate.
+  double bucketed = 0;
+  for (int b = 0; b < kGemmDimBuckets; ++b) {
+    const double f = est.cost.matmul_flops_by_dim[b];
+    bucketed += f;
+    const double eff = b + 1 < kGemmDimBuckets ? gemm_efficiency(hw, kGemmDimBound[b]) : 1.0;
+    t.matmul_s += f / (gemm * eff);
+  }
+  t.matmul_s += std::max(0.0, est.cost.matmul_flops - bucketed) / gemm;
+  t.optimizer_s =
+      est.cost.optimizer_bytes / (hw.optimizer_bandwidth > 0 ? hw.optimizer_bandwidth : hw.memory_bandwidth);
+  t.memory_s = est.cost.other_bytes / hw.memory_bandwidth + t.optimizer_s;
   t.kernel_overhead_s = static_cast<double>(est.cost.kernels) * hw.kernel_overhead_s;
   t.dist_overhead_s = static_cast<double>(est.cost.dist_ops) * hw.dist_op_overhead_s;
   t.redistribute_overhead_s = static_cast<double>(est.cost.redistributes) * hw.redistribute_overhead_s;

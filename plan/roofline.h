@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "mesh/collective_count.h"
 #include "plan/estimate.h"
@@ -26,6 +28,9 @@ struct HardwareProfile {
   double gemm_flops_f32 = 0;   // achievable GEMM rate per device, f32 operands (FLOP/s)
   double gemm_flops_bf16 = 0;  // bf16/f16 operands, f32 accumulation
   double memory_bandwidth = 0; // achievable device memory bandwidth (bytes/s)
+  // The optimizer step's bytes per second (KernelCost::optimizer_bytes); 0: memory_bandwidth.
+  // --calibrate times AdamW on a CPU host, where its arithmetic makes it slower than a copy.
+  double optimizer_bandwidth = 0;
   double memory_bytes = 0;     // device memory (bytes)
   int64_t devices_per_node = 1;  // ranks that share the intra-node link
   LinkProfile intra, inter;
@@ -49,7 +54,16 @@ struct HardwareProfile {
   // too (a shared CPU machine), measured by --calibrate as CPU time / wall time of its ranks; 1 for
   // GPU profiles. Compute is stretched by 1 / share.
   double cpu_share = 1;
+  // The GEMM rate of a product whose smallest dim (M, N or the reduction K) is `dim`, as a fraction
+  // of the rates above (which are those of large, square products): points (dim, fraction) in
+  // increasing dim, measured by --calibrate on a CPU host (JSON "gemm_efficiency_by_min_dim":
+  // {"8": 0.2, ...}); empty: every product runs at the full rate (the GPU profiles).
+  std::vector<std::pair<int64_t, double>> gemm_efficiency;
 };
+
+// The fraction of the GEMM rate `hw` gives a product whose smallest dim is `dim`: interpolated
+// between the profile's points in log(dim), the end points' values beyond them; 1 without points.
+double gemm_efficiency(const HardwareProfile& hw, int64_t dim);
 
 // `name_or_path`: a file (ends in .json or contains '/'), or a stock profile's name looked up as
 // NAME.json in $MT_HARDWARE_DIR, $MT_PLANS_DIR/hardware, ./plans/hardware and the plans/hardware
@@ -66,8 +80,10 @@ struct CollectiveTime {
 };
 
 struct StepTime {
-  double matmul_s = 0;    // matmul/attention FLOPs / GEMM rate
-  double memory_s = 0;    // other kernels' bytes / memory bandwidth
+  double matmul_s = 0;    // matmul/attention FLOPs / (GEMM rate x the efficiency of their smallest dim)
+  double matmul_full_rate_s = 0;  // the same FLOPs at the full GEMM rate (what the efficiency adds: the difference)
+  double memory_s = 0;    // other kernels' bytes / memory bandwidth + the optimizer's / its bandwidth
+  double optimizer_s = 0; // the optimizer's part of memory_s
   double overhead_s = 0;  // host overhead: the three terms below
   double kernel_overhead_s = 0;        // kernel calls x the profile's per-kernel overhead
   double dist_overhead_s = 0;          // DTensor op dispatches x the per-dispatch overhead

@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "kernels/cost.h"
+#include "kernels/registry.h"
 #include "mesh/collective_count.h"
 #include "mesh/dtensor.h"
 #include "mesh/world.h"
@@ -461,4 +462,57 @@ TEST_CASE("roofline: links by node span, the alpha-beta formulas, profile errors
   bad = hardware_profile_json(hw);
   bad.replace(bad.find("\"cpu_share\": "), 13, "\"cpu_share\": 2");
   CHECK_THROWS_WITH(parse_hardware_profile(bad, "v.json"), Catch::Contains("v.json") && Catch::Contains("cpu_share"));
+}
+
+TEST_CASE("roofline: thin GEMMs at the profile's efficiency for their smallest dim; the optimizer at its bandwidth",
+          "[mpi]") {
+  if (world().size() != 1) return;
+  // The buckets of kernels/cost.h: the smallest dim of each product, attention in the last one.
+  CHECK(gemm_dim_bucket(8) == 0);
+  CHECK(gemm_dim_bucket(9) == 1);
+  CHECK(gemm_dim_bucket(64) == 3);
+  CHECK(gemm_dim_bucket(512) == 6);
+  CHECK(gemm_dim_bucket(513) == kGemmDimBuckets - 1);
+  CHECK(gemm_dim_bucket(0) == kGemmDimBuckets - 1);
+  {  // counted from the shapes: [64, 512] x [512, 1376] lands in the d = 64 bucket, [512, 512]^2 in d = 512
+    KernelCostScope scope;
+    MetaKernelsGuard meta;
+    const TensorOptions o = TensorOptions(DType::kF32).with_device(Device::meta());
+    (void)matmul(empty(Shape{64, 512}, o), empty(Shape{512, 1376}, o));
+    (void)matmul(empty(Shape{1376, 64}, o), empty(Shape{64, 512}, o));  // a weight gradient: K = 64
+    (void)matmul(empty(Shape{512, 512}, o), empty(Shape{512, 512}, o));
+    const KernelCost& c = KernelCostScope::totals();
+    CHECK(c.matmul_flops_by_dim[3] == 2 * (2.0 * 64 * 512 * 1376));
+    CHECK(c.matmul_flops_by_dim[6] == 2.0 * 512 * 512 * 512);
+    CHECK(c.matmul_flops == Approx(c.matmul_flops_by_dim[3] + c.matmul_flops_by_dim[6]));
+  }
+  HardwareProfile hw = load_hardware_profile("h100-nvlink");
+  CHECK(gemm_efficiency(hw, 16) == 1);  // no points: the GPU profiles run every product at the full rate
+  hw.gemm_efficiency = {{16, 0.25}, {64, 0.5}, {256, 1.0}};
+  CHECK(gemm_efficiency(hw, 8) == 0.25);  // the end points beyond them
+  CHECK(gemm_efficiency(hw, 1024) == 1.0);
+  CHECK(gemm_efficiency(hw, 32) == Approx(0.375));  // halfway in log(dim)
+  hw.optimizer_bandwidth = 1e9;
+  HardwareProfile back = parse_hardware_profile(hardware_profile_json(hw), "z.json");
+  REQUIRE(back.gemm_efficiency.size() == 3);
+  CHECK(back.gemm_efficiency[1].first == 64);
+  CHECK(back.gemm_efficiency[1].second == Approx(0.5));
+  CHECK(back.optimizer_bandwidth == Approx(1e9));
+  RankEstimate est;
+  est.cost.matmul_flops = 3e12;
+  est.cost.matmul_flops_by_dim[gemm_dim_bucket(64)] = 1e12;   // at half the rate
+  est.cost.matmul_flops_by_dim[kGemmDimBuckets - 1] = 2e12;   // at the full rate
+  est.cost.optimizer_bytes = 2e9;
+  PlanMesh one;
+  one.names = {"dp"};
+  one.shape = Shape{1};
+  const StepTime t = roofline(est, one, back, DType::kF32);
+  CHECK(t.matmul_full_rate_s == Approx(3e12 / back.gemm_flops_f32));
+  CHECK(t.matmul_s == Approx(1e12 / (0.5 * back.gemm_flops_f32) + 2e12 / back.gemm_flops_f32));
+  CHECK(t.optimizer_s == Approx(2.0));
+  CHECK(t.memory_s == Approx(2.0));
+  std::string bad = hardware_profile_json(hw);
+  bad.replace(bad.find("\"64\": "), 6, "\"6x\": ");
+  CHECK_THROWS_WITH(parse_hardware_profile(bad, "u.json"),
+                    Catch::Contains("u.json") && Catch::Contains("gemm_efficiency_by_min_dim") && Catch::Contains("6x"));
 }

@@ -198,7 +198,7 @@ struct StepFits {
 //    counted by a meta dry run as the estimate counts them (the optimizer modelled as the estimate
 //    models it: 7 f32 accesses per element). What the GEMM and copy rates do not explain (compute
 //    stretched by the ranks sharing the cores, as the roofline does) is spread over its kernel
-//    calls: dispatch, autograd, allocation, views, and the small GEMMs' shortfall from the n=384 rate;
+//    calls: dispatch, autograd, allocation, views, and what the thin-GEMM efficiencies do not capture;
 //  - dp: the data-parallel plan (DTensor ops, a few collectives) and zero3: the ZeRO-3 plan (the
 //    same DTensor ops, and an all_gather and a reduce_scatter per parameter). Their roofline with
 //    every other fitted figure leaves a remainder; the two remainders give the cost per DTensor
@@ -243,7 +243,7 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
     KernelCostScope cost;
     meta->loss(empty(Shape{2, seq}, io), empty(Shape{2, seq}, io)).backward();
     plain_count.cost = KernelCostScope::totals();
-    plain_count.cost.other_bytes += 7 * 4 * static_cast<double>(cfg.num_parameters());
+    plain_count.cost.optimizer_bytes = 7 * 4 * static_cast<double>(cfg.num_parameters());
   }
   PlanStep dp(kDpPlan, "llama_dp", cfg, ids_g, targets_g);
   PlanStep z3(kZero3Plan, "llama_zero3", cfg, ids_g, targets_g);
@@ -343,6 +343,60 @@ double gemm_rate(DType dt) {
 }
 
 
+// The GEMM rate of thin products as a fraction of `square` (gemm_rate's): for each bound d of
+// kernels/cost.h's buckets, the three products a linear layer of width 512 makes over d tokens in a
+// training step (y = x W^T and dx = dy W: M = d; dW = dy^T x: K = d), timed together in CPU time
+// (median of 7 best-of-3), as the estimate counts them: FLOPs in the bucket of their smallest dim.
+// The products go over several layers' operands in turn, 64 MiB of weights in all for the thin
+// ones, as a step reads each layer's weights from memory, not from a warm cache (one hot 512 x 512
+// weight gave 0.87 at d = 64 where a llama-30m step ran its d = 64 products at 0.64-0.76).
+std::vector<std::pair<int64_t, double>> gemm_efficiency_points(double square) {
+  const int64_t width = 512;
+  std::vector<std::pair<int64_t, double>> pts;
+  for (const int64_t d : kGemmDimBound) {
+    const double flops_per_layer = 3 * 2.0 * static_cast<double>(d * width * width);
+    // 64 layers (64 MiB of f32 weights), fewer where one pass would exceed about 2 GFLOP (wide d:
+    // compute bound, the cache matters less).
+    const int64_t layers = std::clamp<int64_t>(static_cast<int64_t>(2e9 / flops_per_layer), 4, 64);
+    std::vector<Tensor> x, w, dy;
+    for (int64_t l = 0; l < layers; ++l) {
+      x.push_back(ones(Shape{d, width}));
+      w.push_back(ones(Shape{width, width}));
+      dy.push_back(ones(Shape{d, width}));
+    }
+    const double t = median_best_of_3(
+        [&] {
+          for (int64_t l = 0; l < layers; ++l) {
+            const size_t i = static_cast<size_t>(l);
+            (void)matmul(x[i], w[i].transpose(0, 1));
+            (void)matmul(dy[i], w[i]);
+            (void)matmul(dy[i].transpose(0, 1), x[i]);
+          }
+        },
+        /*cpu_clock=*/true);
+    pts.emplace_back(d, flops_per_layer * static_cast<double>(layers) / t / square);
+  }
+  return pts;
+}
+
+// The optimizer's bytes per second as the estimate counts them (7 f32 accesses per element: p, g,
+// m, v read; p, m, v written): AdamW's step over 8 tensors of 1 M elements (224 MB, beyond the
+// caches, as a model's state is), in CPU time, median of 7 best-of-3.
+double optimizer_bandwidth() {
+  NamedTensors params;
+  for (int i = 0; i < 8; ++i) {
+    Tensor p = ones(Shape{1024, 1024});
+    p.requires_grad_(true);
+    p.set_grad(ones(Shape{1024, 1024}));
+    params.emplace_back(fmt::format("w{}", i), p);
+  }
+  AdamWOptions ao;
+  ao.lr = 1e-6;
+  AdamW opt(make_param_groups(params, 0.0), ao);
+  const double t = median_best_of_3([&] { opt.step(); }, /*cpu_clock=*/true);
+  return 7.0 * 4.0 * 8.0 * 1024.0 * 1024.0 / t;
+}
+
 }  // namespace
 
 int run_calibrate(const std::string& out) {
@@ -360,7 +414,8 @@ int run_calibrate(const std::string& out) {
   // copy: the median of 7 best-of-3 timings in CPU time (the rate while running; the time a loaded
   // host does not give the rank is the profile's cpu_share, fitted below).
   const int k = w.size();
-  std::vector<double> rates(3, 0.0);
+  constexpr int kEff = kGemmDimBuckets - 1;
+  std::vector<double> rates(4 + kEff, 0.0);
   std::vector<std::string> notes;
   if (w.rank() < hw.compute_slots) {
     rates[0] = gemm_rate(DType::kF32);
@@ -369,17 +424,22 @@ int run_calibrate(const std::string& out) {
     Tensor src = ones(Shape{n}), dst = empty(Shape{n});
     const double t = median_best_of_3([&] { dst.copy_(src); }, /*cpu_clock=*/true);
     rates[2] = 2.0 * 4.0 * static_cast<double>(n) / t;  // read + written, as kernels/cost.h counts
+    const auto pts = gemm_efficiency_points(rates[0]);
+    for (int i = 0; i < kEff; ++i) rates[static_cast<size_t>(3 + i)] = pts[static_cast<size_t>(i)].second;
+    rates[static_cast<size_t>(3 + kEff)] = optimizer_bandwidth();
   }
   if (k > 1) {
     DeviceMesh all(Shape{k}, {"world"});
     quiet_wait(all.comm().barrier_async());
-    Tensor r = from_vector<double>(rates, Shape{3});
+    Tensor r = from_vector<double>(rates, Shape{4 + kEff});
     all.comm().broadcast(r, 0);
     rates = r.to_vector<double>();
   }
   hw.gemm_flops_f32 = rates[0];
   hw.gemm_flops_bf16 = rates[1];
   hw.memory_bandwidth = rates[2];
+  for (int i = 0; i < kEff; ++i) hw.gemm_efficiency.emplace_back(kGemmDimBound[i], rates[static_cast<size_t>(3 + i)]);
+  hw.optimizer_bandwidth = rates[static_cast<size_t>(3 + kEff)];
   if (k > 1) {
     DeviceMesh mesh(Shape{k}, {"world"});
     Communicator c = mesh.comm();
@@ -393,7 +453,8 @@ int run_calibrate(const std::string& out) {
     const double rest = std::max(tb - ts, tb * 0.05);
     hw.intra.bandwidth = 2 * (kk - 1) / kk * 4.0 * static_cast<double>(big_n) / rest;
     hw.description = fmt::format(
-        "calibrated by `meshtrain plan --calibrate` on {} ranks of this host: f32 GEMM n=384, a 64 MiB copy, "
+        "calibrated by `meshtrain plan --calibrate` on {} ranks of this host: f32 GEMM n=384 and its efficiency "
+        "at thin dims 8-512 (a linear layer's three products), a 64 MiB copy, AdamW over 8 M elements, "
         "MPI all_reduce of 4 B and 16 MiB, the host time per kernel call fitted on a llama-tiny training step, "
         "per DTensor redistribution on a timed Shard(0) -> Replicate, per DTensor op dispatch and per blocking "
         "collective on llama-tiny steps under the data-parallel and ZeRO-3 plans over all ranks, and {} compute "
@@ -402,7 +463,7 @@ int run_calibrate(const std::string& out) {
     // A world of one has no peers to time: a collective is taken as a copy through shared memory.
     hw.intra.alpha_s = 5e-6;
     hw.intra.bandwidth = hw.memory_bandwidth / 2;
-    hw.description = "calibrated by `meshtrain plan --calibrate` in a world of one: GEMM, copy, per-kernel, per-redistribution and "
+    hw.description = "calibrated by `meshtrain plan --calibrate` in a world of one: GEMM (n=384 and thin dims 8-512), copy, AdamW, per-kernel, per-redistribution and "
                      "per-DTensor-op (one-rank data-parallel and ZeRO-3 plan steps) overheads timed; "
                      "the links are not (alpha 5 us and half the copy bandwidth assumed; run it under mpirun -np 2 "
                      "or more)";

@@ -171,10 +171,17 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
                  fmt::format("{} over {}", c.key.kind, c.key.dims), human(static_cast<double>(c.tally.bytes)), kShapes,
                  c.tally.calls, c.tally.group_size, seconds_str(c.seconds), kModel, c.inter_node ? "inter-node" : "intra-node");
     if (t.collectives.empty()) fmt::print("  {:<28} {:>14}  {}\n", "communication", "none", kShapes);
-    fmt::print("  {:<28} {:>14}  {}  ({} matmul/attention kernels) -> {} {}\n", "matmul FLOPs",
-               fmt::format("{:.4g}", e.cost.matmul_flops), kShapes, e.cost.matmuls, seconds_str(t.matmul_s), kModel);
-    fmt::print("  {:<28} {:>14}  {}  ({} kernels, optimizer {}) -> {} {}\n", "memory-bound bytes",
-               human(e.cost.other_bytes), kShapes, e.cost.kernels - e.cost.matmuls, kModel, seconds_str(t.memory_s), kModel);
+    const std::string thin = t.matmul_s > t.matmul_full_rate_s * 1.005
+                                 ? fmt::format("; x {:.2f} for thin dims, the profile's GEMM efficiency",
+                                               t.matmul_s / t.matmul_full_rate_s)
+                                 : std::string();
+    fmt::print("  {:<28} {:>14}  {}  ({} matmul/attention kernels{}) -> {} {}\n", "matmul FLOPs",
+               fmt::format("{:.4g}", e.cost.matmul_flops), kShapes, e.cost.matmuls, thin, seconds_str(t.matmul_s),
+               kModel);
+    fmt::print("  {:<28} {:>14}  {}  ({} kernels) -> {} {}\n", "memory-bound bytes", human(e.cost.other_bytes), kShapes,
+               e.cost.kernels - e.cost.matmuls, seconds_str(t.memory_s - t.optimizer_s), kModel);
+    fmt::print("  {:<28} {:>14}  {}  (its reads and writes per element) -> {} {}\n", "optimizer bytes",
+               human(e.cost.optimizer_bytes), kModel, seconds_str(t.optimizer_s), kModel);
     // Host overhead per call kind: the calls are counted in the dry run, the cost per call is the profile's.
     auto overhead = [&](const char* what, int64_t calls, double total) {
       if (total > 0)
@@ -216,11 +223,12 @@ nlohmann::ordered_json rank_json(const RankEstimate& e, const StepTime& t, const
                          {"seconds", c.seconds}, {"bytes_source", kShapes}, {"seconds_source", kModel}});
   j["matmul_flops"] = e.cost.matmul_flops;
   j["memory_bound_bytes"] = e.cost.other_bytes;
+  j["optimizer_bytes_moved"] = e.cost.optimizer_bytes;
   j["kernels"] = e.cost.kernels;
   j["dist_ops"] = e.cost.dist_ops;
   j["redistributes"] = e.cost.redistributes;
   j["blocking_collectives"] = e.cost.blocking_collectives;
-  j["step_time"] = {{"matmul_s", t.matmul_s}, {"memory_s", t.memory_s}, {"overhead_s", t.overhead_s},
+  j["step_time"] = {{"matmul_s", t.matmul_s}, {"memory_s", t.memory_s}, {"optimizer_s", t.optimizer_s}, {"overhead_s", t.overhead_s},
                     {"kernel_overhead_s", t.kernel_overhead_s}, {"dist_overhead_s", t.dist_overhead_s},
                     {"redistribute_overhead_s", t.redistribute_overhead_s},
                     {"collective_overhead_s", t.collective_overhead_s},

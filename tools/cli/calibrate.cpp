@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "plan/parallelize.h"
 #include "plan/plan.h"
 #include "plan/roofline.h"
+#include "runtime/profiler.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/meta_memory.h"
@@ -187,7 +189,66 @@ struct PlanStep {
 struct StepFits {
   Fit kernel, dist_op, collective;
   double cpu_share = 1;
+  // Per bucket of kernels/cost.h (0: none of the step's products fell in it): the GEMM efficiency
+  // the plain step's own matmuls reached, measured by the profiler.
+  std::vector<double> step_gemm_efficiency = std::vector<double>(kGemmDimBuckets - 1, 0.0);
 };
+
+// The smallest dim of a matmul event ("[M,K] [K,N] [M,N]", batched dims first): as kernels/cost.h
+// buckets it.
+int64_t matmul_min_dim(const std::string& shapes) {
+  std::vector<std::vector<int64_t>> views;
+  size_t i = 0;
+  while ((i = shapes.find('[', i)) != std::string::npos) {
+    const size_t j = shapes.find(']', i);
+    if (j == std::string::npos) break;
+    std::vector<int64_t> dims;
+    std::stringstream ss(shapes.substr(i + 1, j - i - 1));
+    std::string d;
+    while (std::getline(ss, d, ',')) dims.push_back(std::atoll(d.c_str()));
+    views.push_back(dims);
+    i = j + 1;
+  }
+  if (views.size() < 3 || views[0].size() < 2 || views[2].size() < 2) return 0;
+  const auto& a = views[0];
+  const auto& out = views[2];
+  return std::min({out[out.size() - 2], out.back(), a.back()});
+}
+
+// The GEMM efficiency a real step's matmuls reach, per bucket: `steps` profiled runs of `step`,
+// each matmul's time (the profiler's, around the kernel) and FLOPs summed per bucket, the rate
+// taken as a fraction of `square` (CPU-time rate: the wall times are scaled by the runs' CPU share).
+std::vector<double> step_gemm_efficiency(const std::function<void()>& step, int steps, double square) {
+  std::vector<double> flops(kGemmDimBuckets, 0.0), secs(kGemmDimBuckets, 0.0);
+  const double c0 = cpu_seconds();
+  const auto w0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) {
+    Profiler prof;
+    step();
+    prof.stop();
+    for (const ProfileEvent& e : prof.events()) {
+      if (e.kind != ProfileEvent::Kind::kOp || e.name != "matmul" || e.flops <= 0) continue;
+      const int b = gemm_dim_bucket(matmul_min_dim(e.shapes));
+      flops[static_cast<size_t>(b)] += e.flops;
+      secs[static_cast<size_t>(b)] += e.dur_us * 1e-6;
+    }
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  const double share = std::clamp((cpu_seconds() - c0) / std::max(wall, 1e-9), 0.05, 1.0);
+  std::vector<double> eff(kGemmDimBuckets - 1, 0.0);
+  for (int b = 0; b + 1 < kGemmDimBuckets; ++b)
+    if (secs[static_cast<size_t>(b)] > 0)
+      eff[static_cast<size_t>(b)] = flops[static_cast<size_t>(b)] / (secs[static_cast<size_t>(b)] * share) / square;
+  return eff;
+}
+
+// `hw`'s GEMM efficiency points with the buckets a real step measured (`eff`, 0: not measured)
+// in place of the synthetic ones at those bounds.
+void merge_step_efficiency(HardwareProfile& hw, const std::vector<double>& eff) {
+  for (auto& [d, f] : hw.gemm_efficiency)
+    for (int b = 0; b + 1 < kGemmDimBuckets; ++b)
+      if (kGemmDimBound[b] == d && eff[static_cast<size_t>(b)] > 0) f = eff[static_cast<size_t>(b)];
+}
 
 
 // Host time per kernel call, per DTensor op dispatch and per collective call, fitted on three real
@@ -228,6 +289,12 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
     plain->zero_grad();
   };
   plain_step();
+  // The plain step's own matmuls, profiled: their efficiency per bucket replaces the synthetic
+  // products' (tools/cli/calibrate.cpp, gemm_efficiency_points) where the step has products, so
+  // that what a real step's GEMMs lose to a square product is charged to its FLOPs, not spread
+  // over every kernel call.
+  StepFits f;
+  f.step_gemm_efficiency = step_gemm_efficiency(plain_step, 3, hw.gemm_flops_f32);
   RankEstimate plain_count;
   {
     std::shared_ptr<CausalLM> meta;
@@ -278,7 +345,7 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
   const PlanMesh one{{"dp"}, Shape{k}};  // the plain step's ranks share the cores as the plans' do
   HardwareProfile h = hw;
   h.kernel_overhead_s = h.dist_op_overhead_s = h.collective_overhead_s = 0;
-  StepFits f;
+  merge_step_efficiency(h, f.step_gemm_efficiency);
   // The plain steps make no MPI call: CPU / wall is the rank's share of the host, of which ranks /
   // slots is this job's own crowding (the roofline's sharing); the rest is other load.
   const double own = std::max(1.0, static_cast<double>(k) / static_cast<double>(hw.compute_slots));
@@ -483,9 +550,10 @@ int run_calibrate(const std::string& out) {
     notes.push_back(sf.dist_op.note);
     std::vector<double> fit{sf.kernel.per_call_s, sf.dist_op.per_call_s, fr.per_call_s, sf.collective.per_call_s,
                             sf.cpu_share};
+    fit.insert(fit.end(), sf.step_gemm_efficiency.begin(), sf.step_gemm_efficiency.end());
     if (k > 1) {
       DeviceMesh all(Shape{k}, {"world"});
-      Tensor f = from_vector<double>(fit, Shape{5});
+      Tensor f = from_vector<double>(fit, Shape{static_cast<int64_t>(fit.size())});
       all.comm().broadcast(f, 0);
       fit = f.to_vector<double>();
     }
@@ -495,6 +563,7 @@ int run_calibrate(const std::string& out) {
     hw.redistribute_overhead_s = std::max(0.0, fit[2] - fr.kernels_per_call * fit[0]);
     hw.collective_overhead_s = fit[3];
     hw.cpu_share = fit[4];
+    merge_step_efficiency(hw, std::vector<double>(fit.begin() + 5, fit.end()));
   }
   if (w.rank() == 0) {
     std::ofstream f(out);

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(g++ meson ninja-build pkg-config libeigen3-dev libfmt-dev nlohmann-json3-dev catch2 libre2-dev python3 libopenmpi-dev openmpi-bin)
+PKGS=(g++ meson ninja-build pkg-config libeigen3-dev libopenblas-dev libfmt-dev nlohmann-json3-dev catch2 libre2-dev python3 libopenmpi-dev openmpi-bin)
 read -r -a extra <<< "${MT_EXTRA_PKGS:-}"
 PKGS+=("${extra[@]}")
 missing=()

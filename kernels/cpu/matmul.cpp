@@ -1,12 +1,21 @@
-// Batched GEMM on the CPU through Eigen, without copies: each matrix of a and b is mapped in place
-// as row-major (unit stride along its columns) or column-major (unit stride along its rows) with
-// an outer stride, so transposed views cost nothing. Many small matrices run in parallel over the
-// batch (Eigen then stays single-threaded inside the OpenMP region); big ones run one after the
-// other and Eigen's GEMM parallelizes each of them internally. Every output element is computed
-// by one GEMM call, so results do not depend on how the batch is split across threads.
+// Batched GEMM on the CPU, without copies: each matrix of a and b is taken in place as row-major
+// (unit stride along its columns) or column-major (unit stride along its rows) with an outer
+// stride, so transposed views cost nothing. Many small matrices run in parallel over the batch
+// (single-threaded GEMMs inside the OpenMP region); big ones run one after the other and the GEMM
+// parallelizes each of them internally. Every output element is computed by one GEMM call, so
+// results do not depend on how the batch is split across threads.
+// The GEMM: OpenBLAS's sgemm/dgemm where the build found it (MT_HAVE_OPENBLAS, meson option
+// `blas`; single-threaded calls on fixed column blocks, spread over OpenMP's threads), Eigen's
+// otherwise (docs/decisions.md, "CPU GEMM").
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <type_traits>
+
+#include "config.h"
+#if MT_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -51,6 +60,63 @@ using MatMap = Eigen::Map<const Eigen::Matrix<T, Dynamic, Dynamic, Order>, Eigen
 template <class T>
 using OutMap = Eigen::Map<Eigen::Matrix<T, Dynamic, Dynamic, Eigen::RowMajor>>;
 
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+#if MT_HAVE_OPENBLAS
+// Columns of out per OpenBLAS call: the same calls whatever the thread count (threads only take
+// blocks in turn), so the bits do not depend on it. OpenBLAS's own threading does change them
+// (tests/tensor/test_linalg.cpp found it at [256, 512] x [512, 1376]): it runs on one thread.
+constexpr int64_t kBlasCols = 256;
+
+// out = alpha * a @ b + beta * out through cblas (row-major out, ld n), in column blocks of
+// kBlasCols spread over OpenMP's threads (one after the other inside a parallel region); false
+// where BLAS cannot take the operands as they lie (a leading dimension below its matrix's width,
+// e.g. broadcast rows, or sizes past int).
+template <class T>
+bool blas_gemm(const T* a, const MatLayout& la, const T* b, const MatLayout& lb, T* out, T alpha, T beta) {
+  const int64_t m = la.rows, k = la.cols, n = lb.cols;
+  const int64_t lim = int64_t{1} << 31;
+  if (m >= lim || n >= lim || k >= lim || la.ld >= lim || lb.ld >= lim) return false;
+  // Row-major a: [m, k] with lda >= k, no transpose; column-major a: the row-major [k, m] with
+  // lda >= m, transposed. The same for b.
+  if (la.ld < std::max<int64_t>(1, la.row_major ? k : m) || lb.ld < std::max<int64_t>(1, lb.row_major ? n : k))
+    return false;
+  static const bool one_thread = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)one_thread;
+  const auto ta = la.row_major ? CblasNoTrans : CblasTrans, tb = lb.row_major ? CblasNoTrans : CblasTrans;
+  const int blocks = static_cast<int>((n + kBlasCols - 1) / kBlasCols);
+  auto block = [&](int i) {
+    const int64_t j0 = i * kBlasCols, nj = std::min(kBlasCols, n - j0);
+    // Column j0 of b: b + j0 (row-major) or b + j0 * ld (column-major).
+    const T* bj = b + (lb.row_major ? j0 : j0 * lb.ld);
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(nj), static_cast<int>(k), alpha, a,
+                  static_cast<int>(la.ld), bj, static_cast<int>(lb.ld), beta, out + j0, static_cast<int>(n));
+    else
+      cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(nj), static_cast<int>(k), alpha, a,
+                  static_cast<int>(la.ld), bj, static_cast<int>(lb.ld), beta, out + j0, static_cast<int>(n));
+  };
+#ifdef _OPENMP
+  if (blocks > 1 && !omp_in_parallel() && max_threads() > 1 && m * n * k >= int64_t{64} * 64 * 64) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < blocks; ++i) block(i);
+    return true;
+  }
+#endif
+  for (int i = 0; i < blocks; ++i) block(i);
+  return true;
+}
+#endif
+
 // out = alpha * a @ b + beta * out for one matrix triple.
 template <class T, int OrderA, int OrderB>
 void gemm_one(const T* a, const MatLayout& la, const T* b, const MatLayout& lb, T* out, T alpha, T beta) {
@@ -62,6 +128,9 @@ void gemm_one(const T* a, const MatLayout& la, const T* b, const MatLayout& lb, 
       o *= beta;
     return;
   }
+#if MT_HAVE_OPENBLAS
+  if (blas_gemm(a, la, b, lb, out, alpha, beta)) return;
+#endif
   MatMap<T, OrderA> ma(a, la.rows, la.cols, OuterStride<>(la.ld));
   MatMap<T, OrderB> mb(b, lb.rows, lb.cols, OuterStride<>(lb.ld));
   if (beta == T(0)) {  // never read out: it may hold garbage
@@ -73,14 +142,6 @@ void gemm_one(const T* a, const MatLayout& la, const T* b, const MatLayout& lb, 
     if (beta != T(1)) o *= beta;
     o.noalias() += (alpha * ma) * mb;
   }
-}
-
-int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
 }
 
 template <class T, int OrderA, int OrderB>
@@ -107,7 +168,7 @@ void matmul_typed(const MatmulParams& p, const MatLayout& la, const MatLayout& l
   };
 
   if (batch == 1) {
-    run(0);  // Eigen parallelizes a big GEMM itself
+    run(0);  // the GEMM parallelizes a big product itself
     return;
   }
   // Small matrices, or enough of them to keep every thread busy: split the batch across threads.

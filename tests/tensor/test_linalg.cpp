@@ -3,6 +3,10 @@
 // differences, and error messages.
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kernels/registry.h"
 #include "testing.h"
 
@@ -145,6 +149,32 @@ TEST_CASE("matmul of larger and many small matrices (threaded paths)", "[cpu]") 
   REQUIRE_CLOSE(bmm(sa, sb), ref_matmul(sa, sb), 1e-12, 1e-12);
   Tensor ma = rand({3, 120, 130}, DType::kF64, 5), mb = rand({3, 130, 110}, DType::kF64, 6);
   REQUIRE_CLOSE(bmm(ma, mb), ref_matmul(ma, mb), 1e-11, 1e-11);
+}
+
+TEST_CASE("matmul does not depend on the thread count (OpenBLAS or Eigen)", "[cpu]") {
+#ifdef _OPENMP
+  // Shapes of a training step (thin weight gradients, transposed operands) and odd ones, f32 and
+  // f64, each at 1 and 3 threads: the same bits (the CPU backend's promise, docs/decisions.md).
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {{256, 512}, {512, 1376}}, {{300, 700}, {700, 500}}, {{67, 131}, {131, 29}}, {{1, 513}, {513, 1025}}};
+  const int prev = omp_get_max_threads();
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    for (const auto& [sa, sb] : shapes) {
+      Tensor a = rand(sa, dt, 11), b = rand(sb, dt, 12);
+      Tensor at = rand(Shape{sa[1], sa[0]}, dt, 13).transpose(0, 1);  // a weight gradient's dy^T
+      auto run = [&](int threads) {
+        omp_set_num_threads(threads);
+        return std::vector<Tensor>{matmul(a, b), matmul(at, b), matmul(b.transpose(0, 1), a.transpose(0, 1))};
+      };
+      const auto one = run(1), many = run(3);
+      for (size_t i = 0; i < one.size(); ++i) {
+        INFO(fmt::format("{} {} x {} product {}", dtype_name(dt), sa, sb, i));
+        REQUIRE(one[i].to_vector<double>() == many[i].to_vector<double>());
+      }
+    }
+  }
+  omp_set_num_threads(prev);
+#endif
 }
 
 TEST_CASE("matmul with empty dims", "[cpu]") {

@@ -70,6 +70,12 @@ Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {
       ctx.tied_param = "model.embed_tokens.weight";
       if (ctx.stage + 1 == ctx.pipeline->size()) keep.push_back("model.embed_tokens");
     }
+    // fsdp entries: a unit regex may match only another stage's modules (that stage makes the
+    // unit, this one skips it), but one matching nothing in the whole model is the usual error,
+    // checked here on the whole (meta) model before pruning hides the other stages.
+    bool has_fsdp = false;
+    for (const PlanEntry& e : ctx.plan.entries()) has_fsdp |= e.kind == PlanEntryKind::kFsdp;
+    if (has_fsdp) (void)lower(ctx.plan, model, *ctx.mesh);
     prune_to_stage(model, *ctx.pipeline, ctx.stage, keep);
     model.set_pipeline_span(st.first, st.last);
   }

@@ -9,6 +9,7 @@
 #include "models/corpus.h"
 #include "models/recompute.h"
 #include "mesh/dtensor.h"
+#include "mesh/redistribute.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip.h"
 #include "optim/muon.h"
@@ -233,6 +234,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
         tied_comm_ = Communicator::create({pp.front(), pp.back()}, kTiedTag,
                                           "tied embeddings (first and last pipeline stage)");
         tied_param_ = plan->tied_param;
+        check_tied_layout(plan->path);
       }
     }
   }
@@ -283,6 +285,37 @@ StepResult Trainer::gradients(int64_t step, const std::function<TokenBatch()>& n
   return {loss_sum / static_cast<double>(accum_), 0};
 }
 
+void Trainer::check_tied_layout(const std::string& plan_path) {
+  // The tied weight's gradient is summed over the two stages' local tensors when both hold the
+  // same piece of it; under FSDP the unit's layout decides (the root unit holds other parameters
+  // on the last stage than on the first), so compare.
+  const Tensor w = model_.get_parameter(tied_param_);
+  std::string mine = "unsharded";
+  if (w.is_distributed()) {
+    mine.clear();
+    for (const Placement& p : dtensor_spec(w, "tied embeddings").placements()) mine += p.str() + " ";
+    mine += fmt::format("local {}", to_local(w.detach()).shape());
+  }
+  constexpr int64_t kLen = 512;
+  std::vector<int64_t> v(kLen, 0);
+  for (size_t i = 0; i < mine.size() && i < static_cast<size_t>(kLen); ++i) v[i] = mine[i];
+  Tensor both = empty(Shape{2 * kLen}, DType::kI64);
+  tied_comm_.all_gather(from_vector<int64_t>(v, Shape{kLen}), both);
+  std::vector<int64_t> got = both.to_vector<int64_t>();
+  auto text = [&](int64_t r) {
+    std::string t;
+    for (int64_t i = r * kLen; i < (r + 1) * kLen && got[static_cast<size_t>(i)] != 0; ++i)
+      t += static_cast<char>(got[static_cast<size_t>(i)]);
+    return t;
+  };
+  const std::string first = text(0), last = text(1);
+  // Different pieces (the root FSDP unit holds the embedding alone on the first stage, with the
+  // final norm on the last, and lays it out differently): the gradient is summed whole (gathered
+  // over the stage mesh, summed, cut back to each stage's piece) instead of piece by piece.
+  tied_whole_ = first != last;
+  (void)plan_path;
+}
+
 StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) {
   // The micro-batches are drawn in the single-device order on every rank, whatever its stage.
   std::vector<TokenBatch> batches;
@@ -315,8 +348,19 @@ StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) 
     Tensor g = model_.get_parameter(tied_param_).grad();
     MT_CHECK(g.defined(), "meshtrain {}: tied parameter {} got no gradient on pipeline stage {}", command_, tied_param_,
              pipe_->stage());
-    Tensor local = g.is_distributed() ? to_local(g) : g;
-    tied_comm_.all_reduce(local);
+    if (tied_whole_) {
+      // The stages hold different pieces of it (FSDP layouts, check_tied_layout): sum it whole.
+      NoGradGuard ng;
+      const DTensorSpec& spec = dtensor_spec(g, "tied embeddings");
+      const Placements repl(spec.placements().size(), Placement::replicate());
+      Tensor whole = redistribute_local(to_local(g.detach()), spec.global_shape(), spec.placements(), repl,
+                                        spec.mesh());
+      tied_comm_.all_reduce(whole);
+      to_local(g.detach()).copy_(redistribute_local(whole, spec.global_shape(), repl, spec.placements(), spec.mesh()));
+    } else {
+      Tensor local = g.is_distributed() ? to_local(g) : g;
+      tied_comm_.all_reduce(local);
+    }
   }
   if (one_pass_)
     master_->attach_model_grads();

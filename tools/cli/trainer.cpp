@@ -9,7 +9,6 @@
 #include "models/corpus.h"
 #include "models/recompute.h"
 #include "mesh/dtensor.h"
-#include "mesh/redistribute.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip.h"
 #include "optim/muon.h"
@@ -286,9 +285,9 @@ StepResult Trainer::gradients(int64_t step, const std::function<TokenBatch()>& n
 }
 
 void Trainer::check_tied_layout(const std::string& plan_path) {
-  // The tied weight's gradient is summed over the two stages' local tensors when both hold the
-  // same piece of it; under FSDP the unit's layout decides (the root unit holds other parameters
-  // on the last stage than on the first), so compare.
+  // The tied weight's gradient is summed over the two stages' local tensors: both must hold the
+  // same piece of it (parallelize_run refuses it inside an FSDP unit; this catches any other
+  // sharding that differs between the stages).
   const Tensor w = model_.get_parameter(tied_param_);
   std::string mine = "unsharded";
   if (w.is_distributed()) {
@@ -309,11 +308,11 @@ void Trainer::check_tied_layout(const std::string& plan_path) {
     return t;
   };
   const std::string first = text(0), last = text(1);
-  // Different pieces (the root FSDP unit holds the embedding alone on the first stage, with the
-  // final norm on the last, and lays it out differently): the gradient is summed whole (gathered
-  // over the stage mesh, summed, cut back to each stage's piece) instead of piece by piece.
-  tied_whole_ = first != last;
-  (void)plan_path;
+  MT_CHECK(first == last,
+           "meshtrain {}: {}: the tied weight {} is laid out differently on the first pipeline stage ({}) and the "
+           "last ({}), so its gradient cannot be summed over the two stages piece by piece; expected one layout of "
+           "it on both stages",
+           command_, plan_path, tied_param_, first, last);
 }
 
 StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) {
@@ -348,19 +347,8 @@ StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) 
     Tensor g = model_.get_parameter(tied_param_).grad();
     MT_CHECK(g.defined(), "meshtrain {}: tied parameter {} got no gradient on pipeline stage {}", command_, tied_param_,
              pipe_->stage());
-    if (tied_whole_) {
-      // The stages hold different pieces of it (FSDP layouts, check_tied_layout): sum it whole.
-      NoGradGuard ng;
-      const DTensorSpec& spec = dtensor_spec(g, "tied embeddings");
-      const Placements repl(spec.placements().size(), Placement::replicate());
-      Tensor whole = redistribute_local(to_local(g.detach()), spec.global_shape(), spec.placements(), repl,
-                                        spec.mesh());
-      tied_comm_.all_reduce(whole);
-      to_local(g.detach()).copy_(redistribute_local(whole, spec.global_shape(), repl, spec.placements(), spec.mesh()));
-    } else {
-      Tensor local = g.is_distributed() ? to_local(g) : g;
-      tied_comm_.all_reduce(local);
-    }
+    Tensor local = g.is_distributed() ? to_local(g) : g;
+    tied_comm_.all_reduce(local);
   }
   if (one_pass_)
     master_->attach_model_grads();

@@ -127,10 +127,8 @@ class Trainer {
   std::unique_ptr<PipelineRng> rng_;
   Communicator tied_comm_;  // tied embeddings: the first and the last stage (on those two only)
   std::string tied_param_;
-  bool tied_whole_ = false;  // the tied weight's gradient summed whole (check_tied_layout)
   StepResult pipeline_gradients(const std::function<TokenBatch()>& next);
-  // Sets tied_whole_: whether the first and the last stage hold different pieces of the tied
-  // weight (FSDP layouts), so that its gradient is summed whole.
+  // Refuses a tied weight of which the first and the last stage hold different pieces.
   void check_tied_layout(const std::string& plan_path);
 };
 

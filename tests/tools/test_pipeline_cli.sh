@@ -11,7 +11,7 @@
 #           GPipe and interleaved 1F1B; tied embeddings in a unit refused, left out they train;
 #   bad input (exit 2, naming the flag or plan line): --accum below the stage count under 1F1B,
 #           a pp size that does not divide the layer count, an entry naming the pipeline dim.
-# MODE fast (suite cli/mpi, ~45 s with the pp x FSDP rows) or slow (pp 4, pp x tp, pp x dp x tp at np 8, pp x ZeRO-3;
+# MODE fast (suite cli/mpi, ~45 s with the pp x FSDP rows) or slow (pp 4, pp x tp, pp x dp x tp and pp x FSDP x tp at np 8, pp x ZeRO-3;
 # suite slow, ~25 s).
 # usage: test_pipeline_cli.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
@@ -129,6 +129,8 @@ else
   # TP partial sums round differently (as llama_tp): drift-tol after AdamW.
   parity "$PLANS/llama_pp_tp.plan" 4 5 2 1e-5 5e-2
   parity "$PLANS/llama_pp_dp_tp.plan" 8 3 2 1e-5 5e-2 --batch 4
+  # FSDP units over dp x TP within each stage (pp 2 x tp 2 x dp 2).
+  parity "$PLANS/llama_pp_fsdp_tp.plan" 8 3 2 1e-5 5e-2 --batch 4
   # ZeRO-3 within each stage (parameters stored S(0) over dp, gathered for compute).
   printf 'mesh pp=2 dp=*\nstages pp=even\nplace model <in>:0 dp=S(0)\nfactory model rope dp=R\ninit .* .* dp=S(0)\nrun .* .* dp=R\n' \
     > "$WORK/llama_pp_zero3.plan"

@@ -11,7 +11,7 @@
 #           GPipe and interleaved 1F1B; tied embeddings in a unit refused, left out they train;
 #   bad input (exit 2, naming the flag or plan line): --accum below the stage count under 1F1B,
 #           a pp size that does not divide the layer count, an entry naming the pipeline dim.
-# MODE fast (suite cli/mpi, ~45 s with the pp x FSDP rows) or slow (pp 4, pp x tp, pp x dp x tp and pp x FSDP x tp at np 8, pp x ZeRO-3;
+# MODE fast (suite cli/mpi, ~60 s with the pp x FSDP rows) or slow (pp 4, pp x tp, pp x dp x tp and pp x FSDP x tp at np 8, pp x ZeRO-3;
 # suite slow, ~25 s).
 # usage: test_pipeline_cli.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
@@ -103,6 +103,7 @@ PY
   resume "without a plan" 1
   resume "under gpipe pp 4" 4 --plan "$WORK/llama_pp_gpipe.plan"
   resume "under pp 2 x dp 2" 4 --plan "$PLANS/llama_pp_dp.plan"
+  resume "under pp 2 x FSDP dp 2" 4 --plan "$PLANS/llama_pp_fsdp.plan"
   # A sharded checkpoint of another plan: each stage reads its own tensors' boxes.
   mpi 2 "$BIN" train --plan "$PLANS/llama_tp.plan" $F --stop-at 2 --checkpoint-dir "$WORK/tp" > "$WORK/t.txt" 2>&1 \
     || fail "train under llama_tp: $(tail -n 2 "$WORK/t.txt")"

@@ -71,7 +71,12 @@ struct FsdpUnitBuffer::State {
   Tensor grad_recv;                   // ordered reduction: every rank's chunk of my shard
   bool ordered = false;               // reduce in rank order (all-to-all + sums), not reduce-scatter
   std::vector<char> claimed;          // per parameter: its destination was handed out
-  bool node_pending = false;          // a recorded gather whose backward has not run yet
+  // Recorded gathers whose backward has not run yet. Under a pipeline schedule several are alive
+  // at once (micro-batch m+1's forward before m's backward); the parameters do not change within
+  // the step, so every node's saved views read the same `full`, and their backwards run one at a
+  // time (each micro-batch's backward is one autograd run): `claimed` is per backward, reset by
+  // the node that ran it, and destinations are handed out while any node is pending.
+  int64_t nodes_pending = 0;
   bool zero_copy = true;              // hand out gradient destinations
   std::vector<std::pair<int64_t, int64_t>> gaps;  // [begin, end) of grad_full no parameter covers
   std::map<int64_t, size_t> by_offset;            // full-buffer offset -> parameter (numel > 0)
@@ -131,7 +136,7 @@ struct FsdpUnitBuffer::State {
   // The gradient destination of compute tensor `w` (a view of `full`): its place in grad_full,
   // once per backward of the unit.
   Tensor destination(const Tensor& w) {
-    if (!node_pending || !zero_copy) return Tensor();
+    if (nodes_pending <= 0 || !zero_copy) return Tensor();
     auto it = by_offset.find(w.offset() - full.offset());
     if (it == by_offset.end()) return Tensor();
     const size_t i = it->second;
@@ -303,7 +308,7 @@ struct FsdpUnitBuffer::State {
     }
     for (const auto& [b, e] : gaps) grad_full.narrow(0, b, e - b).zero_();  // padding: zeros
     std::fill(claimed.begin(), claimed.end(), 0);
-    node_pending = false;
+    if (nodes_pending > 0) --nodes_pending;
     // The shard of gradients: grad_shard, unless a .grad still views it (gradients accumulated
     // over several backwards), then grad_scratch, which AccumulateGrad adds into .grad.
     bool busy = false;
@@ -394,8 +399,9 @@ struct FsdpUnitBuffer::State {
       any_grad |= p.stored.requires_grad();
     }
     if (!record || !any_grad) return;
-    node_pending = true;
-    std::fill(claimed.begin(), claimed.end(), 0);
+    // (claimed stays: a pending node's backward may have claimed nothing yet, and a fresh gather
+    // adds a node; the flags are reset when a backward of the unit completes.)
+    ++nodes_pending;
     // The node keeps the state alive while a graph needs it; end_forward() drops the gathered
     // tensors that point back at the node.
     auto node = std::make_shared<FunctionNode>("FsdpUnitGather", [self](const std::vector<Tensor>& g) {
@@ -482,7 +488,13 @@ void FsdpUnitBuffer::end_forward() {
 
 void FsdpUnitBuffer::begin_backward() {
   State& s = *s_;
-  if (!s.resharded) return;
+  if (!s.resharded) {
+    // A forward prefetch may be in flight into `full` (under a pipeline schedule, or interleaved
+    // chunks, a unit's backward can come before the forward pass that prefetched it): it gathers
+    // the same parameters, so complete it before the backward reads the saved views.
+    if (s.prefetched) s.take_prefetch(true);
+    return;
+  }
   if (!s.take_prefetch(true)) {
     Storage& storage = *s.full.impl()->storage;
     storage.allocate_data();

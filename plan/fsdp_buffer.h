@@ -18,6 +18,10 @@
 // all-gather; in the backward, when a unit gathers again, the unit before it does. A prefetch
 // is used only within the forward pass of the model it was started in (and its backward), so a
 // gather never returns parameters from before an optimizer step.
+// Under a pipeline schedule several forwards of a unit (micro-batches in flight) come before their
+// backwards: they share the gathered buffer (the parameters are fixed within a step), each
+// backward claims the gradient destinations anew and reduce-scatters into the gradient shard
+// (accumulated), and a backward first completes a prefetch in flight into the buffer.
 // parallelize() builds one per unit and gathers the unit's parameters through it instead of one
 // redistribute per parameter. If something re-points a parameter's storage (Module::to), the next
 // gather adopts the parameters again (one copy, counted).

@@ -10,6 +10,7 @@
 #include "kernels/registry.h"
 #include "mesh/shard_layout.h"
 #include "plan/path_regex.h"
+#include "plan/pipeline.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/moe.h"
@@ -150,8 +151,11 @@ std::string redist_on(const Placements& src, const Placements& dst, const PlanMe
 // there Replicate.
 using FsdpEntries = std::vector<std::pair<const PlanEntry*, std::vector<size_t>>>;  // entry, matched modules
 
+// `stage_pruned`: the model is one pipeline stage's (prune_to_stage): an entry whose units hold no
+// parameter here holds them on another stage (parallelize_run checks the entry against the whole
+// model before pruning), so it makes no unit here instead of failing.
 std::vector<FsdpUnit> lower_fsdp(const FsdpEntries& entries, const std::vector<ModuleState>& modules,
-                                 std::vector<ParamState>& params, const PlanMesh& mesh) {
+                                 std::vector<ParamState>& params, const PlanMesh& mesh, bool stage_pruned) {
   struct Claim {
     const PlanEntry* entry = nullptr;
     size_t unit = 0;  // module index
@@ -176,7 +180,7 @@ std::vector<FsdpUnit> lower_fsdp(const FsdpEntries& entries, const std::vector<M
         ++hits;
       }
     }
-    MT_CHECK(hits > 0, "{}: parameter regex '{}' matches no parameter path inside the units matched by '{}' (paths "
+    MT_CHECK(hits > 0 || stage_pruned, "{}: parameter regex '{}' matches no parameter path inside the units matched by '{}' (paths "
              "are relative to the unit, e.g. 'mlp\\.down_proj\\.weight' or '.*')",
              e->tensor_loc.str(), e->tensor, e->module_re);
   }
@@ -386,11 +390,14 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
 
   // ---- entries ----
   FsdpEntries fsdp_entries;  // lowered after the others
+  const bool stage_pruned = is_stage_pruned(model);
   for (const PlanEntry& e : plan.entries()) {
     PathRegex mre(e.module_re, e.module_loc, "a regex over module paths");
     std::vector<size_t> matched;
     for (size_t i = 0; i < modules.size(); ++i)
       if (mre.full_match(modules[i].path)) matched.push_back(i);
+    // An fsdp entry of a pipeline stage may name only another stage's modules (see lower_fsdp).
+    if (matched.empty() && e.kind == PlanEntryKind::kFsdp && stage_pruned) continue;
     MT_CHECK(!matched.empty(), "{}: module regex '{}' matches no module path of the model; nearest module paths: "
              "{}",
              e.module_loc.str(), e.module_re, nearest(e.module_re, module_paths));
@@ -488,7 +495,7 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
     }
   }
 
-  std::vector<FsdpUnit> fsdp_units = lower_fsdp(fsdp_entries, modules, params, mesh);
+  std::vector<FsdpUnit> fsdp_units = lower_fsdp(fsdp_entries, modules, params, mesh, stage_pruned);
 
   // ---- records ----
   HookIR ir;

@@ -29,6 +29,14 @@ std::string unit_range(const PipelineLayout& l, const PipelineStage& s) {
 
 }  // namespace
 
+bool is_other_stage_module(const Module& m) { return dynamic_cast<const OtherStageModule*>(&m) != nullptr; }
+
+bool is_stage_pruned(Module& model) {
+  for (const auto& [path, m] : model.named_modules())
+    if (is_other_stage_module(*m)) return true;
+  return false;
+}
+
 std::vector<PipelineUnit> pipeline_units_of(Module& model, const std::vector<std::pair<std::string, bool>>& units) {
   std::vector<PipelineUnit> out;
   for (const auto& [path, is_layer] : units) {

@@ -53,6 +53,11 @@ std::vector<PipelineUnit> pipeline_units_of(Module& model, const std::vector<std
 // divide the layer count under `stages pp=even`.
 PipelineLayout resolve_pipeline(const Plan& plan, const PlanMesh& mesh, const std::vector<PipelineUnit>& units);
 
+// Whether `m` stands for a unit of another pipeline stage (prune_to_stage's placeholder).
+bool is_other_stage_module(const Module& m);
+// Whether `model` was pruned to one pipeline stage (holds a placeholder of another stage's unit).
+bool is_stage_pruned(Module& model);
+
 // Replaces every unit module of the other stages by an empty module whose forward is an error,
 // so the rank neither holds nor initializes them (call on the model built on meta, before
 // parallelize()). Units in `keep` stay (tied weights: the last stage keeps the embedding whose

@@ -373,11 +373,6 @@ std::string StageEntry::str() const {
 
 void Plan::check_not_pipeline_dim(const How& how, const PlanEntry& e) const {
   if (pipeline_dim_.empty()) return;
-  MT_CHECK(e.kind != PlanEntryKind::kFsdp,
-           "{}: fsdp entries do not go with pipeline stages yet (stages set at {}): an FSDP unit's gathered "
-           "parameters serve one forward and its backward, but a pipeline schedule keeps several micro-batches in "
-           "flight; expected place/init/run entries (ZeRO-3: 'init .* .* dp=S(0)' + 'run .* .* dp=R')",
-           e.loc.str(), pipeline_loc_.str());
   for (const auto& d : how)
     MT_CHECK(d.dim != pipeline_dim_,
              "{}: '{}' names the pipeline dim '{}' (its stages are set at {}); expected the entry to name only the "

@@ -151,10 +151,18 @@ TEST_CASE("pipeline: bad stage lines name the plan line", "[cpu]") {
              Contains("bad.plan:3:20") && Contains("names the pipeline dim 'pp'"));
   CHECK_THAT(error_of([&] { parse_plan("mesh pp=2 dp=*\nplace model <in>:0 pp=S(0)\nstages pp=even\n", "bad.plan"); }),
              Contains("bad.plan:2:20") && Contains("names the pipeline dim 'pp'"));
-  CHECK_THAT(error_of([&] { parse_plan("mesh pp=2 dp=*\nstages pp=even\nfsdp model\\.layers\\.\\d+ .* dp=rows\n", "bad.plan"); }),
-             Contains("bad.plan:3:1: fsdp entries do not go with pipeline stages yet"));
-  CHECK_THAT(error_of([&] { parse_plan("mesh pp=2 dp=*\nfsdp model\\.layers\\.\\d+ .* dp=rows\nstages pp=even\n", "bad.plan"); }),
-             Contains("bad.plan:2:1: fsdp entries do not go with pipeline stages yet"));
+  // fsdp entries go with stages (each stage's units over a dp dim of the stage mesh), in either
+  // order, but not over the pipeline dim itself.
+  for (const char* text : {"mesh pp=2 dp=*\nstages pp=even\nfsdp model\\.layers\\.\\d+ .* dp=rows\n",
+                           "mesh pp=2 dp=*\nfsdp model\\.layers\\.\\d+ .* dp=rows\nstages pp=even\n"}) {
+    const Plan p = parse_plan(text, "ok.plan");
+    CHECK(p.is_pipeline());
+    const Plan stage = p.without_pipeline();
+    REQUIRE(stage.entries().size() == 1);
+    CHECK(stage.entries()[0].kind == PlanEntryKind::kFsdp);
+  }
+  CHECK_THAT(error_of([&] { parse_plan("mesh pp=2 dp=*\nstages pp=even\nfsdp model\\.layers\\.\\d+ .* pp=rows\n", "bad.plan"); }),
+             Contains("bad.plan:3:") && Contains("names the pipeline dim 'pp'"));
   CHECK_THAT(error_of([&] { parse_plan("mesh pp=2\nstages pp=even\nstage lm_head pp=1\n", "bad.plan"); }),
              Contains("bad.plan:3:1") && Contains("mixes with 'stages pp=even'"));
   CHECK_THAT(error_of([&] { parse_plan("mesh pp=2\nstages pp=even\nschedule pp=zigzag\n", "bad.plan"); }),

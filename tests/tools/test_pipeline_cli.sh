@@ -7,9 +7,11 @@
 #   checkpoints: a run saved under pp 2 resumes under no plan, pp 4 and pp 2 x dp 2 with the
 #           losses of the uninterrupted single-device run; a sharded checkpoint of llama_tp
 #           resumes under pp 2;
+#   pp x FSDP (llama_pp_fsdp, pp 2 x dp 2): plan prints each stage's units; parity under 1F1B,
+#           GPipe and interleaved 1F1B; tied embeddings in a unit refused, left out they train;
 #   bad input (exit 2, naming the flag or plan line): --accum below the stage count under 1F1B,
 #           a pp size that does not divide the layer count, an entry naming the pipeline dim.
-# MODE fast (suite cli/mpi, ~25 s) or slow (pp 4, pp x tp, pp x dp x tp at np 8, pp x ZeRO-3;
+# MODE fast (suite cli/mpi, ~60 s with the pp x FSDP rows) or slow (pp 4, pp x tp, pp x dp x tp and pp x FSDP x tp at np 8, pp x ZeRO-3;
 # suite slow, ~25 s).
 # usage: test_pipeline_cli.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
@@ -52,6 +54,37 @@ PY
   # With dp the gradient all-reduce rounds differently (as llama_dp): drift-tol after AdamW.
   parity "$PLANS/llama_pp_dp.plan" 4 2 2 1e-5 5e-2 --batch 4
 
+  # FSDP units within each stage (llama_pp_fsdp, pp 2 x dp 2): several micro-batches in flight per
+  # unit under 1F1B, GPipe and interleaved 1F1B; dp's reduce-scatters round differently from one
+  # device (as llama_fsdp): 1e-5 for losses and step-1 gradients, drift-tol after AdamW.
+  "$BIN" plan --plan "$PLANS/llama_pp_fsdp.plan" --world 4 --accum 4 > "$WORK/plan.txt" 2>&1
+  for want in "# stage 0: 3 FSDP units on mesh [dp=2]" "#   unit model.layers.1 over dp (" \
+      "# stage 1: 3 FSDP units on mesh [dp=2]" "#   unit model.layers.3 over dp (" \
+      "#   unit (root) over dp (${PLANS}/llama_pp_fsdp.plan:13:1): 2 tensors over 2 ranks"; do
+    grep -qF -- "$want" "$WORK/plan.txt" && pass "pp x fsdp plan prints: $want" \
+      || fail "pp x fsdp plan lacks '$want': $(sed -n 8,12p "$WORK/plan.txt")"
+  done
+  sed 's/pp=1f1b/pp=gpipe/' "$PLANS/llama_pp_fsdp.plan" > "$WORK/llama_pp_fsdp_gpipe.plan"
+  sed 's/pp=1f1b/pp=interleaved(2)/' "$PLANS/llama_pp_fsdp.plan" > "$WORK/llama_pp_fsdp_interleaved.plan"
+  parity "$PLANS/llama_pp_fsdp.plan" 4 20 4 1e-5 5e-3 --batch 4
+  parity "$WORK/llama_pp_fsdp_gpipe.plan" 4 20 4 1e-5 5e-3 --batch 4
+  parity "$WORK/llama_pp_fsdp_interleaved.plan" 4 20 4 1e-5 5e-3 --batch 4
+  # Tied embeddings inside an FSDP unit are refused with the unit's line; left out of the root
+  # unit (replicated over dp, summed over the first and last stage), they train like one device.
+  expect_error "tied embedding in an FSDP unit" "llama_pp_fsdp.plan:13:1" \
+    "tied word embeddings inside an FSDP unit are not supported" -- \
+    mpi 4 "$BIN" parity --plan "$PLANS/llama_pp_fsdp.plan" $SMALL --steps 1 --accum 2 --config "$WORK/tied.json"
+  sed 's/^fsdp     ()                  .\*/fsdp     ()  model\\.norm\\.weight/' "$PLANS/llama_pp_fsdp.plan" \
+    > "$WORK/llama_pp_fsdp_tied.plan"
+  parity "$WORK/llama_pp_fsdp_tied.plan" 4 5 4 1e-5 5e-3 --batch 4 --config "$WORK/tied.json"
+  # A unit regex may match only one stage's modules; one matching no module of the model is an error.
+  printf 'mesh pp=2 dp=*\nstages pp=even\nfsdp model\\.layers\\.3 .* dp=rows\nplace model <in>:0 dp=S(0)\nfactory model rope dp=R\n' \
+    > "$WORK/one_stage.plan"
+  parity "$WORK/one_stage.plan" 4 3 2 1e-5 5e-3 --batch 4
+  sed 's/layers\\.3/layers\\.7/' "$WORK/one_stage.plan" > "$WORK/no_stage.plan"
+  expect_error "an fsdp regex matching no module on any stage" "no_stage.plan:3:6" "matches no module path" -- \
+    mpi 4 "$BIN" parity --plan "$WORK/no_stage.plan" $SMALL --steps 1 --accum 2
+
   # ---- checkpoints across stage counts ---------------------------------------------------------
   F="$SMALL --steps 4 --accum 2 --checkpoint-every 2"
   "$BIN" train $F --checkpoint-dir "$WORK/ref" > "$WORK/ref.txt" 2>&1 || fail "single-device train: $(tail -n 2 "$WORK/ref.txt")"
@@ -70,6 +103,7 @@ PY
   resume "without a plan" 1
   resume "under gpipe pp 4" 4 --plan "$WORK/llama_pp_gpipe.plan"
   resume "under pp 2 x dp 2" 4 --plan "$PLANS/llama_pp_dp.plan"
+  resume "under pp 2 x FSDP dp 2" 4 --plan "$PLANS/llama_pp_fsdp.plan"
   # A sharded checkpoint of another plan: each stage reads its own tensors' boxes.
   mpi 2 "$BIN" train --plan "$PLANS/llama_tp.plan" $F --stop-at 2 --checkpoint-dir "$WORK/tp" > "$WORK/t.txt" 2>&1 \
     || fail "train under llama_tp: $(tail -n 2 "$WORK/t.txt")"
@@ -96,6 +130,8 @@ else
   # TP partial sums round differently (as llama_tp): drift-tol after AdamW.
   parity "$PLANS/llama_pp_tp.plan" 4 5 2 1e-5 5e-2
   parity "$PLANS/llama_pp_dp_tp.plan" 8 3 2 1e-5 5e-2 --batch 4
+  # FSDP units over dp x TP within each stage (pp 2 x tp 2 x dp 2).
+  parity "$PLANS/llama_pp_fsdp_tp.plan" 8 3 2 1e-5 5e-2 --batch 4
   # ZeRO-3 within each stage (parameters stored S(0) over dp, gathered for compute).
   printf 'mesh pp=2 dp=*\nstages pp=even\nplace model <in>:0 dp=S(0)\nfactory model rope dp=R\ninit .* .* dp=S(0)\nrun .* .* dp=R\n' \
     > "$WORK/llama_pp_zero3.plan"

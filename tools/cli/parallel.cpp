@@ -70,6 +70,24 @@ Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {
       ctx.tied_param = "model.embed_tokens.weight";
       if (ctx.stage + 1 == ctx.pipeline->size()) keep.push_back("model.embed_tokens");
     }
+    // fsdp entries: a unit regex may match only another stage's modules (that stage makes the
+    // unit, this one skips it), but one matching nothing in the whole model is the usual error,
+    // checked here on the whole (meta) model before pruning hides the other stages.
+    bool has_fsdp = false;
+    for (const PlanEntry& e : ctx.plan.entries()) has_fsdp |= e.kind == PlanEntryKind::kFsdp;
+    if (has_fsdp) {
+      const HookIR whole = lower(ctx.plan, model, *ctx.mesh);
+      // Tied embeddings: the last stage's lm_head reads the embedding weight outside its module,
+      // where no unit gathers it (the same holds for llama_fsdp without stages); refused here
+      // with the unit's plan line rather than as a shape error inside the forward.
+      for (const FsdpUnit& u : whole.fsdp_units)
+        for (const std::string& p : u.params)
+          MT_CHECK(!(cfg.tie_word_embeddings && p == "model.embed_tokens.weight"),
+                   "{}: the FSDP unit {} holds the tied embedding weight {}, which lm_head also reads outside "
+                   "the unit's module; tied word embeddings inside an FSDP unit are not supported (expected the "
+                   "unit's parameter regex to leave it out, e.g. 'fsdp () model\\.norm\\.weight dp=rows')",
+                   u.from.empty() ? ctx.path : u.from.front().str(), u.module.empty() ? "()" : u.module, p);
+    }
     prune_to_stage(model, *ctx.pipeline, ctx.stage, keep);
     model.set_pipeline_span(st.first, st.last);
   }

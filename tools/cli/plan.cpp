@@ -98,6 +98,34 @@ int run_plan(int argc, char** argv) {
     if (layout.schedule == PipelineScheduleKind::kOneFOneB && accum < layout.size())
       fmt::print("# note: 1F1B needs --accum >= {} (the stage count); train and parity refuse --accum {}\n",
                  layout.size(), accum);
+    if (!ir.fsdp_units.empty()) {
+      // FSDP units per stage: each stage lays out the units of its own modules on its stage mesh
+      // (the root unit holds other parameters on each stage; docs/pipeline.md).
+      const Plan stage_plan = plan.without_pipeline();
+      const PlanMesh stage_mesh = stage_plan.resolve_mesh(world / layout.size());
+      for (int64_t s = 0; s < layout.size(); ++s) {
+        std::shared_ptr<CausalLM> stage_model;
+        {
+          InitDeviceGuard meta(Device::meta());
+          stage_model = build_causal_lm(config);
+        }
+        std::vector<std::string> keep;
+        if (config.tie_word_embeddings && s + 1 == layout.size() && s > 0) keep.push_back("model.embed_tokens");
+        prune_to_stage(*stage_model, layout, s, keep);
+        const HookIR sir = lower(stage_plan, *stage_model, stage_mesh);
+        fmt::print("# stage {}: {} FSDP unit{} on mesh {}\n", s, sir.fsdp_units.size(),
+                   sir.fsdp_units.size() == 1 ? "" : "s", stage_mesh.str());
+        for (const FsdpUnit& u : sir.fsdp_units) {
+          const std::string text = u.str(stage_mesh);
+          if (args.flag("fsdp-layout")) {
+            fmt::print("{}", text);
+          } else {
+            fmt::print("#   {}\n", text.substr(0, text.find('\n')));
+          }
+        }
+      }
+      if (args.flag("fsdp-layout")) return 0;
+    }
   }
   // Context parallelism: the sequence split of the model's input and each rank's positions for --seq.
   for (const HookRecord& r : ir.records) {

@@ -233,6 +233,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
         tied_comm_ = Communicator::create({pp.front(), pp.back()}, kTiedTag,
                                           "tied embeddings (first and last pipeline stage)");
         tied_param_ = plan->tied_param;
+        check_tied_layout(plan->path);
       }
     }
   }
@@ -281,6 +282,37 @@ StepResult Trainer::gradients(int64_t step, const std::function<TokenBatch()>& n
   else
     master_->grads_to_master();
   return {loss_sum / static_cast<double>(accum_), 0};
+}
+
+void Trainer::check_tied_layout(const std::string& plan_path) {
+  // The tied weight's gradient is summed over the two stages' local tensors: both must hold the
+  // same piece of it (parallelize_run refuses it inside an FSDP unit; this catches any other
+  // sharding that differs between the stages).
+  const Tensor w = model_.get_parameter(tied_param_);
+  std::string mine = "unsharded";
+  if (w.is_distributed()) {
+    mine.clear();
+    for (const Placement& p : dtensor_spec(w, "tied embeddings").placements()) mine += p.str() + " ";
+    mine += fmt::format("local {}", to_local(w.detach()).shape());
+  }
+  constexpr int64_t kLen = 512;
+  std::vector<int64_t> v(kLen, 0);
+  for (size_t i = 0; i < mine.size() && i < static_cast<size_t>(kLen); ++i) v[i] = mine[i];
+  Tensor both = empty(Shape{2 * kLen}, DType::kI64);
+  tied_comm_.all_gather(from_vector<int64_t>(v, Shape{kLen}), both);
+  std::vector<int64_t> got = both.to_vector<int64_t>();
+  auto text = [&](int64_t r) {
+    std::string t;
+    for (int64_t i = r * kLen; i < (r + 1) * kLen && got[static_cast<size_t>(i)] != 0; ++i)
+      t += static_cast<char>(got[static_cast<size_t>(i)]);
+    return t;
+  };
+  const std::string first = text(0), last = text(1);
+  MT_CHECK(first == last,
+           "meshtrain {}: {}: the tied weight {} is laid out differently on the first pipeline stage ({}) and the "
+           "last ({}), so its gradient cannot be summed over the two stages piece by piece; expected one layout of "
+           "it on both stages",
+           command_, plan_path, tied_param_, first, last);
 }
 
 StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) {

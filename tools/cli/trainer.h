@@ -128,6 +128,8 @@ class Trainer {
   Communicator tied_comm_;  // tied embeddings: the first and the last stage (on those two only)
   std::string tied_param_;
   StepResult pipeline_gradients(const std::function<TokenBatch()>& next);
+  // Refuses a tied weight of which the first and the last stage hold different pieces.
+  void check_tied_layout(const std::string& plan_path);
 };
 
 }  // namespace mt::cli

@@ -21,22 +21,34 @@ constexpr int64_t kHeader = 4 + 2 * kMaxActDims + 2 * kMaxActDims;
 // Tags: 4 per (micro-batch, receiving global chunk): header, activation, gradient.
 constexpr int kHeaderTag = 0, kActTag = 1, kGradTag = 2;
 
+// Placement kinds in the header: 0 R, 1 S(dim), 2 P(sum), 3 ZS(dim) (context parallelism's
+// zigzag split of the sequence), 1000 + groups IS(dim, groups).
+constexpr int64_t kZigzag = 3, kInterleaved = 1000;
+constexpr char kCannotCross[] = "pipeline: an activation with placement {} cannot cross stages (R, S(d), P(sum), IS and ZS can)";
+
 int64_t encode_placement(const Placement& p) {
   switch (p.kind()) {
     case PlacementKind::kReplicate: return 0;
     case PlacementKind::kShard: return 1;
     case PlacementKind::kPartial:
-      MT_CHECK(p.reduce_op() == PartialOp::kSum, "pipeline: an activation with placement {} cannot cross stages "
-               "(P(sum), S(d) and R can)", p.str());
+      MT_CHECK(p.reduce_op() == PartialOp::kSum, kCannotCross, p.str());
       return 2;
+    case PlacementKind::kInterleavedShard:
+      if (p.mirrored()) {
+        MT_CHECK(p.groups() == 2, kCannotCross, p.str());
+        return kZigzag;
+      }
+      return kInterleaved + p.groups();
     default:
-      MT_FAIL("pipeline: an activation with placement {} cannot cross stages (P(sum), S(d) and R can)", p.str());
+      MT_FAIL(kCannotCross, p.str());
   }
 }
 
 Placement decode_placement(int64_t kind, int64_t dim) {
   if (kind == 0) return Placement::replicate();
   if (kind == 1) return Placement::shard(static_cast<int>(dim));
+  if (kind == kZigzag) return Placement::zigzag_shard(static_cast<int>(dim));
+  if (kind > kInterleaved) return Placement::interleaved_shard(static_cast<int>(dim), kind - kInterleaved);
   return Placement::partial();
 }
 

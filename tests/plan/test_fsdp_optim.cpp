@@ -4,7 +4,7 @@
 //     bit as one device updates the whole tensor (same gradients), codes and absmax included;
 //     a shard that cuts a block is refused naming the parameter;
 //   - plans/llama_fsdp_8bit trains llama-tiny with 8-bit AdamW like one device: 20 steps, losses
-//     within 1e-4, parameters within 4 lr (f32, dropout 0.1, even and uneven batches);
+//     within 5e-4, parameters within 4 lr (f32, dropout 0.1, even and uneven batches);
 //   - with the same gradient arithmetic (one device accumulating the ranks' row chunks in rank
 //     order, FSDP summing the ranks' gradient shards in rank order: MT_FSDP_REDUCE=ordered),
 //     llama_fsdp_8bit with 8-bit AdamW has the single-device parameters bit for bit after 20 steps;
@@ -204,10 +204,13 @@ TEST_CASE("fsdp optim: llama_fsdp_8bit trains like one device with 8-bit AdamW",
     // Stated tolerance. The optimizer is exact on equal gradients (the test above); FSDP's gradients
     // differ from one device's in the last bits (the reduce-scatter adds the ranks' terms in another
     // order), and a code that rounds the other way changes one element's update by up to about lr.
-    // So the parameters agree within 4 lr (1.2e-2) and the losses within 1e-4.
+    // So the parameters agree within 4 lr (1.2e-2) and the losses within 5e-4: how far the flips
+    // carry depends on which codes flip, i.e. on the GEMM's summation order (1.5e-5 to 4.5e-5 with
+    // Eigen's GEMM, 5.9e-5 and 1.7e-4 with OpenBLAS's at np 2; docs/fsdp.md). The same gradient
+    // arithmetic gives the same bits (the next test).
     for (int s = 0; s < steps; ++s) {
       INFO("step " << s);
-      CHECK(std::abs(got[s] - want[s]) <= 1e-4);
+      CHECK(std::abs(got[s] - want[s]) <= 5e-4);
     }
     CHECK(worst_p <= 4 * 3e-3);
     CHECK(want.back() < want.front());

@@ -11,7 +11,8 @@
 #           GPipe and interleaved 1F1B; tied embeddings in a unit refused, left out they train;
 #   bad input (exit 2, naming the flag or plan line): --accum below the stage count under 1F1B,
 #           a pp size that does not divide the layer count, an entry naming the pipeline dim.
-# MODE fast (suite cli/mpi, ~60 s with the pp x FSDP rows) or slow (pp 4, pp x tp, pp x dp x tp and pp x FSDP x tp at np 8, pp x ZeRO-3;
+# MODE fast (suite cli/mpi, ~60 s with the pp x FSDP rows) or slow (pp 4, pp x tp, pp x dp x tp and pp x FSDP x tp at np 8, pp x ZeRO-3,
+# pp x cp (llama_pp_cp, 1F1B and GPipe);
 # suite slow, ~25 s).
 # usage: test_pipeline_cli.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
@@ -136,6 +137,10 @@ else
   printf 'mesh pp=2 dp=*\nstages pp=even\nplace model <in>:0 dp=S(0)\nfactory model rope dp=R\ninit .* .* dp=S(0)\nrun .* .* dp=R\n' \
     > "$WORK/llama_pp_zero3.plan"
   parity "$WORK/llama_pp_zero3.plan" 4 3 2 1e-5 5e-2 --batch 4
+  # Context parallelism within each stage (pp 2 x cp 2): the ZS(1) hidden state crosses stages.
+  parity "$PLANS/llama_pp_cp.plan" 4 20 4 1e-5 5e-2
+  sed 's/pp=1f1b/pp=gpipe/' "$PLANS/llama_pp_cp.plan" > "$WORK/llama_pp_cp_gpipe.plan"
+  parity "$WORK/llama_pp_cp_gpipe.plan" 4 5 2 1e-5 5e-2
 fi
 
 echo "$fails failure(s)"

@@ -129,7 +129,7 @@ TEST_CASE("parity: every stock plan trains like one device", "[mpi]") {
         auto model2 = build(cfg, true);
         Parallelized par2 = parallelize(*model2, plan, mesh);
         std::vector<double> got2 = train(*model2, &par2, &mesh, 3, B, T, false, &unfused);
-        for (int s = 0; s < 3; ++s) REQUIRE(std::abs(got2[s] - want[s]) <= 1e-5);
+        for (int s = 0; s < 3; ++s) REQUIRE(std::abs(got2[s] - want[s]) <= 1e-5 * std::max(1.0, std::abs(want[s])));
       }
       double worst = 0;
       for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got[s] - want[s]));
@@ -138,9 +138,12 @@ TEST_CASE("parity: every stock plan trains like one device", "[mpi]") {
                    "step: {} fused{}\n", name, world, uneven ? "uneven" : "even", steps, worst,
                    fused.collectives_per_step,
                    uneven ? std::string() : fmt::format(", {} unfused", unfused.collectives_per_step));
+      // 1e-5 relative to the loss (as `meshtrain parity` reports; the losses are about 5): tensor
+      // parallelism's column shards round differently from the whole product (llama_tp_sp at np 4
+      // with an uneven batch: 1.3e-5 absolute, 2.5e-6 relative, with the OpenBLAS GEMM).
       for (int s = 0; s < steps; ++s) {
         INFO("step " << s);
-        REQUIRE(std::abs(got[s] - want[s]) <= 1e-5);
+        REQUIRE(std::abs(got[s] - want[s]) <= 1e-5 * std::max(1.0, std::abs(want[s])));
       }
     }
   }

@@ -70,7 +70,7 @@ std::vector<std::vector<int64_t>> estimate_coordinates(const PlanMesh& mesh, int
 bool same_local_shapes(const RankEstimate& est, const PlanMesh& mesh, const std::vector<int64_t>& other) {
   // Pipeline stages hold different modules and run different schedules: never shared (the layouts
   // are the stage mesh's, not `mesh`'s).
-  if (est.stages > 1) return false;
+  if (est.pipeline) return false;
   Shape a, b;
   for (int64_t v : est.coord) a.push_back(v);
   for (int64_t v : other) b.push_back(v);
@@ -119,6 +119,7 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
     MT_CHECK(em.pipeline_units && em.set_span && em.forward && em.logits_loss && em.hidden > 0,
              "estimate: a pipeline plan needs the model's pipeline callbacks (EstimateModel)");
     pp_dim = plan.pipeline_dim();
+    est.pipeline = true;
     sim_shape = Shape{};
     sim_names.clear();
     sim_coord.clear();

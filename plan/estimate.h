@@ -80,6 +80,7 @@ struct RankEstimate {
   // Pipeline plans: this coordinate's stage, the stage count, micro-batches and chunks per stage,
   // and the schedule's ideal bubble (bubble_fraction_theory): the roofline stretches the compute
   // by 1 / (1 - bubble) = (V m + p - 1) / (V m). stages == 1 for other plans.
+  bool pipeline = false;  // a pipeline plan (then `layouts` are the stage mesh's)
   int64_t stage = 0;
   int64_t stages = 1;
   int64_t micros = 1;

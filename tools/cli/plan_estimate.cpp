@@ -168,7 +168,8 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
   fmt::print("# step: batch {} x seq {} x accum {}, precision {}, optimizer {}; hardware {} ({})\n", o.batch, o.seq,
              o.accum, dtype_name(o.precision), o.optimizer, hw.name, hw.source);
   if (r.ranks.size() < static_cast<size_t>(r.mesh.size()))
-    fmt::print("# ranks shown: the first and the last coordinate (the largest and the smallest shards)\n");
+    fmt::print("# ranks shown: the first and the last coordinate (the largest and the smallest shards){}\n",
+               r.plan.is_pipeline() ? ", and every pipeline stage's first coordinate" : "");
   fmt::print("# {} : counted from the real local shapes and a meta dry run of the step; {} : a formula or the "
              "hardware profile\n", kShapes, kModel);
   const double tokens = static_cast<double>(o.batch * o.seq * o.accum);
@@ -362,13 +363,27 @@ int run_sweep(const Args& args, const std::string& config_name, const ModelConfi
           const PlanMesh* m = &pm->second;
           row.mesh = m->str();
           try {
-            // The first coordinate holds the largest shards (chunk semantics): its peak bounds the others'.
-            RankEstimate e =
-                estimate_rank(em, pm->first, *m, std::vector<int64_t>(static_cast<size_t>(m->ndim()), 0), o);
-            StepTime t = roofline(e, *m, hw, o.precision);
-            row.peak = static_cast<double>(e.peak_bytes);
-            row.step = t.total_s;
-            row.comm = t.comm_s;
+            // The first coordinate holds the largest shards (chunk semantics): its peak bounds the
+            // others'. Pipeline plans: every stage (the other dims at 0), the largest peak and the
+            // slowest stage's step.
+            std::vector<std::vector<int64_t>> coords{std::vector<int64_t>(static_cast<size_t>(m->ndim()), 0)};
+            if (pm->first.is_pipeline()) {
+              int pd = 0;
+              while (m->names[static_cast<size_t>(pd)] != pm->first.pipeline_dim()) ++pd;
+              for (int64_t s = 1; s < m->shape[pd]; ++s) {
+                coords.push_back(coords.front());
+                coords.back()[static_cast<size_t>(pd)] = s;
+              }
+            }
+            for (const auto& c : coords) {
+              RankEstimate e = estimate_rank(em, pm->first, *m, c, o);
+              StepTime t = roofline(e, *m, hw, o.precision);
+              row.peak = std::max(row.peak, static_cast<double>(e.peak_bytes));
+              if (t.total_s > row.step) {
+                row.step = t.total_s;
+                row.comm = t.comm_s;
+              }
+            }
             row.fits = row.peak <= budget;
             if (!row.fits) row.why = fmt::format("peak {} over the budget", human(row.peak));
           } catch (const Error& e) {
@@ -400,7 +415,8 @@ int run_sweep(const Args& args, const std::string& config_name, const ModelConfi
   fmt::print("# sweep for {} ({:.3f}B parameters), batch {} x seq {} x accum {}, {}, hardware {}, memory budget {}\n",
              config_name, static_cast<double>(cfg.num_parameters()) / 1e9, o.batch, o.seq, o.accum,
              dtype_name(o.precision), hw.name, human(budget));
-  fmt::print("# plans that fit, fastest first (peak and step time of rank 0; step time modelled, peak measured from shapes)\n");
+  fmt::print("# plans that fit, fastest first (peak and step time of rank 0, pipeline plans: the largest peak and the "
+             "slowest stage of all stages; step time modelled, peak measured from shapes)\n");
   fmt::print("{:<28} {:>6} {:<20} {:>12} {:>12} {:>12} {:>14}\n", "plan", "world", "mesh", "peak", "step", "comm",
              "tokens/s");
   int shown = 0;

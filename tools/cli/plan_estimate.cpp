@@ -25,21 +25,6 @@
 namespace mt::cli {
 namespace {
 
-// Context parallelism (a sequence split of an activation, docs/context_parallel.md) is not
-// modelled by the estimate: refused naming the entry, rather than a wrong figure.
-void refuse_context_parallel(const Plan& plan) {
-  for (const PlanEntry& e : plan.entries()) {
-    if (e.tensor.rfind("<in>", 0) != 0 && e.tensor.rfind("<out>", 0) != 0) continue;
-    for (const How* h : {&e.how, &e.src})
-      for (const DimPlacement& d : *h)
-        MT_CHECK(!d.placement.mirrored(),
-                 "{}: --estimate does not model context parallelism (ring attention) yet: the entry `{}` places "
-                 "the sequence {}={} (docs/context_parallel.md); estimate the plan without the cp dim",
-                 e.loc.str(), e.str(), d.dim, d.placement.str());
-  }
-}
-
-
 constexpr int64_t kMaxWorld = 65536;
 
 using Clock = std::chrono::steady_clock;
@@ -350,7 +335,6 @@ int run_sweep(const Args& args, const std::string& config_name, const ModelConfi
   const auto t0 = Clock::now();
   for (const std::string& pp : plans) {
     Plan plan = load_plan(pp);
-    refuse_context_parallel(plan);
     for (int64_t w : axes.at("world"))
       for (int64_t tp : axes.at("tp")) {
         Row row{pp, "", "", w};
@@ -473,7 +457,6 @@ int run_plan_estimate(const Args& args) {
   const std::string plan_path = args.required("plan");
   const int64_t world = args.integer("world", 1, kMaxWorld);
   Plan plan = load_plan(plan_path);
-  refuse_context_parallel(plan);
   PlanMesh mesh = plan.resolve_mesh(world);
   PlanRun r = estimate_plan(plan_path, plan, mesh, em, o, hw, 8);
   if (args.flag("json")) {

@@ -181,7 +181,12 @@ std::optional<Tensor> context_parallel_composite(const DistOp& op, const std::ve
       if (!ql.segments[static_cast<size_t>(d)].empty())
         drop.base += ql.segments[static_cast<size_t>(d)][0].global_start * drop.strides[d];
   }
-  Communicator comm = mesh.is_simulated() ? Communicator() : mesh.comm(cp);
+  // A simulated mesh (estimates): a simulated communicator at this coordinate, so that the ring's
+  // shifts are counted over the cp dim as the real ones are.
+  Communicator comm = mesh.is_simulated()
+                          ? Communicator::simulated(static_cast<int>(k), static_cast<int>(mesh.coordinate(cp)),
+                                                    "context-parallel ring (simulated)", mesh.dim_label(cp))
+                          : mesh.comm(cp);
   Tensor out = context_parallel_attention(to_local(in[0]), to_local(in[1]), to_local(in[2]), segs, comm,
                                           op.args[0] != 0, args.scale, drop.p > 0 ? &drop : nullptr);
   Shape gs = qs->global_shape();

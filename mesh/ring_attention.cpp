@@ -214,7 +214,12 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
   const int64_t B = q.size(0), Hq = q.size(1), nq = q.size(2), Dv = v.size(3);
   MT_CHECK(k.size(1) > 0 && Hq % k.size(1) == 0, "context-parallel attention: {} query heads for {} kv heads", Hq,
            k.size(1));
-  if (q.is_meta()) return empty(Shape{B, Hq, nq, Dv}, q.options().with_grad(false));
+  // Meta tensors on a simulated communicator (`meshtrain plan --estimate`, docs/estimate.md): the
+  // ring runs as below, block by block, so the estimate keeps what the real forward keeps and
+  // counts every shift (all_to_allv over the cp dim) forward and backward. Other meta calls
+  // (plan checks on a real mesh, the gather mode) only get the output's shape.
+  if (q.is_meta() && (!comm.defined() || !comm.is_simulated() || g_mode == CpAttentionMode::kGather))
+    return empty(Shape{B, Hq, nq, Dv}, q.options().with_grad(false));
   const int kr = comm.size(), me = comm.rank();
   MT_CHECK(static_cast<int>(segs.size()) == kr, "context-parallel attention: {} segment lists for {} ranks",
            segs.size(), kr);

@@ -2,6 +2,7 @@
 // with byte, collective and kernel-cost counting (estimate.h, docs/estimate.md).
 #include "plan/estimate.h"
 
+#include <map>
 #include <optional>
 
 #include "kernels/registry.h"
@@ -10,6 +11,8 @@
 #include "mesh/shard_layout.h"
 #include "plan/grad_reducer.h"
 #include "plan/parallelize.h"
+#include "plan/pipeline.h"
+#include "tensor/ops_pointwise.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
 #include "tensor/meta_memory.h"
@@ -67,6 +70,9 @@ std::vector<std::vector<int64_t>> estimate_coordinates(const PlanMesh& mesh, int
 }
 
 bool same_local_shapes(const RankEstimate& est, const PlanMesh& mesh, const std::vector<int64_t>& other) {
+  // Pipeline stages hold different modules and run different schedules: never shared (the layouts
+  // are the stage mesh's, not `mesh`'s).
+  if (est.pipeline) return false;
   Shape a, b;
   for (int64_t v : est.coord) a.push_back(v);
   for (int64_t v : other) b.push_back(v);
@@ -101,11 +107,59 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
 
   std::shared_ptr<Module> model = em.build_meta();  // outside the counting scope: nothing counted
   MT_CHECK(model != nullptr, "estimate: the model builder returned null");
-  DeviceMesh sim = DeviceMesh::simulated(pm.shape, pm.names, coord);
+  // Pipeline plans: this coordinate's stage runs the plan without the pipeline dim on its stage's
+  // sub-mesh (tools/cli/parallel.cpp load_plan_context / parallelize_run, repeated here on a
+  // simulated mesh): the model pruned to the stage, its span set.
+  const bool pipe = plan.is_pipeline();
+  Plan stage_plan = pipe ? plan.without_pipeline() : plan;
+  Shape sim_shape = pm.shape;
+  std::vector<std::string> sim_names = pm.names;
+  std::vector<int64_t> sim_coord = coord;
+  std::optional<PipelineLayout> layout;
+  std::string pp_dim;
+  if (pipe) {
+    MT_CHECK(em.pipeline_units && em.set_span && em.forward && em.logits_loss && em.hidden > 0,
+             "estimate: a pipeline plan needs the model's pipeline callbacks (EstimateModel)");
+    pp_dim = plan.pipeline_dim();
+    est.pipeline = true;
+    sim_shape = Shape{};
+    sim_names.clear();
+    sim_coord.clear();
+    for (int d = 0; d < pm.ndim(); ++d) {
+      if (pm.names[static_cast<size_t>(d)] == pp_dim) {
+        est.stage = coord[static_cast<size_t>(d)];
+        continue;
+      }
+      sim_shape.push_back(pm.shape[d]);
+      sim_names.push_back(pm.names[static_cast<size_t>(d)]);
+      sim_coord.push_back(coord[static_cast<size_t>(d)]);
+    }
+    if (sim_shape.empty()) {  // `mesh pp=*`: each stage is one rank (a dim of size 1)
+      sim_shape.push_back(1);
+      sim_names.push_back(kStageDim);
+      sim_coord.push_back(0);
+    }
+    layout = resolve_pipeline(plan, pm, pipeline_units_of(*model, em.pipeline_units(*model)));
+    est.stages = layout->size();
+    est.virtual_stages = layout->virtual_stages;
+    est.micros = o.accum;
+    MT_CHECK(layout->schedule != PipelineScheduleKind::kOneFOneB || o.accum >= est.stages,
+             "estimate: --accum {} gives fewer micro-batches than the {} pipeline stages: 1F1B needs at least one per "
+             "stage (raise --accum, or 'schedule {}=gpipe' in the plan)", o.accum, est.stages, pp_dim);
+    MT_CHECK(layout->schedule != PipelineScheduleKind::kInterleaved || o.accum % est.stages == 0,
+             "estimate: --accum {} is not a multiple of the {} pipeline stages (interleaved 1F1B)", o.accum, est.stages);
+    est.bubble = bubble_fraction_theory(est.stages, o.accum, est.virtual_stages);
+    std::vector<std::string> keep;
+    if (em.tied_embeddings && est.stages > 1 && est.stage + 1 == est.stages) keep.push_back("model.embed_tokens");
+    prune_to_stage(*model, *layout, est.stage, keep);
+    const PipelineStage& st = layout->stages[static_cast<size_t>(est.stage)];
+    em.set_span(*model, st.first, st.last);
+  }
+  DeviceMesh sim = DeviceMesh::simulated(sim_shape, sim_names, sim_coord);
   MetaKernelsGuard meta_kernels;
   MetaMemoryScope bytes;
 
-  Parallelized par = parallelize(*model, plan, sim, Device::meta());  // local shards, counted
+  Parallelized par = parallelize(*model, stage_plan, sim, Device::meta());  // local shards, counted
   const bool master = o.precision != DType::kF32;
   std::vector<Tensor> state;  // master weights and optimizer moments: alive across steps
   for (auto& [name, p] : model->named_parameters()) {
@@ -150,18 +204,116 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
   est.layouts.emplace_back(Shape{o.batch, o.seq}, in_ps);
   const TensorOptions ids_opts = TensorOptions(DType::kI64).with_device(Device::meta());
 
+  const TensorOptions act_opts = TensorOptions(o.precision).with_device(Device::meta());
+  const bool tied_pair = pipe && em.tied_embeddings && est.stages > 1 && (est.stage == 0 || est.stage + 1 == est.stages);
+  // The pipeline stage's share of a step, as PipelineRunner::run does it (plan/pipeline_run.cpp)
+  // with the trainer's step (tools/cli/trainer.cpp pipeline_gradients): every action of the
+  // stage's schedule; a forward keeps its graph (outputs) and received leaf until its backward;
+  // sent tensors stay alive until the end of the run (the runner's pending sends). Messages are
+  // counted as the runner's communicator counts them: a header of 36 i64 and the activation per
+  // forward that does not make the loss, the gradient per backward that does not take the ids.
+  auto pipeline_step = [&](int64_t micros) {
+    constexpr int64_t kHeader = 36;
+    const int64_t p = est.stages, V = est.virtual_stages, chunks = p * V;
+    const std::string grp = pp_dim;
+    auto takes_input = [&](int64_t v) { return v * p + est.stage == 0; };
+    auto makes_loss = [&](int64_t v) { return v * p + est.stage == chunks - 1; };
+    const Shape act_global{o.batch, o.seq, em.hidden};
+    // The hidden state crosses stages with the token ids' placements on its batch and sequence dims.
+    const Shape act_local = local_layout(act_global, in_ps, sim.shape(), Shape(sim_coord)).local_shape;
+    std::map<std::pair<int64_t, int64_t>, Tensor> inputs, outputs;
+    std::vector<Tensor> pending;
+    for (const PipelineAction& a : pipeline_schedule(layout->schedule, p, est.stage, micros, V)) {
+      const int64_t m = a.micro, v = a.chunk;
+      if (V > 1) {
+        const PipelineStage& ch = layout->chunk(est.stage, v);
+        em.set_span(*model, ch.first, ch.last);
+      }
+      if (a.forward) {
+        Tensor x, leaf;
+        if (takes_input(v)) {
+          x = distribute_tensor(empty(Shape{o.batch, o.seq}, ids_opts), sim, in_ps);
+        } else {
+          {
+            Tensor h = empty(Shape{kHeader}, ids_opts);
+            count_collective("recv", grp, p, kHeader * 8);
+          }
+          leaf = empty(act_local, act_opts);
+          count_collective("recv", grp, p, leaf.numel() * static_cast<int64_t>(dtype_size(leaf.dtype())));
+          leaf.requires_grad_(true);
+          x = from_local(leaf, sim, in_ps, act_global);
+        }
+        Tensor y = em.forward(*model, x);
+        if (makes_loss(v)) {
+          Tensor targets = distribute_tensor(empty(Shape{o.batch, o.seq}, ids_opts), sim, in_ps);
+          y = em.logits_loss(y, targets);
+          if (micros > 1) y = div(y, static_cast<double>(micros));
+        } else {
+          const Tensor local = y.is_distributed() ? to_local(y.detach()) : y.detach();
+          pending.push_back(empty(Shape{kHeader}, ids_opts));
+          count_collective("send", grp, p, kHeader * 8);
+          pending.push_back(local.contiguous());
+          count_collective("send", grp, p, local.numel() * static_cast<int64_t>(dtype_size(local.dtype())));
+        }
+        if (!takes_input(v)) inputs[{m, v}] = leaf;
+        outputs[{m, v}] = y;
+      } else {
+        Tensor y = outputs.at({m, v});
+        outputs.erase({m, v});
+        Tensor g;
+        if (!makes_loss(v)) {
+          const Tensor local = y.is_distributed() ? to_local(y.detach()) : y;
+          g = empty(local.shape(), TensorOptions(local.dtype()).with_device(Device::meta()));
+          count_collective("recv", grp, p, g.numel() * static_cast<int64_t>(dtype_size(g.dtype())));
+          if (y.is_distributed()) {
+            const DTensorSpec& spec = dtensor_spec(y, "estimate pipeline backward");
+            Placements ps = spec.placements();
+            for (auto& q : ps)
+              if (q.is_partial()) q = Placement::replicate();
+            g = from_local(g, spec.mesh(), ps, spec.global_shape());
+          }
+        }
+        reducer.set_sync(m + 1 == micros);
+        y.backward(g);
+        y = Tensor();
+        if (!takes_input(v)) {
+          Tensor gx = inputs.at({m, v}).grad();
+          inputs.erase({m, v});
+          MT_CHECK(gx.defined(), "estimate: pipeline stage {}: micro-batch {}: the input got no gradient", est.stage, m);
+          pending.push_back(gx.contiguous());
+          count_collective("send", grp, p, gx.numel() * static_cast<int64_t>(dtype_size(gx.dtype())));
+        }
+      }
+    }
+    pending.clear();
+    if (V > 1) em.set_span(*model, layout->stages[static_cast<size_t>(est.stage)].first,
+                           layout->stages[static_cast<size_t>(est.stage)].last);
+  };
+
   // One optimizer step: `micro` micro-batches, the last one synchronized, then what the trainer
   // does before the optimizer (16-bit: gradients cast to f32 for the masters), then zero_grad.
   auto step = [&](int64_t micro, const std::function<void()>& after_first) {
-    for (int64_t m = 0; m < micro; ++m) {
-      reducer.set_sync(m + 1 == micro);
-      Tensor ids = distribute_tensor(empty(Shape{o.batch, o.seq}, ids_opts), sim, in_ps);
-      Tensor targets = distribute_tensor(empty(Shape{o.batch, o.seq}, ids_opts), sim, in_ps);
-      Tensor loss = em.loss(*model, ids, targets);
-      loss.backward();
-      if (m == 0 && after_first) after_first();
+    if (pipe) {
+      pipeline_step(micro);
+    } else {
+      for (int64_t m = 0; m < micro; ++m) {
+        reducer.set_sync(m + 1 == micro);
+        Tensor ids = distribute_tensor(empty(Shape{o.batch, o.seq}, ids_opts), sim, in_ps);
+        Tensor targets = distribute_tensor(empty(Shape{o.batch, o.seq}, ids_opts), sim, in_ps);
+        Tensor loss = em.loss(*model, ids, targets);
+        loss.backward();
+        if (m == 0 && after_first) after_first();
+      }
     }
     reducer.finish();
+    if (tied_pair) {  // the tied embedding's gradient summed over the first and last stage
+      Tensor g = model->get_parameter("model.embed_tokens.weight").grad();
+      if (g.defined()) {
+        const Tensor local = g.is_distributed() ? to_local(g) : g;
+        count_collective("all_reduce", pp_dim, 2, local.numel() * static_cast<int64_t>(dtype_size(local.dtype())));
+      }
+    }
+    if (pipe) count_collective("broadcast", pp_dim, est.stages, 8);  // the loss sum, from the last stage
     std::vector<Tensor> master_grads;
     if (master)
       for (auto& [name, p] : model->named_parameters())
@@ -171,11 +323,13 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
     model->zero_grad();
   };
 
-  step(1, nullptr);  // warm-up: the reducer agrees on its bucket layout (first synchronized step)
+  // warm-up: the reducer agrees on its bucket layout (first synchronized step)
+  step(pipe ? o.accum : 1, nullptr);
 
   est.persistent_bytes = meta_memory_stats().live;
   reset_meta_peak();
-  const int64_t micro = std::min<int64_t>(o.accum, 2);  // the rest repeat the first (unsynchronized) one
+  // The rest repeat the first (unsynchronized) one; a pipeline step runs its whole schedule.
+  const int64_t micro = pipe ? o.accum : std::min<int64_t>(o.accum, 2);
   CollectiveCounts first_comm;
   KernelCost first_cost;
   {
@@ -188,7 +342,7 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
     est.comm = CollectiveCountScope::counts();
     est.cost = KernelCostScope::totals();
   }
-  if (o.accum > micro) {
+  if (o.accum > micro && !pipe) {
     add_scaled(est.comm, first_comm, o.accum - micro);
     add_scaled(est.cost, first_cost, o.accum - micro);
   }

@@ -45,6 +45,17 @@ struct EstimateOptions {
 struct EstimateModel {
   std::function<std::shared_ptr<Module>()> build_meta;  // builds on the meta device
   std::function<Tensor(Module& model, const Tensor& ids, const Tensor& targets)> loss;
+  // Pipeline plans only (docs/estimate.md "Pipeline plans"): the model's pipeline units (path,
+  // is_layer) in forward order, its span setter (CausalLM::set_pipeline_span), the forward of the
+  // current span (token ids or the received activation in, the span's output out), the loss of
+  // the last stage's logits, the hidden size (a stage sends [batch, seq, hidden] in the compute
+  // precision) and whether the first and last stage share the tied embedding.
+  std::function<std::vector<std::pair<std::string, bool>>(Module& model)> pipeline_units;
+  std::function<void(Module& model, int64_t first, int64_t last)> set_span;
+  std::function<Tensor(Module& model, const Tensor& x)> forward;
+  std::function<Tensor(const Tensor& logits, const Tensor& targets)> logits_loss;
+  int64_t hidden = 0;
+  bool tied_embeddings = false;
 };
 
 struct RankEstimate {
@@ -66,6 +77,15 @@ struct RankEstimate {
   // What decides the figures: every parameter's global shape and INIT placements, and the input's
   // (see same_local_shapes).
   std::vector<std::pair<Shape, Placements>> layouts;
+  // Pipeline plans: this coordinate's stage, the stage count, micro-batches and chunks per stage,
+  // and the schedule's ideal bubble (bubble_fraction_theory): the roofline stretches the compute
+  // by 1 / (1 - bubble) = (V m + p - 1) / (V m). stages == 1 for other plans.
+  bool pipeline = false;  // a pipeline plan (then `layouts` are the stage mesh's)
+  int64_t stage = 0;
+  int64_t stages = 1;
+  int64_t micros = 1;
+  int64_t virtual_stages = 1;
+  double bubble = 0;
 };
 
 // Whether coordinate `other` holds exactly the local shapes `est`'s coordinate holds (every

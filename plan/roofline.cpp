@@ -239,7 +239,10 @@ StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareP
   }
   t.collective_overhead_s = static_cast<double>(est.cost.blocking_collectives) * hw.collective_overhead_s;
   t.comm_s += t.collective_overhead_s;
-  t.total_s = (t.matmul_s + t.memory_s + t.overhead_s) * t.sharing + t.comm_s;
+  // Pipeline plans: the schedule's ideal bubble stretches every stage's compute by
+  // 1 / (1 - bubble) = (V m + p - 1) / (V m) (the slowest stage's figure is the step's).
+  t.pipeline_stretch = est.stages > 1 ? 1.0 / (1.0 - est.bubble) : 1.0;
+  t.total_s = (t.matmul_s + t.memory_s + t.overhead_s) * t.sharing * t.pipeline_stretch + t.comm_s;
   return t;
 }
 

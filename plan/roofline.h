@@ -91,6 +91,7 @@ struct StepTime {
   double sharing = 1;     // compute stretched by ranks per node / compute slots (>= 1), and by 1 / cpu_share
   double collective_overhead_s = 0;  // blocking collective calls x the per-collective overhead
   double comm_s = 0;      // sum of the collectives (alpha-beta) + collective_overhead_s
+  double pipeline_stretch = 1;  // pipeline plans: 1 / (1 - bubble), (V m + p - 1) / (V m); else 1
   double total_s = 0;
   std::vector<CollectiveTime> collectives;
 };
@@ -100,7 +101,7 @@ struct StepTime {
 bool crosses_nodes(const PlanMesh& mesh, const std::string& dims, int64_t devices_per_node);
 // Seconds of `calls` collectives of `kind` moving `bytes` in all over groups of `k` ranks.
 double collective_seconds(const std::string& kind, int64_t calls, int64_t bytes, int64_t k, const LinkProfile& link);
-// total = (matmul + memory + overhead) x sharing + comm.
+// total = (matmul + memory + overhead) x sharing x pipeline_stretch + comm.
 StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareProfile& hw, DType precision);
 
 }  // namespace mt

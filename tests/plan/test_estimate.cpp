@@ -166,7 +166,8 @@ TEST_CASE("estimate: predicted peak memory and collective bytes match a real ste
   const int np = world().size();
   const std::vector<std::string> plans = {"llama_dp",   "llama_dp_tp", "llama_tp",      "llama_tp_sp",
                                           "llama_zero3", "llama_fsdp", "llama_fsdp_tp", "mixtral_ep",
-                                          "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp"};
+                                          "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp",  "llama_cp",
+                                          "llama_dp_cp_tp"};
   std::optional<HardwareProfile> hw;
   if (const char* h = std::getenv("MT_ESTIMATE_HARDWARE"); h && *h) hw = load_hardware_profile(h);
   EstimateOptions o;

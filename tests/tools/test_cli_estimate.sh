@@ -75,6 +75,24 @@ secs=$(python3 -c "print($end - $start)")
 echo "671B at 10,000 ranks: $secs s (estimate itself $(json "$tmp/671b.json" "d['elapsed_s']") s)"
 [ "$(json "$tmp/671b.json" "d['parameters'] > 670e9")" = True ] || fail "671B parameter count"
 
+# Pipeline plans: every stage estimated, its own stage, sends over pp, the bubble; 1F1B refuses
+# fewer micro-batches than stages naming --accum; a sweep takes pipeline plans.
+"$bin" plan --config llama-tiny --plan "$plans/llama_pp.plan" --world 4 --estimate --accum 4 --batch 4 --seq 16 \
+  --json > "$tmp/pp.json"
+[ "$(json "$tmp/pp.json" "[r['pipeline']['stage'] for r in d['ranks']]")" = "[0, 1, 2, 3]" ] || fail "pp stages"
+[ "$(json "$tmp/pp.json" "all(any(c['kind'] == 'send' and c['dims'] == 'pp' for c in r['comm']) for r in d['ranks'])")" = True ] \
+  || fail "pp sends"
+[ "$(json "$tmp/pp.json" "abs(d['ranks'][0]['pipeline']['stretch'] - 7 / 4) < 1e-9")" = True ] || fail "pp bubble"
+if "$bin" plan --config llama-tiny --plan "$plans/llama_pp.plan" --world 4 --estimate --accum 2 2> "$tmp/err.txt"; then
+  fail "pp --accum 2 accepted"
+fi
+grep -qF -- "--accum 2" "$tmp/err.txt" || fail "pp accum error: $(cat "$tmp/err.txt")"
+"$bin" plan --config llama-tiny --plan "$plans/llama_pp.plan" --world 2 --estimate --accum 2 > "$tmp/pp.txt"
+grep -qF "pipeline bubble" "$tmp/pp.txt" || fail "pp text: $(cat "$tmp/pp.txt")"
+"$bin" plan --config llama-tiny --plan "$plans/llama_pp.plan,$plans/llama_dp.plan" --sweep "world=2" --accum 2 \
+  --memory-gb 1 --json > "$tmp/pp_sweep.json"
+[ "$(json "$tmp/pp_sweep.json" "sum(r['fits'] for r in d['rows'])")" = 2 ] || fail "pp sweep: $(cat "$tmp/pp_sweep.json")"
+
 # A quick sweep: fitting plans sorted by step time.
 "$bin" plan --config llama-tiny --plan "$plans/llama_dp.plan,$plans/llama_dp_tp.plan" --sweep "world=2,4 tp=1,2" \
   --memory-gb 1 --batch 8 --seq 16 --json > "$tmp/sweep.json"

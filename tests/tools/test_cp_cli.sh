@@ -6,7 +6,7 @@
 #           sequence shards): every loss, step 1's grad norm and gradients within 1e-5 relative;
 #           weights and gradients after the 20 AdamW steps within 5e-3 (AdamW magnifies rounding);
 #   bad input: --seq not divisible by 2 x cp (names --seq and the plan line), a cp dim the mesh
-#           lacks (names the plan line), --estimate of a cp plan (refused naming the entry).
+#           lacks (names the plan line); --estimate of a cp plan counts the ring's shifts over cp.
 # MODE fast (suite cli/mpi, about 20 s) or slow (np 4 runs and llama_dp_cp_tp: suite slow).
 # usage: test_cp_cli.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
@@ -36,8 +36,14 @@ if [ "$MODE" = fast ]; then
   printf 'mesh dp=*\nplace model <in>:0 dp=S(0) cp=ZS(1)\n' > "$WORK/nocp.plan"
   expect_error "a cp dim the mesh lacks" "nocp.plan:2:28" "'cp=ZS(1)' names no mesh dim" -- \
     "$BIN" plan --plan "$WORK/nocp.plan" --world 2
-  expect_error "--estimate of a cp plan" "llama_cp.plan:8:1" "--estimate does not model context parallelism" -- \
-    "$BIN" plan --plan "$PLANS/llama_cp.plan" --world 2 --estimate
+  # --estimate of a cp plan: the ring's shifts (all_to_all over cp) counted on every rank
+  # (tests/plan/test_estimate.cpp compares them with a real step).
+  if "$BIN" plan --plan "$PLANS/llama_cp.plan" --world 2 --estimate --seq 16 --json > "$WORK/cp_est.json" &&
+     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if all(any(c['kind']=='all_to_all' and c['dims']=='cp' and c['calls']>0 for c in r['comm']) for r in d['ranks']) else 1)" "$WORK/cp_est.json"; then
+    pass "--estimate of a cp plan counts the ring's shifts over cp"
+  else
+    fail "--estimate of a cp plan: $(head -c 400 "$WORK/cp_est.json")"
+  fi
 else
   parity "$PLANS/llama_cp.plan" 4 20 1 1e-5 5e-3
   parity "$PLANS/llama_dp_cp_tp.plan" 4 20 1 1e-5 5e-3

@@ -25,21 +25,6 @@
 namespace mt::cli {
 namespace {
 
-// Context parallelism (a sequence split of an activation, docs/context_parallel.md) is not
-// modelled by the estimate: refused naming the entry, rather than a wrong figure.
-void refuse_context_parallel(const Plan& plan) {
-  for (const PlanEntry& e : plan.entries()) {
-    if (e.tensor.rfind("<in>", 0) != 0 && e.tensor.rfind("<out>", 0) != 0) continue;
-    for (const How* h : {&e.how, &e.src})
-      for (const DimPlacement& d : *h)
-        MT_CHECK(!d.placement.mirrored(),
-                 "{}: --estimate does not model context parallelism (ring attention) yet: the entry `{}` places "
-                 "the sequence {}={} (docs/context_parallel.md); estimate the plan without the cp dim",
-                 e.loc.str(), e.str(), d.dim, d.placement.str());
-  }
-}
-
-
 constexpr int64_t kMaxWorld = 65536;
 
 using Clock = std::chrono::steady_clock;
@@ -98,6 +83,13 @@ EstimateModel model_of(const ModelConfig& cfg, RecomputeMode recompute) {
   em.loss = [](Module& m, const Tensor& ids, const Tensor& targets) {
     return static_cast<CausalLM&>(m).loss(ids, targets);
   };
+  // Pipeline plans: the stage's span and forward as parallelize_run and the trainer run them.
+  em.pipeline_units = [](Module& m) { return static_cast<CausalLM&>(m).pipeline_units(); };
+  em.set_span = [](Module& m, int64_t first, int64_t last) { static_cast<CausalLM&>(m).set_pipeline_span(first, last); };
+  em.forward = [](Module& m, const Tensor& x) { return m(std::vector<Tensor>{x})[0]; };
+  em.logits_loss = [](const Tensor& logits, const Tensor& targets) { return cross_entropy(logits, targets); };
+  em.hidden = cfg.hidden_size;
+  em.tied_embeddings = cfg.tie_word_embeddings;
   return em;
 }
 
@@ -114,7 +106,22 @@ PlanRun estimate_plan(const std::string& plan_path, const Plan& plan, const Plan
                       const EstimateOptions& o, const HardwareProfile& hw, int64_t all_up_to) {
   PlanRun run{plan_path, plan, mesh, {}, {}, 0};
   const auto t0 = Clock::now();
-  for (const auto& c : estimate_coordinates(mesh, all_up_to)) {
+  std::vector<std::vector<int64_t>> coords = estimate_coordinates(mesh, all_up_to);
+  if (plan.is_pipeline() && mesh.size() > all_up_to) {
+    // Every pipeline stage (the other dims at 0) besides the first and the last coordinate.
+    int pd = 0;
+    while (mesh.names[static_cast<size_t>(pd)] != plan.pipeline_dim()) ++pd;
+    std::vector<std::vector<int64_t>> with;
+    for (int64_t s = 0; s < mesh.shape[pd]; ++s) {
+      std::vector<int64_t> c(static_cast<size_t>(mesh.ndim()), 0);
+      c[static_cast<size_t>(pd)] = s;
+      with.push_back(c);
+    }
+    for (const auto& c : coords)
+      if (std::find(with.begin(), with.end(), c) == with.end()) with.push_back(c);
+    coords = with;
+  }
+  for (const auto& c : coords) {
     if (!run.ranks.empty() && same_local_shapes(run.ranks.front(), mesh, c)) {
       // The same local shapes as the first coordinate: the same figures (no second dry run).
       RankEstimate copy = run.ranks.front();
@@ -146,7 +153,8 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
   fmt::print("# step: batch {} x seq {} x accum {}, precision {}, optimizer {}; hardware {} ({})\n", o.batch, o.seq,
              o.accum, dtype_name(o.precision), o.optimizer, hw.name, hw.source);
   if (r.ranks.size() < static_cast<size_t>(r.mesh.size()))
-    fmt::print("# ranks shown: the first and the last coordinate (the largest and the smallest shards)\n");
+    fmt::print("# ranks shown: the first and the last coordinate (the largest and the smallest shards){}\n",
+               r.plan.is_pipeline() ? ", and every pipeline stage's first coordinate" : "");
   fmt::print("# {} : counted from the real local shapes and a meta dry run of the step; {} : a formula or the "
              "hardware profile\n", kShapes, kModel);
   const double tokens = static_cast<double>(o.batch * o.seq * o.accum);
@@ -193,12 +201,19 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
     overhead("per-DTensor-op overhead", e.cost.dist_ops, t.dist_overhead_s);
     overhead("per-redistribute overhead", e.cost.redistributes, t.redistribute_overhead_s);
     overhead("per-collective wait", e.cost.blocking_collectives, t.collective_overhead_s);
+    if (e.stages > 1)
+      fmt::print("  {:<28} {:>14}  {}  (stage {} of {}, {} micro-batches x {} chunk(s): the slowest stage's compute "
+                 "x (V m + p - 1) / (V m) = x {:.3f})\n",
+                 "pipeline bubble", fmt::format("{:.1f} %", 100 * e.bubble), kModel, e.stage, e.stages, e.micros,
+                 e.virtual_stages, t.pipeline_stretch);
     const std::string sharing =
         t.sharing > 1 ? fmt::format(" x {:.2g} (ranks sharing a node's compute, cpu_share)", t.sharing) : std::string();
-    fmt::print("  {:<28} {:>14}  {}  (compute {}{} + communication {}, no overlap; {:.0f} tokens/s per model "
+    fmt::print("  {:<28} {:>14}  {}  (compute {}{}{} + communication {}, no overlap; {:.0f} tokens/s per model "
                "replica group)\n",
                "step time", seconds_str(t.total_s), kModel, seconds_str(t.matmul_s + t.memory_s + t.overhead_s),
-               sharing, seconds_str(t.comm_s), tokens / t.total_s);
+               sharing,
+               t.pipeline_stretch > 1 ? fmt::format(" x {:.3f} (pipeline bubble)", t.pipeline_stretch) : std::string(),
+               seconds_str(t.comm_s), tokens / t.total_s);
   }
   fmt::print("# estimated {} coordinate(s) in {:.3f} s\n", r.ranks.size(), r.elapsed_s);
 }
@@ -234,6 +249,10 @@ nlohmann::ordered_json rank_json(const RankEstimate& e, const StepTime& t, const
                     {"collective_overhead_s", t.collective_overhead_s},
                     {"sharing", t.sharing},  {"comm_s", t.comm_s},     {"total_s", t.total_s},
                     {"source", kModel}};
+  if (e.stages > 1)
+    j["pipeline"] = {{"stage", e.stage}, {"stages", e.stages}, {"micros", e.micros},
+                     {"virtual_stages", e.virtual_stages}, {"bubble", e.bubble}, {"stretch", t.pipeline_stretch},
+                     {"source", kModel}};
   j["memory_source"] = kShapes;
   return j;
 }
@@ -324,9 +343,6 @@ int run_sweep(const Args& args, const std::string& config_name, const ModelConfi
   const auto t0 = Clock::now();
   for (const std::string& pp : plans) {
     Plan plan = load_plan(pp);
-    MT_CHECK(!plan.is_pipeline(), "{}: --estimate and --sweep do not model pipeline stages yet (docs/pipeline.md); "
-             "plan without the stage lines", pp);
-    refuse_context_parallel(plan);
     for (int64_t w : axes.at("world"))
       for (int64_t tp : axes.at("tp")) {
         Row row{pp, "", "", w};
@@ -339,13 +355,27 @@ int run_sweep(const Args& args, const std::string& config_name, const ModelConfi
           const PlanMesh* m = &pm->second;
           row.mesh = m->str();
           try {
-            // The first coordinate holds the largest shards (chunk semantics): its peak bounds the others'.
-            RankEstimate e =
-                estimate_rank(em, pm->first, *m, std::vector<int64_t>(static_cast<size_t>(m->ndim()), 0), o);
-            StepTime t = roofline(e, *m, hw, o.precision);
-            row.peak = static_cast<double>(e.peak_bytes);
-            row.step = t.total_s;
-            row.comm = t.comm_s;
+            // The first coordinate holds the largest shards (chunk semantics): its peak bounds the
+            // others'. Pipeline plans: every stage (the other dims at 0), the largest peak and the
+            // slowest stage's step.
+            std::vector<std::vector<int64_t>> coords{std::vector<int64_t>(static_cast<size_t>(m->ndim()), 0)};
+            if (pm->first.is_pipeline()) {
+              int pd = 0;
+              while (m->names[static_cast<size_t>(pd)] != pm->first.pipeline_dim()) ++pd;
+              for (int64_t s = 1; s < m->shape[pd]; ++s) {
+                coords.push_back(coords.front());
+                coords.back()[static_cast<size_t>(pd)] = s;
+              }
+            }
+            for (const auto& c : coords) {
+              RankEstimate e = estimate_rank(em, pm->first, *m, c, o);
+              StepTime t = roofline(e, *m, hw, o.precision);
+              row.peak = std::max(row.peak, static_cast<double>(e.peak_bytes));
+              if (t.total_s > row.step) {
+                row.step = t.total_s;
+                row.comm = t.comm_s;
+              }
+            }
             row.fits = row.peak <= budget;
             if (!row.fits) row.why = fmt::format("peak {} over the budget", human(row.peak));
           } catch (const Error& e) {
@@ -377,7 +407,8 @@ int run_sweep(const Args& args, const std::string& config_name, const ModelConfi
   fmt::print("# sweep for {} ({:.3f}B parameters), batch {} x seq {} x accum {}, {}, hardware {}, memory budget {}\n",
              config_name, static_cast<double>(cfg.num_parameters()) / 1e9, o.batch, o.seq, o.accum,
              dtype_name(o.precision), hw.name, human(budget));
-  fmt::print("# plans that fit, fastest first (peak and step time of rank 0; step time modelled, peak measured from shapes)\n");
+  fmt::print("# plans that fit, fastest first (peak and step time of rank 0, pipeline plans: the largest peak and the "
+             "slowest stage of all stages; step time modelled, peak measured from shapes)\n");
   fmt::print("{:<28} {:>6} {:<20} {:>12} {:>12} {:>12} {:>14}\n", "plan", "world", "mesh", "peak", "step", "comm",
              "tokens/s");
   int shown = 0;
@@ -434,9 +465,6 @@ int run_plan_estimate(const Args& args) {
   const std::string plan_path = args.required("plan");
   const int64_t world = args.integer("world", 1, kMaxWorld);
   Plan plan = load_plan(plan_path);
-  MT_CHECK(!plan.is_pipeline(), "{}: --estimate does not model pipeline stages yet (docs/pipeline.md); plan without "
-           "the stage lines", plan_path);
-  refuse_context_parallel(plan);
   PlanMesh mesh = plan.resolve_mesh(world);
   PlanRun r = estimate_plan(plan_path, plan, mesh, em, o, hw, 8);
   if (args.flag("json")) {

@@ -231,7 +231,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
       if (!plan->tied_param.empty() && (pipe_->is_first() || pipe_->is_last())) {
         const std::vector<int>& pp = pipe_->comm().world_ranks();
         tied_comm_ = Communicator::create({pp.front(), pp.back()}, kTiedTag,
-                                          "tied embeddings (first and last pipeline stage)");
+                                          "tied embeddings (first and last pipeline stage)", plan->pipeline->dim);
         tied_param_ = plan->tied_param;
         check_tied_layout(plan->path);
       }

@@ -170,7 +170,8 @@ TEST_CASE("estimate: pipeline plans: predicted peak and collective bytes match a
     bool tied;
   };
   const std::vector<Case> cases = {{"llama_pp", false},    {"llama_pp", true},         {"llama_pp_dp", false},
-                                   {"llama_pp_tp", false}, {"llama_pp_interleaved", false}};
+                                   {"llama_pp_tp", false}, {"llama_pp_interleaved", false},
+                                   {"llama_pp_fsdp", false}, {"llama_pp_cp", false}};
   EstimateOptions o;
   o.batch = 4;
   const char* seq = std::getenv("MT_ESTIMATE_SEQ");  // larger: activations dominate the peak

@@ -12,8 +12,11 @@
 //     activation and gradient sends/receives over pp, the headers, the reducer's buckets, the
 //     tensor-parallel all-reduces) equal to the predicted ones.
 // Prints one table row per plan and rank (docs/estimate.md).
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 
 #include "mesh/collective_count.h"
 #include "mesh/dtensor.h"
@@ -27,6 +30,7 @@
 #include "plan/parallelize.h"
 #include "plan/pipeline.h"
 #include "plan/pipeline_run.h"
+#include "plan/roofline.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"
@@ -64,6 +68,7 @@ EstimateModel estimate_model(const ModelConfig& cfg) {
 struct Measured {
   int64_t persistent = 0, peak = 0;
   CollectiveCounts comm;
+  double step_s = 0;  // best of 3 further steps (wall), printed next to the roofline's
 };
 
 constexpr int kTiedTag = 0x7ed2;
@@ -150,6 +155,12 @@ Measured run_real(const ModelConfig& cfg, const Plan& plan, const PlanMesh& pm, 
       m.comm = CollectiveCountScope::counts();
     }
     m.peak = cpu_memory_stats().peak;
+    m.step_s = 1e30;
+    for (int s = 2; s < 5; ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      step(s);
+      m.step_s = std::min(m.step_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
   }
   return m;
 }
@@ -179,6 +190,10 @@ TEST_CASE("estimate: pipeline plans: predicted peak and collective bytes match a
   o.accum = 4;
   o.precision = DType::kF32;
   o.bucket_bytes = int64_t{1} << 16;
+  // MT_ESTIMATE_HARDWARE: a profile whose roofline step time is printed next to the measured one
+  // (docs/estimate.md, validation; speed is measured, not asserted).
+  std::optional<HardwareProfile> hw;
+  if (const char* h = std::getenv("MT_ESTIMATE_HARDWARE"); h && *h) hw = load_hardware_profile(h);
   int checked = 0;
   for (const Case& c : cases) {
     const std::string name = c.plan;
@@ -207,9 +222,16 @@ TEST_CASE("estimate: pipeline plans: predicted peak and collective bytes match a
       comm_bytes += t.bytes;
       same = same && est.comm.count(k) == 1 && est.comm.at(k).bytes == t.bytes && est.comm.at(k).calls == t.calls;
     }
+    std::string predicted_time = "-";
+    if (hw) {
+      const double p = roofline(est, pm, *hw, o.precision).total_s;
+      predicted_time = fmt::format("{:.4f} | {:+.0f}%", p, 100 * (p - m.step_s) / m.step_s);
+    }
     // | plan | tied | np | rank (stage) | predicted peak | measured peak | error | collective bytes | equal |
-    fmt::print("| {} | {} | {} | {} ({}) | {} | {} | {:+.2f}% | {} | {} |\n", name, c.tied ? "tied" : "-", np,
-               world().rank(), est.stage, est.peak_bytes, m.peak, 100 * err, comm_bytes, same ? "equal" : "DIFFER");
+    //   measured step s (best of 3) | roofline step s | roofline error |
+    fmt::print("| {} | {} | {} | {} ({}) | {} | {} | {:+.2f}% | {} | {} | {:.4f} | {} |\n", name, c.tied ? "tied" : "-",
+               np, world().rank(), est.stage, est.peak_bytes, m.peak, 100 * err, comm_bytes, same ? "equal" : "DIFFER",
+               m.step_s, predicted_time);
     INFO("plan " << name << (c.tied ? " (tied)" : "") << " np " << np << " rank " << world().rank()
                  << ": predicted " << counts_str(est.comm) << " | counted " << counts_str(m.comm));
     CHECK(est.persistent_bytes == m.persistent);

@@ -210,7 +210,7 @@ StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareP
   StepTime t;
   const double gemm = precision == DType::kF32 ? hw.gemm_flops_f32 : hw.gemm_flops_bf16;
   t.matmul_full_rate_s = est.cost.matmul_flops / gemm;
-  // Each bucket of FLOPs at the efficiency of its largest dim (kernels/cost.h); the last bucket
+  // Each bucket of FLOPs at the efficiency for its bound (kernels/cost.h); the last bucket
   // (dims over the last bound, and attention) at the full rate. FLOPs counted without buckets
   // (none today) also at the full rate.
   double bucketed = 0;

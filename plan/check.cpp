@@ -19,13 +19,7 @@ void check_plan_forward(const Plan& plan, const PlanMesh& mesh,
   const int64_t n = mesh.size();
   for (int64_t r = 0; r < n; ++r) {
     if (n > 8 && r != 0 && r != n - 1) continue;
-    std::vector<int64_t> c(static_cast<size_t>(mesh.ndim()));
-    int64_t rem = r;
-    for (int d = mesh.ndim() - 1; d >= 0; --d) {
-      c[static_cast<size_t>(d)] = rem % mesh.shape[d];
-      rem /= mesh.shape[d];
-    }
-    coords.push_back(std::move(c));
+    coords.push_back(mesh.coordinate_of(r));
   }
   for (const auto& c : coords) {
     DeviceMesh sim = DeviceMesh::simulated(mesh.shape, mesh.names, c);

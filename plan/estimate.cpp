@@ -58,13 +58,7 @@ std::vector<std::vector<int64_t>> estimate_coordinates(const PlanMesh& mesh, int
   const int64_t n = mesh.size();
   for (int64_t r = 0; r < n; ++r) {
     if (n > all_up_to && r != 0 && r != n - 1) continue;
-    std::vector<int64_t> c(static_cast<size_t>(mesh.ndim()));
-    int64_t rem = r;
-    for (int d = mesh.ndim() - 1; d >= 0; --d) {
-      c[static_cast<size_t>(d)] = rem % mesh.shape[d];
-      rem /= mesh.shape[d];
-    }
-    out.push_back(std::move(c));
+    out.push_back(mesh.coordinate_of(r));
   }
   return out;
 }

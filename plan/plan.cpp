@@ -196,6 +196,15 @@ int PlanMesh::dim_index(const std::string& name) const {
   return -1;
 }
 
+std::vector<int64_t> PlanMesh::coordinate_of(int64_t rank) const {
+  std::vector<int64_t> c(static_cast<size_t>(ndim()));
+  for (int d = ndim() - 1; d >= 0; --d) {
+    c[static_cast<size_t>(d)] = rank % shape[d];
+    rank /= shape[d];
+  }
+  return c;
+}
+
 std::string PlanMesh::str() const {
   std::string s = "[";
   for (size_t i = 0; i < names.size(); ++i) s += fmt::format("{}{}={}", i ? ", " : "", names[i], shape[i]);

@@ -106,6 +106,7 @@ struct PlanMesh {
   int ndim() const { return static_cast<int>(names.size()); }
   int64_t size() const { return shape.numel(); }
   int dim_index(const std::string& name) const;  // -1 when absent
+  std::vector<int64_t> coordinate_of(int64_t rank) const;  // row-major, as DeviceMesh orders ranks
   std::string str() const;                       // "[dp=2, tp=2]"
 };
 

@@ -1,4 +1,5 @@
 // Implementation of the shared test helpers.
+#include <cstdlib>
 #include "testing.h"
 
 #include <unistd.h>
@@ -148,6 +149,11 @@ CloseReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f
     }
   }
   return r;
+}
+
+std::string plans_dir() {
+  const char* d = std::getenv("MT_PLANS_DIR");
+  return d ? d : "plans";
 }
 
 }  // namespace mt::testing

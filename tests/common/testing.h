@@ -47,6 +47,9 @@ CloseReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f
                       const std::vector<Tensor>& inputs, double eps = 1e-6, double atol = 1e-6,
                       double rtol = 1e-4);
 
+// The stock plans: $MT_PLANS_DIR (meson sets it to the source tree's plans/), else ./plans.
+std::string plans_dir();
+
 }  // namespace mt::testing
 
 #define REQUIRE_CLOSE(...)                         \

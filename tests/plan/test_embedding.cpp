@@ -34,6 +34,7 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::plans_dir;
 using Catch::Contains;
 namespace fs = std::filesystem;
 
@@ -47,11 +48,6 @@ DeviceMesh& named_mesh(const std::string& name) {
   auto it = meshes.find(name);
   if (it == meshes.end()) it = meshes.emplace(name, DeviceMesh({P()}, {name})).first;
   return it->second;
-}
-
-std::string plans_dir() {
-  const char* d = std::getenv("MT_PLANS_DIR");
-  return d ? d : "plans";
 }
 
 // Rows 0..4P-1 of 3 columns, value 0.5 * i: sharded S(0) every rank holds 4 rows.

@@ -39,16 +39,14 @@
 #include "runtime/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
+#include "mesh_testing.h"
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::counts_str;
+using mt::testing::plans_dir;
 
 namespace {
-
-std::string plans_dir() {
-  const char* d = std::getenv("MT_PLANS_DIR");
-  return d ? d : "plans";
-}
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -154,12 +152,6 @@ Measured run_real(const ModelConfig& cfg, const Plan& plan, const PlanMesh& pm, 
   return m;
 }
 
-std::string counts_str(const CollectiveCounts& c) {
-  std::string s;
-  for (const auto& [k, t] : c) s += fmt::format("{}{}@{}: {} calls {} B", s.empty() ? "" : "; ", k.kind, k.dims, t.calls, t.bytes);
-  return s.empty() ? "none" : s;
-}
-
 }  // namespace
 
 TEST_CASE("estimate: predicted peak memory and collective bytes match a real step under every stock plan", "[mpi]") {
@@ -187,14 +179,7 @@ TEST_CASE("estimate: predicted peak memory and collective bytes match a real ste
       skip = true;
     }
     if (skip) continue;  // the mesh does not fit this world (e.g. tp=2 on one rank)
-    std::vector<int64_t> coord(static_cast<size_t>(pm.ndim()));
-    {
-      int64_t rem = world().rank();
-      for (int d = pm.ndim() - 1; d >= 0; --d) {
-        coord[static_cast<size_t>(d)] = rem % pm.shape[d];
-        rem /= pm.shape[d];
-      }
-    }
+    const std::vector<int64_t> coord = pm.coordinate_of(world().rank());
     EstimateModel em;
     em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
     em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
@@ -329,14 +314,7 @@ TEST_CASE("estimate: --recompute full / selective: the dry run keeps what the re
     Plan plan = load_plan(plans_dir() + "/" + name + ".plan");
     const ModelConfig cfg = config_for(name);
     const PlanMesh pm = plan.resolve_mesh(np);
-    std::vector<int64_t> coord(static_cast<size_t>(pm.ndim()));
-    {
-      int64_t rem = world().rank();
-      for (int d = pm.ndim() - 1; d >= 0; --d) {
-        coord[static_cast<size_t>(d)] = rem % pm.shape[d];
-        rem /= pm.shape[d];
-      }
-    }
+    const std::vector<int64_t> coord = pm.coordinate_of(world().rank());
     RankEstimate none, prev;
     int64_t none_measured = 0;
     for (RecomputeMode mode : {RecomputeMode::kNone, RecomputeMode::kSelective, RecomputeMode::kFull}) {

@@ -35,16 +35,14 @@
 #include "runtime/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
+#include "mesh_testing.h"
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::counts_str;
+using mt::testing::plans_dir;
 
 namespace {
-
-std::string plans_dir() {
-  const char* d = std::getenv("MT_PLANS_DIR");
-  return d ? d : "plans";
-}
 
 std::shared_ptr<CausalLM> build(const ModelConfig& c) {
   manual_seed(1234);
@@ -165,12 +163,6 @@ Measured run_real(const ModelConfig& cfg, const Plan& plan, const PlanMesh& pm, 
   return m;
 }
 
-std::string counts_str(const CollectiveCounts& c) {
-  std::string s;
-  for (const auto& [k, t] : c) s += fmt::format("{}{}@{}: {} calls {} B", s.empty() ? "" : "; ", k.kind, k.dims, t.calls, t.bytes);
-  return s.empty() ? "none" : s;
-}
-
 }  // namespace
 
 TEST_CASE("estimate: pipeline plans: predicted peak and collective bytes match a real pipeline step", "[mpi]") {
@@ -207,12 +199,7 @@ TEST_CASE("estimate: pipeline plans: predicted peak and collective bytes match a
     ModelConfig cfg = builtin_config("llama-tiny");
     cfg.tie_word_embeddings = c.tied;
     if (name.find("tp") != std::string::npos) cfg.num_key_value_heads = cfg.num_attention_heads;
-    std::vector<int64_t> coord(static_cast<size_t>(pm.ndim()));
-    int64_t rem = world().rank();
-    for (int d = pm.ndim() - 1; d >= 0; --d) {
-      coord[static_cast<size_t>(d)] = rem % pm.shape[d];
-      rem /= pm.shape[d];
-    }
+    const std::vector<int64_t> coord = pm.coordinate_of(world().rank());
     const RankEstimate est = estimate_rank(estimate_model(cfg), plan, pm, coord, o);
     const Measured m = run_real(cfg, plan, pm, o);
     const double err = static_cast<double>(est.peak_bytes - m.peak) / static_cast<double>(m.peak);

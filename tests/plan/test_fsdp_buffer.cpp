@@ -25,14 +25,10 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::plans_dir;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 namespace {
-
-std::string plans_dir() {
-  const char* d = std::getenv("MT_PLANS_DIR");
-  return d ? d : "plans";
-}
 
 std::shared_ptr<CausalLM> build(const ModelConfig& c, bool meta) {
   manual_seed(77);

@@ -37,13 +37,9 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::plans_dir;
 
 namespace {
-
-std::string plans_dir() {
-  const char* d = std::getenv("MT_PLANS_DIR");
-  return d ? d : "plans";
-}
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   Tensor x = a.detach().contiguous(), y = b.detach().contiguous();

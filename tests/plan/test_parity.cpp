@@ -20,13 +20,9 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::plans_dir;
 
 namespace {
-
-std::string plans_dir() {
-  const char* d = std::getenv("MT_PLANS_DIR");
-  return d ? d : "plans";
-}
 
 ModelConfig config_for(const std::string& plan, bool uneven) {
   ModelConfig c = builtin_config(plan.find("mixtral") != std::string::npos ? "mixtral-tiny" : "llama-tiny");

@@ -19,14 +19,10 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::plans_dir;
 using Catch::Matchers::Contains;
 
 namespace {
-
-std::string plans_dir() {
-  const char* d = std::getenv("MT_PLANS_DIR");
-  return d ? d : "plans";
-}
 
 std::shared_ptr<CausalLM> meta_model(const std::string& config = "llama-tiny") {
   InitDeviceGuard meta(Device::meta());

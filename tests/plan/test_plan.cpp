@@ -20,13 +20,9 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::plans_dir;
 
 namespace {
-
-std::string plans_dir() {
-  const char* d = std::getenv("MT_PLANS_DIR");
-  return d ? d : "plans";
-}
 
 std::shared_ptr<CausalLM> meta_model(const std::string& config) {
   InitDeviceGuard meta(Device::meta());

@@ -86,6 +86,7 @@ struct RankEstimate {
   int64_t micros = 1;
   int64_t virtual_stages = 1;
   double bubble = 0;
+  PipelineScheduleKind schedule = PipelineScheduleKind::kOneFOneB;
 };
 
 // Whether coordinate `other` holds exactly the local shapes `est`'s coordinate holds (every

@@ -242,6 +242,57 @@ double bubble_fraction_theory(int64_t stages, int64_t micros, int64_t virtual_st
   return static_cast<double>(stages - 1) / static_cast<double>(virtual_stages * micros + stages - 1);
 }
 
+double pipeline_shared_stretch(PipelineScheduleKind kind, int64_t stages, int64_t micros, int64_t virtual_stages,
+                               double crowding) {
+  const int64_t p = stages, V = virtual_stages, chunks = p * V;
+  MT_CHECK(p >= 1 && micros >= 1 && V >= 1 && crowding >= 1, "pipeline_shared_stretch: {} stages, {} micros, V {}, "
+           "crowding {}", p, micros, V, crowding);
+  std::vector<std::vector<PipelineAction>> acts;
+  for (int64_t s = 0; s < p; ++s) acts.push_back(pipeline_schedule(kind, p, s, micros, V));
+  // done[dir][micro * chunks + chunk]: the action has finished (dir 0 forward, 1 backward).
+  std::vector<std::vector<char>> done(2, std::vector<char>(static_cast<size_t>(micros * chunks), 0));
+  auto idx = [&](int64_t m, int64_t c) { return static_cast<size_t>(m * chunks + c); };
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  std::vector<double> left(static_cast<size_t>(p), 0);  // work left of the current action (-1: not started)
+  const double fwd = 1.0 / 3.0 / static_cast<double>(V), bwd = 2.0 / 3.0 / static_cast<double>(V);
+  for (int64_t s = 0; s < p; ++s) left[static_cast<size_t>(s)] = -1;
+  double now = 0;
+  for (;;) {
+    std::vector<int64_t> running;
+    bool all_done = true;
+    for (int64_t s = 0; s < p; ++s) {
+      const size_t si = static_cast<size_t>(s);
+      if (next[si] == acts[si].size()) continue;
+      all_done = false;
+      const PipelineAction& a = acts[si][next[si]];
+      const int64_t c = a.chunk * p + s;
+      const bool ready = a.forward ? (c == 0 || done[0][idx(a.micro, c - 1)])
+                                   : (c == chunks - 1 || done[1][idx(a.micro, c + 1)]);
+      if (!ready) continue;
+      if (left[si] < 0) left[si] = a.forward ? fwd : bwd;
+      running.push_back(s);
+    }
+    if (all_done) break;
+    MT_CHECK(!running.empty(), "pipeline_shared_stretch: the schedule waits forever at time {}", now);
+    const double rate =
+        std::min(1.0, static_cast<double>(p) / (static_cast<double>(running.size()) * crowding));
+    double dt = 1e300;
+    for (int64_t s : running) dt = std::min(dt, left[static_cast<size_t>(s)] / rate);
+    now += dt;
+    for (int64_t s : running) {
+      const size_t si = static_cast<size_t>(s);
+      left[si] -= dt * rate;
+      if (left[si] <= 1e-12) {
+        const PipelineAction& a = acts[si][next[si]];
+        done[a.forward ? 0 : 1][idx(a.micro, a.chunk * p + s)] = 1;
+        ++next[si];
+        left[si] = -1;
+      }
+    }
+  }
+  return now / static_cast<double>(micros);
+}
+
 std::string schedule_table(PipelineScheduleKind kind, int64_t stages, int64_t micros, int64_t virtual_stages) {
   std::string out;
   for (int64_t s = 0; s < stages; ++s) {

@@ -85,6 +85,16 @@ std::vector<PipelineAction> pipeline_schedule(PipelineScheduleKind kind, int64_t
 // The idle share of an ideal schedule with equal stage times: (p - 1) / (m + p - 1) for GPipe and
 // 1F1B, (p - 1) / (V * m + p - 1) for interleaved 1F1B with V chunks per stage.
 double bubble_fraction_theory(int64_t stages, int64_t micros, int64_t virtual_stages = 1);
+// The step of a schedule whose ranks share compute: every stage's actions in their order, a
+// forward after the previous chunk's forward of its micro-batch, a backward after the next chunk's
+// backward, equal stages (a micro-batch's forward and backward take 1 on a rank of its own, the
+// backward twice the forward, split evenly over the V chunks), and while n of the p stages compute
+// each runs at min(1, p / (n x crowding)) of its own speed: `crowding` ranks per compute slot when
+// all of them compute (a CPU host with more ranks than cores; 1: no sharing). Returns the makespan
+// over m (in units of one micro-batch): >= max(crowding, (V m + p - 1) / (V m)) and equal to the
+// latter when crowding is 1 (1F1B, GPipe). Time and memory O(p x actions).
+double pipeline_shared_stretch(PipelineScheduleKind kind, int64_t stages, int64_t micros, int64_t virtual_stages,
+                               double crowding);
 // "F0 F1 B0 F2 B1 B2" per stage, one line each (interleaved: "F0.1" is micro-batch 0, chunk 1).
 std::string schedule_table(PipelineScheduleKind kind, int64_t stages, int64_t micros, int64_t virtual_stages = 1);
 

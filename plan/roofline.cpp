@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "plan/pipeline.h"
 #include "runtime/error.h"
 
 namespace mt {
@@ -82,6 +83,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   hw.optimizer_bandwidth = non_negative(j, "optimizer_bandwidth_gbs", 1e9, source);
   hw.kernel_overhead_s = non_negative(j, "kernel_overhead_us", 1e-6, source);
   hw.dist_op_overhead_s = non_negative(j, "dist_op_overhead_us", 1e-6, source);
+  hw.local_dist_op_overhead_s = non_negative(j, "local_dist_op_overhead_us", 1e-6, source);
   hw.redistribute_overhead_s = non_negative(j, "redistribute_overhead_us", 1e-6, source);
   hw.collective_overhead_s = non_negative(j, "collective_overhead_us", 1e-6, source);
   if (j.contains("cpu_share")) {
@@ -157,6 +159,7 @@ std::string hardware_profile_json(const HardwareProfile& hw) {
   if (hw.optimizer_bandwidth > 0) j["optimizer_bandwidth_gbs"] = hw.optimizer_bandwidth / 1e9;
   if (hw.kernel_overhead_s > 0) j["kernel_overhead_us"] = hw.kernel_overhead_s * 1e6;
   if (hw.dist_op_overhead_s > 0) j["dist_op_overhead_us"] = hw.dist_op_overhead_s * 1e6;
+  if (hw.local_dist_op_overhead_s > 0) j["local_dist_op_overhead_us"] = hw.local_dist_op_overhead_s * 1e6;
   if (hw.redistribute_overhead_s > 0) j["redistribute_overhead_us"] = hw.redistribute_overhead_s * 1e6;
   if (hw.collective_overhead_s > 0) j["collective_overhead_us"] = hw.collective_overhead_s * 1e6;
   if (hw.compute_slots > 0) j["compute_slots"] = hw.compute_slots;
@@ -225,12 +228,18 @@ StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareP
       est.cost.optimizer_bytes / (hw.optimizer_bandwidth > 0 ? hw.optimizer_bandwidth : hw.memory_bandwidth);
   t.memory_s = est.cost.other_bytes / hw.memory_bandwidth + t.optimizer_s;
   t.kernel_overhead_s = static_cast<double>(est.cost.kernels) * hw.kernel_overhead_s;
-  t.dist_overhead_s = static_cast<double>(est.cost.dist_ops) * hw.dist_op_overhead_s;
+  // A rank whose DTensor ops run on a mesh of one rank: a world of one, or a pipeline stage whose
+  // own mesh (the plan's mesh without the pipeline dim) is one rank.
+  const bool one_rank_mesh = mesh.size() <= std::max<int64_t>(est.stages, 1);
+  const double per_dist_op =
+      one_rank_mesh && hw.local_dist_op_overhead_s > 0 ? hw.local_dist_op_overhead_s : hw.dist_op_overhead_s;
+  t.dist_overhead_s = static_cast<double>(est.cost.dist_ops) * per_dist_op;
   t.redistribute_overhead_s = static_cast<double>(est.cost.redistributes) * hw.redistribute_overhead_s;
   t.overhead_s = t.kernel_overhead_s + t.dist_overhead_s + t.redistribute_overhead_s;
   const int64_t per_node = std::min(mesh.size(), hw.devices_per_node);
   const int64_t slots = hw.compute_slots > 0 ? hw.compute_slots : hw.devices_per_node;
-  t.sharing = std::max(1.0, static_cast<double>(per_node) / static_cast<double>(slots)) / hw.cpu_share;
+  const double crowding = std::max(1.0, static_cast<double>(per_node) / static_cast<double>(slots));
+  t.sharing = crowding / hw.cpu_share;
   for (const auto& [key, tally] : est.comm) {
     CollectiveTime c{key, tally, crosses_nodes(mesh, key.dims, hw.devices_per_node), 0};
     c.seconds = collective_seconds(key.kind, tally.calls, tally.bytes, tally.group_size, c.inter_node ? hw.inter : hw.intra);
@@ -239,10 +248,24 @@ StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareP
   }
   t.collective_overhead_s = static_cast<double>(est.cost.blocking_collectives) * hw.collective_overhead_s;
   t.comm_s += t.collective_overhead_s;
-  // Pipeline plans: the schedule's ideal bubble stretches every stage's compute by
-  // 1 / (1 - bubble) = (V m + p - 1) / (V m) (the slowest stage's figure is the step's).
+  // Pipeline plans: the schedule's ideal bubble stretches every stage's micro-batch compute by
+  // 1 / (1 - bubble) = (V m + p - 1) / (V m) (the slowest stage's figure is the step's); the
+  // optimizer step runs once after the schedule, unstretched. The stage's waits for its neighbours
+  // are that bubble: the pipeline's sends and receives are not blocking collectives (estimate.cpp).
+  // Where ranks share compute slots (crowding > 1, a CPU host), a stage idle in its bubble leaves
+  // its slot to the others, and a stage computing while all others do gets 1 / crowding of one:
+  // the schedule is run with that sharing (pipeline_shared_stretch), which lands between the
+  // larger of the two stretches and their product.
   t.pipeline_stretch = est.stages > 1 ? 1.0 / (1.0 - est.bubble) : 1.0;
-  t.total_s = (t.matmul_s + t.memory_s + t.overhead_s) * t.sharing * t.pipeline_stretch + t.comm_s;
+  const double compute = t.matmul_s + t.memory_s + t.overhead_s;
+  if (est.stages <= 1)
+    t.micro_stretch = crowding;
+  else if (crowding > 1)
+    t.micro_stretch = pipeline_shared_stretch(est.schedule, est.stages, est.micros, est.virtual_stages, crowding);
+  else
+    t.micro_stretch = t.pipeline_stretch;
+  t.micro_stretch /= hw.cpu_share;
+  t.total_s = (compute - t.optimizer_s) * t.micro_stretch + t.optimizer_s * t.sharing + t.comm_s;
   return t;
 }
 

@@ -42,6 +42,10 @@ struct HardwareProfile {
   // redistribution (its own bookkeeping, beyond the kernels and collectives it runs): fitted by
   // --calibrate on a plan step and on timed redistributions; 0 for GPU profiles.
   double dist_op_overhead_s = 0;
+  // The same per DTensor op on a mesh of one rank (a pipeline stage's own mesh under llama_pp, a
+  // world of one): no peer to wait for in its redistributions and reducer; fitted by --calibrate on
+  // the data-parallel plan over a one-rank mesh per rank. 0: dist_op_overhead_s.
+  double local_dist_op_overhead_s = 0;
   double redistribute_overhead_s = 0;
   // Time per blocking collective call beyond its alpha-beta time (on a host whose ranks share
   // cores: the wait for a peer that is not running), fitted by --calibrate on a ZeRO-3 step; 0 for
@@ -92,6 +96,7 @@ struct StepTime {
   double collective_overhead_s = 0;  // blocking collective calls x the per-collective overhead
   double comm_s = 0;      // sum of the collectives (alpha-beta) + collective_overhead_s
   double pipeline_stretch = 1;  // pipeline plans: 1 / (1 - bubble), (V m + p - 1) / (V m); else 1
+  double micro_stretch = 1;     // the micro-batches' compute: max(pipeline_stretch, crowding) / cpu_share
   double total_s = 0;
   std::vector<CollectiveTime> collectives;
 };
@@ -101,7 +106,11 @@ struct StepTime {
 bool crosses_nodes(const PlanMesh& mesh, const std::string& dims, int64_t devices_per_node);
 // Seconds of `calls` collectives of `kind` moving `bytes` in all over groups of `k` ranks.
 double collective_seconds(const std::string& kind, int64_t calls, int64_t bytes, int64_t k, const LinkProfile& link);
-// total = (matmul + memory + overhead) x sharing x pipeline_stretch + comm.
+// total = (matmul + memory + overhead - optimizer) x max(pipeline_stretch, crowding) / cpu_share +
+// optimizer x sharing + comm (sharing = crowding / cpu_share): the bubble stretches the
+// micro-batches' work, not the optimizer step that follows them, and where ranks share a slot
+// (crowding > 1) the bubble's idle time is the others' compute time. Without a pipeline this is
+// (matmul + memory + overhead) x sharing + comm.
 StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareProfile& hw, DType precision);
 
 }  // namespace mt

@@ -188,6 +188,32 @@ TEST_CASE("pipeline: GPipe and 1F1B schedules", "[cpu]") {
   }
   CHECK(std::abs(bubble_fraction_theory(4, 8) - 3.0 / 11.0) < 1e-15);
   CHECK(std::abs(bubble_fraction_theory(4, 8, 2) - 3.0 / 19.0) < 1e-15);
+  // The schedule run with ranks sharing compute (the estimate's CPU roofline): without sharing it
+  // is the ideal stretch (m + p - 1) / m for GPipe and 1F1B; with sharing c it lies between
+  // max(c, ideal) (work conservation, dependencies) and c x ideal (no slot given away).
+  for (K k : {K::kGPipe, K::kOneFOneB})
+    for (int64_t p : {2, 4})
+      for (int64_t m : {4, 8}) {
+        INFO("p " << p << " m " << m);
+        const double ideal = 1.0 / (1.0 - bubble_fraction_theory(p, m));
+        CHECK(std::abs(pipeline_shared_stretch(k, p, m, 1, 1.0) - ideal) < 1e-9);
+        for (double c : {1.5, 2.0, 4.0}) {
+          const double x = pipeline_shared_stretch(k, p, m, 1, c);
+          CHECK(x >= std::max(c, ideal) - 1e-9);
+          CHECK(x <= c * ideal + 1e-9);
+        }
+      }
+  // 2 stages on one slot (c = 2): whenever one computes alone it has the whole slot, so the slot
+  // never idles: exactly the work, 2 x m.
+  CHECK(std::abs(pipeline_shared_stretch(K::kOneFOneB, 2, 4, 1, 2.0) - 2.0) < 1e-9);
+  // 4 stages on 2 slots: between 2 and 2 x 7/4, strictly (the warm-up and cool-down leave slots idle).
+  const double x44 = pipeline_shared_stretch(K::kOneFOneB, 4, 4, 1, 2.0);
+  CHECK(x44 > 2.0 + 1e-3);
+  CHECK(x44 < 3.5 - 1e-3);
+  // Interleaved (V = 2) runs to the end and beats plain 1F1B's bubble.
+  const double xi = pipeline_shared_stretch(K::kInterleaved, 4, 8, 2, 1.0);
+  CHECK(xi >= 1.0);
+  CHECK(xi < 1.0 / (1.0 - bubble_fraction_theory(4, 8)));
   // Interleaved (Megatron's order): 2 stages x 2 chunks, 4 micro-batches.
   auto istr = [](int64_t p, int64_t s, int64_t m, int64_t v) {
     std::string out;

@@ -136,12 +136,19 @@ Fit redistribute_overhead(const HardwareProfile& hw, double sharing) {
 // One plan's training step on llama-tiny over the whole world, f32, the gradient reducer (one
 // 25 MiB bucket: a handful of collectives) and AdamW, and the same step counted by the estimate
 // itself (estimate_rank on this rank's coordinate: the fitted costs are per call as the estimate
-// counts calls; meta fills, for one, run no kernel).
+// counts calls; meta fills, for one, run no kernel). `one_rank`: each rank runs the plan alone, on
+// a mesh of one rank (the `one` dim of a [world, one] mesh), as a pipeline stage's own mesh is.
+DeviceMesh plan_step_mesh(const PlanMesh& pm, bool one_rank) {
+  if (!one_rank) return DeviceMesh(pm.shape, pm.names);
+  return DeviceMesh(Shape{world().size(), 1}, {"world", pm.names.at(0)}).select({pm.names.at(0)});
+}
+
 struct PlanStep {
-  PlanStep(const char* text, const char* name, const ModelConfig& cfg, const Tensor& ids_g, const Tensor& targets_g)
+  PlanStep(const char* text, const char* name, const ModelConfig& cfg, const Tensor& ids_g, const Tensor& targets_g,
+           bool one_rank = false)
       : plan(parse_plan(text, fmt::format("<meshtrain plan --calibrate: {}>", name))),
-        pm(plan.resolve_mesh(world().size())),
-        mesh(pm.shape, pm.names),
+        pm(plan.resolve_mesh(one_rank ? 1 : world().size())),
+        mesh(plan_step_mesh(pm, one_rank)),
         ids(ids_g),
         targets(targets_g) {
     manual_seed(1234);
@@ -164,7 +171,7 @@ struct PlanStep {
     eo.seq = ids.shape()[1];
     eo.precision = DType::kF32;
     eo.bucket_bytes = GradReducerOptions{}.bucket_bytes;
-    counted = estimate_rank(em, plan, pm, {world().rank()}, eo);
+    counted = estimate_rank(em, plan, pm, {one_rank ? 0 : world().rank()}, eo);
   }
   void run() {
     Tensor i = distribute_tensor(ids, mesh, in_ps), t = distribute_tensor(targets, mesh, in_ps);
@@ -187,7 +194,7 @@ struct PlanStep {
 };
 
 struct StepFits {
-  Fit kernel, dist_op, collective;
+  Fit kernel, dist_op, collective, local_dist_op;
   double cpu_share = 1;
   // Per bucket of kernels/cost.h (0: none of the step's products fell in it): the GEMM efficiency
   // the plain step's own matmuls reached, measured by the profiler.
@@ -314,10 +321,14 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
   }
   PlanStep dp(kDpPlan, "llama_dp", cfg, ids_g, targets_g);
   PlanStep z3(kZero3Plan, "llama_zero3", cfg, ids_g, targets_g);
+  // Each rank's own data-parallel step on a mesh of one rank, with the plain step's 2 sequences:
+  // the DTensor ops without peers (a pipeline stage's mesh under llama_pp). A world of one: dp is it.
+  std::optional<PlanStep> alone;
+  if (k > 1) alone.emplace(kDpPlan, "llama_dp on one rank", cfg, plain_ids, plain_targets, true);
 
   // The statistic of the measured steps it predicts (best of 3 steps), taken 7 times per step
   // kind, interleaved, and the median kept: a shared machine's load varies from second to second.
-  std::vector<double> s_plain, s_dp, s_z3;
+  std::vector<double> s_plain, s_dp, s_z3, s_alone;
   double plain_cpu = 0, plain_wall = 0;  // the rank's share of the host while its plain steps run
   // The ranks run their plain steps together, and none spins in MPI meanwhile (a busy wait would
   // take a core from the others' plain steps).
@@ -333,6 +344,7 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
     s_plain.push_back(best_time(3, plain_step, false));
     plain_cpu += cpu_seconds() - c0;
     plain_wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    if (alone) s_alone.push_back(best_time(3, [&] { alone->run(); }, false));
     together();
     s_dp.push_back(best_time(3, [&] { dp.run(); }, false));
     s_z3.push_back(best_time(3, [&] { z3.run(); }, false));
@@ -382,6 +394,17 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
   }
   f.dist_op.per_call_s = cd;
   f.collective.per_call_s = cc;
+  // Per DTensor op on a one-rank mesh: the one-rank step's remainder over its DTensor ops.
+  f.local_dist_op.per_call_s = cd;
+  if (alone) {
+    const StepTime ra = roofline(alone->counted, one, h, DType::kF32);  // every rank runs its own at once
+    const double t_alone = median(s_alone);
+    f.local_dist_op.per_call_s = std::max(0.0, t_alone - ra.total_s) /
+                                 (ra.sharing * static_cast<double>(std::max<int64_t>(alone->counted.cost.dist_ops, 1)));
+    f.local_dist_op.note = fmt::format("per DTensor op on a one-rank mesh: llama_dp step alone {:.3f} ms, roofline "
+                                       "without it {:.3f} ms ({} DTensor ops, sharing {:.2g})", t_alone * 1e3,
+                                       ra.total_s * 1e3, alone->counted.cost.dist_ops, ra.sharing);
+  }
   f.dist_op.note = fmt::format("per DTensor op and per collective call: llama_dp step {:.3f} ms, roofline without them "
                                "{:.3f} ms ({} DTensor ops, {} blocking collectives, sharing {:.2g}); llama_zero3 step "
                                "{:.3f} ms, roofline without them {:.3f} ms ({} DTensor ops, {} blocking collectives)",
@@ -548,8 +571,9 @@ int run_calibrate(const std::string& out) {
     notes.push_back(sf.kernel.note);
     notes.push_back(fr.note);
     notes.push_back(sf.dist_op.note);
+    if (!sf.local_dist_op.note.empty()) notes.push_back(sf.local_dist_op.note);
     std::vector<double> fit{sf.kernel.per_call_s, sf.dist_op.per_call_s, fr.per_call_s, sf.collective.per_call_s,
-                            sf.cpu_share};
+                            sf.cpu_share, sf.local_dist_op.per_call_s};
     fit.insert(fit.end(), sf.step_gemm_efficiency.begin(), sf.step_gemm_efficiency.end());
     if (k > 1) {
       DeviceMesh all(Shape{k}, {"world"});
@@ -563,7 +587,8 @@ int run_calibrate(const std::string& out) {
     hw.redistribute_overhead_s = std::max(0.0, fit[2] - fr.kernels_per_call * fit[0]);
     hw.collective_overhead_s = fit[3];
     hw.cpu_share = fit[4];
-    merge_step_efficiency(hw, std::vector<double>(fit.begin() + 5, fit.end()));
+    hw.local_dist_op_overhead_s = fit[5];
+    merge_step_efficiency(hw, std::vector<double>(fit.begin() + 6, fit.end()));
   }
   if (w.rank() == 0) {
     std::ofstream f(out);

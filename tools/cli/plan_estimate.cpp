@@ -206,14 +206,20 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
                  "x (V m + p - 1) / (V m) = x {:.3f})\n",
                  "pipeline bubble", fmt::format("{:.1f} %", 100 * e.bubble), kModel, e.stage, e.stages, e.micros,
                  e.virtual_stages, t.pipeline_stretch);
+    const double compute = t.matmul_s + t.memory_s + t.overhead_s;
     const std::string sharing =
         t.sharing > 1 ? fmt::format(" x {:.2g} (ranks sharing a node's compute, cpu_share)", t.sharing) : std::string();
-    fmt::print("  {:<28} {:>14}  {}  (compute {}{}{} + communication {}, no overlap; {:.0f} tokens/s per model "
+    // Pipeline plans: the bubble stretches the micro-batches' compute (where ranks share compute
+    // slots, the larger of the bubble and the sharing), not the optimizer step.
+    const std::string compute_str =
+        t.pipeline_stretch > 1
+            ? fmt::format("micro-batches {} x {:.3f} (pipeline bubble{}) + optimizer {}{}",
+                          seconds_str(compute - t.optimizer_s), t.micro_stretch,
+                          t.sharing > 1 ? ", or the ranks' sharing where larger" : "", seconds_str(t.optimizer_s), sharing)
+            : seconds_str(compute) + sharing;
+    fmt::print("  {:<28} {:>14}  {}  (compute {} + communication {}, no overlap; {:.0f} tokens/s per model "
                "replica group)\n",
-               "step time", seconds_str(t.total_s), kModel, seconds_str(t.matmul_s + t.memory_s + t.overhead_s),
-               sharing,
-               t.pipeline_stretch > 1 ? fmt::format(" x {:.3f} (pipeline bubble)", t.pipeline_stretch) : std::string(),
-               seconds_str(t.comm_s), tokens / t.total_s);
+               "step time", seconds_str(t.total_s), kModel, compute_str, seconds_str(t.comm_s), tokens / t.total_s);
   }
   fmt::print("# estimated {} coordinate(s) in {:.3f} s\n", r.ranks.size(), r.elapsed_s);
 }
@@ -251,7 +257,7 @@ nlohmann::ordered_json rank_json(const RankEstimate& e, const StepTime& t, const
                     {"source", kModel}};
   if (e.stages > 1)
     j["pipeline"] = {{"stage", e.stage}, {"stages", e.stages}, {"micros", e.micros},
-                     {"virtual_stages", e.virtual_stages}, {"bubble", e.bubble}, {"stretch", t.pipeline_stretch},
+                     {"virtual_stages", e.virtual_stages}, {"bubble", e.bubble}, {"stretch", t.pipeline_stretch}, {"micro_batch_stretch", t.micro_stretch},
                      {"source", kModel}};
   j["memory_source"] = kShapes;
   return j;

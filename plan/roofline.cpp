@@ -83,7 +83,9 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   hw.optimizer_bandwidth = non_negative(j, "optimizer_bandwidth_gbs", 1e9, source);
   hw.kernel_overhead_s = non_negative(j, "kernel_overhead_us", 1e-6, source);
   hw.dist_op_overhead_s = non_negative(j, "dist_op_overhead_us", 1e-6, source);
-  hw.local_dist_op_overhead_s = non_negative(j, "local_dist_op_overhead_us", 1e-6, source);
+  if (j.contains("local_dist_op_overhead_us"))
+    hw.local_dist_op_overhead_s = non_negative(j, "local_dist_op_overhead_us", 1e-6, source);
+  hw.kernel_bandwidth = non_negative(j, "kernel_bandwidth_gbs", 1e9, source);
   hw.redistribute_overhead_s = non_negative(j, "redistribute_overhead_us", 1e-6, source);
   hw.collective_overhead_s = non_negative(j, "collective_overhead_us", 1e-6, source);
   if (j.contains("cpu_share")) {
@@ -159,7 +161,8 @@ std::string hardware_profile_json(const HardwareProfile& hw) {
   if (hw.optimizer_bandwidth > 0) j["optimizer_bandwidth_gbs"] = hw.optimizer_bandwidth / 1e9;
   if (hw.kernel_overhead_s > 0) j["kernel_overhead_us"] = hw.kernel_overhead_s * 1e6;
   if (hw.dist_op_overhead_s > 0) j["dist_op_overhead_us"] = hw.dist_op_overhead_s * 1e6;
-  if (hw.local_dist_op_overhead_s > 0) j["local_dist_op_overhead_us"] = hw.local_dist_op_overhead_s * 1e6;
+  if (hw.local_dist_op_overhead_s >= 0) j["local_dist_op_overhead_us"] = hw.local_dist_op_overhead_s * 1e6;
+  if (hw.kernel_bandwidth > 0) j["kernel_bandwidth_gbs"] = hw.kernel_bandwidth / 1e9;
   if (hw.redistribute_overhead_s > 0) j["redistribute_overhead_us"] = hw.redistribute_overhead_s * 1e6;
   if (hw.collective_overhead_s > 0) j["collective_overhead_us"] = hw.collective_overhead_s * 1e6;
   if (hw.compute_slots > 0) j["compute_slots"] = hw.compute_slots;
@@ -226,13 +229,13 @@ StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareP
   t.matmul_s += std::max(0.0, est.cost.matmul_flops - bucketed) / gemm;
   t.optimizer_s =
       est.cost.optimizer_bytes / (hw.optimizer_bandwidth > 0 ? hw.optimizer_bandwidth : hw.memory_bandwidth);
-  t.memory_s = est.cost.other_bytes / hw.memory_bandwidth + t.optimizer_s;
+  t.memory_s = est.cost.other_bytes / (hw.kernel_bandwidth > 0 ? hw.kernel_bandwidth : hw.memory_bandwidth) + t.optimizer_s;
   t.kernel_overhead_s = static_cast<double>(est.cost.kernels) * hw.kernel_overhead_s;
   // A rank whose DTensor ops run on a mesh of one rank: a world of one, or a pipeline stage whose
   // own mesh (the plan's mesh without the pipeline dim) is one rank.
   const bool one_rank_mesh = mesh.size() <= std::max<int64_t>(est.stages, 1);
   const double per_dist_op =
-      one_rank_mesh && hw.local_dist_op_overhead_s > 0 ? hw.local_dist_op_overhead_s : hw.dist_op_overhead_s;
+      one_rank_mesh && hw.local_dist_op_overhead_s >= 0 ? hw.local_dist_op_overhead_s : hw.dist_op_overhead_s;
   t.dist_overhead_s = static_cast<double>(est.cost.dist_ops) * per_dist_op;
   t.redistribute_overhead_s = static_cast<double>(est.cost.redistributes) * hw.redistribute_overhead_s;
   t.overhead_s = t.kernel_overhead_s + t.dist_overhead_s + t.redistribute_overhead_s;

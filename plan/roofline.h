@@ -28,6 +28,9 @@ struct HardwareProfile {
   double gemm_flops_f32 = 0;   // achievable GEMM rate per device, f32 operands (FLOP/s)
   double gemm_flops_bf16 = 0;  // bf16/f16 operands, f32 accumulation
   double memory_bandwidth = 0; // achievable device memory bandwidth (bytes/s)
+  // The memory-bound kernels' bytes per second within a training step, fitted by --calibrate on a
+  // CPU host together with the per-kernel overhead (two step sizes); 0: memory_bandwidth.
+  double kernel_bandwidth = 0;
   // The optimizer step's bytes per second (KernelCost::optimizer_bytes); 0: memory_bandwidth.
   // --calibrate times AdamW on a CPU host, where its arithmetic makes it slower than a copy.
   double optimizer_bandwidth = 0;
@@ -44,8 +47,8 @@ struct HardwareProfile {
   double dist_op_overhead_s = 0;
   // The same per DTensor op on a mesh of one rank (a pipeline stage's own mesh under llama_pp, a
   // world of one): no peer to wait for in its redistributions and reducer; fitted by --calibrate on
-  // the data-parallel plan over a one-rank mesh per rank. 0: dist_op_overhead_s.
-  double local_dist_op_overhead_s = 0;
+  // the data-parallel plan over a one-rank mesh per rank. Below 0 (absent): dist_op_overhead_s.
+  double local_dist_op_overhead_s = -1;  // < 0: not calibrated
   double redistribute_overhead_s = 0;
   // Time per blocking collective call beyond its alpha-beta time (on a host whose ranks share
   // cores: the wait for a peer that is not running), fitted by --calibrate on a ZeRO-3 step; 0 for

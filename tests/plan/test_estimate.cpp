@@ -34,6 +34,7 @@
 #include "plan/estimate.h"
 #include "plan/grad_reducer.h"
 #include "plan/parallelize.h"
+#include "plan/pipeline.h"
 #include "plan/roofline.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
@@ -444,6 +445,32 @@ TEST_CASE("roofline: links by node span, the alpha-beta formulas, profile errors
   bad = hardware_profile_json(hw);
   bad.replace(bad.find("\"cpu_share\": "), 13, "\"cpu_share\": 2");
   CHECK_THROWS_WITH(parse_hardware_profile(bad, "v.json"), Catch::Contains("v.json") && Catch::Contains("cpu_share"));
+  hw.cpu_share = 1;
+  // Memory-bound kernels at the step's own bandwidth when the profile has it, else the copy's.
+  est.cost.other_bytes = 1e6;
+  hw.memory_bandwidth = 1e10;
+  CHECK(roofline(est, one_node, hw, DType::kF32).memory_s == Approx(1e6 / 1e10));
+  hw.kernel_bandwidth = 4e9;
+  back = parse_hardware_profile(hardware_profile_json(hw), "z.json");
+  CHECK(back.kernel_bandwidth == Approx(4e9));
+  CHECK(roofline(est, one_node, back, DType::kF32).memory_s == Approx(1e6 / 4e9));
+  // DTensor ops on a mesh of one rank at their own cost (0 is a calibrated figure; absent: the
+  // general one), a world of one or a pipeline stage whose own mesh is one rank.
+  CHECK(back.local_dist_op_overhead_s < 0);
+  hw.local_dist_op_overhead_s = 0;
+  back = parse_hardware_profile(hardware_profile_json(hw), "z.json");
+  CHECK(back.local_dist_op_overhead_s == 0);
+  CHECK(roofline(est, one_node, back, DType::kF32).dist_overhead_s == Approx(40 * 2e-6));  // 4 ranks, one stage
+  PlanMesh pp4{{"pp"}, Shape{4}};
+  est.stages = 4;
+  est.micros = 4;
+  est.bubble = bubble_fraction_theory(4, 4);
+  const StepTime tp = roofline(est, pp4, back, DType::kF32);
+  CHECK(tp.dist_overhead_s == 0);
+  // 4 stages on 2 slots: the schedule run with the sharing, between max(2, 7/4) and 2 x 7/4.
+  CHECK(tp.micro_stretch == Approx(pipeline_shared_stretch(PipelineScheduleKind::kOneFOneB, 4, 4, 1, 2.0)));
+  CHECK(tp.micro_stretch > 2);
+  CHECK(tp.micro_stretch < 3.5);
 }
 
 TEST_CASE("roofline: thin GEMMs at the profile's efficiency for their smallest dim; the optimizer at its bandwidth",

@@ -195,6 +195,7 @@ struct PlanStep {
 
 struct StepFits {
   Fit kernel, dist_op, collective, local_dist_op;
+  double kernel_bandwidth = 0;  // the memory-bound kernels' bytes per second in a real step; 0: not fitted
   double cpu_share = 1;
   // Per bucket of kernels/cost.h (0: none of the step's products fell in it): the GEMM efficiency
   // the plain step's own matmuls reached, measured by the profiler.
@@ -296,14 +297,31 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
     plain->zero_grad();
   };
   plain_step();
+  // The same model on one sequence of 16 tokens (a pipeline micro-batch's size): the same kernel
+  // calls over a quarter of the bytes, so that the two steps tell the cost per call from the cost
+  // per byte of the memory-bound kernels (below).
+  const Tensor small_ids = ids_g.narrow(0, 0, 1).narrow(1, 0, 16).contiguous();
+  const Tensor small_targets = targets_g.narrow(0, 0, 1).narrow(1, 0, 16).contiguous();
+  auto small_step = [&] {
+    plain->loss(small_ids, small_targets).backward();
+    plain_opt.step();
+    plain_opt.zero_grad();
+    plain->zero_grad();
+  };
+  small_step();
   // The plain step's own matmuls, profiled: their efficiency per bucket replaces the synthetic
   // products' (tools/cli/calibrate.cpp, gemm_efficiency_points) where the step has products, so
   // that what a real step's GEMMs lose to a square product is charged to its FLOPs, not spread
   // over every kernel call.
   StepFits f;
   f.step_gemm_efficiency = step_gemm_efficiency(plain_step, 3, hw.gemm_flops_f32);
-  RankEstimate plain_count;
   {
+    const std::vector<double> small_eff = step_gemm_efficiency(small_step, 3, hw.gemm_flops_f32);
+    for (size_t b = 0; b < small_eff.size(); ++b)
+      if (f.step_gemm_efficiency[b] == 0) f.step_gemm_efficiency[b] = small_eff[b];
+  }
+  auto count_plain = [&](int64_t batch, int64_t len) {
+    RankEstimate c;
     std::shared_ptr<CausalLM> meta;
     {
       InitDeviceGuard on_meta(Device::meta());
@@ -312,13 +330,15 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
     MetaKernelsGuard meta_kernels;
     MetaMemoryScope meta_bytes;
     const TensorOptions io = TensorOptions(DType::kI64).with_device(Device::meta());
-    meta->loss(empty(Shape{2, seq}, io), empty(Shape{2, seq}, io)).backward();  // warm-up, as the estimate's
+    meta->loss(empty(Shape{batch, len}, io), empty(Shape{batch, len}, io)).backward();  // warm-up, as the estimate's
     meta->zero_grad();
     KernelCostScope cost;
-    meta->loss(empty(Shape{2, seq}, io), empty(Shape{2, seq}, io)).backward();
-    plain_count.cost = KernelCostScope::totals();
-    plain_count.cost.optimizer_bytes = 7 * 4 * static_cast<double>(cfg.num_parameters());
-  }
+    meta->loss(empty(Shape{batch, len}, io), empty(Shape{batch, len}, io)).backward();
+    c.cost = KernelCostScope::totals();
+    c.cost.optimizer_bytes = 7 * 4 * static_cast<double>(cfg.num_parameters());
+    return c;
+  };
+  const RankEstimate plain_count = count_plain(2, seq), small_count = count_plain(1, 16);
   PlanStep dp(kDpPlan, "llama_dp", cfg, ids_g, targets_g);
   PlanStep z3(kZero3Plan, "llama_zero3", cfg, ids_g, targets_g);
   // Each rank's own data-parallel step on a mesh of one rank, with the plain step's 2 sequences:
@@ -328,7 +348,7 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
 
   // The statistic of the measured steps it predicts (best of 3 steps), taken 7 times per step
   // kind, interleaved, and the median kept: a shared machine's load varies from second to second.
-  std::vector<double> s_plain, s_dp, s_z3, s_alone;
+  std::vector<double> s_plain, s_dp, s_z3, s_alone, s_small;
   double plain_cpu = 0, plain_wall = 0;  // the rank's share of the host while its plain steps run
   // The ranks run their plain steps together, and none spins in MPI meanwhile (a busy wait would
   // take a core from the others' plain steps).
@@ -344,6 +364,7 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
     s_plain.push_back(best_time(3, plain_step, false));
     plain_cpu += cpu_seconds() - c0;
     plain_wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    s_small.push_back(best_time(3, small_step, false));
     if (alone) s_alone.push_back(best_time(3, [&] { alone->run(); }, false));
     together();
     s_dp.push_back(best_time(3, [&] { dp.run(); }, false));
@@ -369,7 +390,39 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
   f.kernel.note = fmt::format("per kernel: llama-tiny step {:.3f} ms, GEMM + copy {:.3f} ms (sharing {:.2g}, CPU share "
                               "{:.2f}), {} kernel calls", t_plain * 1e3, rp.total_s * 1e3, rp.sharing, f.cpu_share,
                               plain_count.cost.kernels);
+  // Per call and per byte together, from the two plain steps (2 x 32 and 1 x 16 tokens: the same
+  // calls, 4x the bytes): remainder_s = sharing x (kernels_s x c + memory_bytes_s x y) once the
+  // GEMMs (at the steps' own measured efficiencies) and the optimizer are taken off; y is the
+  // memory-bound kernels' seconds per byte in a real step (cache-resident activations run faster
+  // than the 64 MiB copy, small kernels slower). Kept when both come out positive; otherwise the
+  // per-call fit above with the copy bandwidth.
+  {
+    const double t_small = median(s_small);
+    auto without_memory = [&](RankEstimate c) {
+      c.cost.other_bytes = 0;
+      return roofline(c, one, h, DType::kF32);
+    };
+    const StepTime r2 = without_memory(plain_count), r1 = without_memory(small_count);
+    const double y2 = (t_plain - r2.total_s) / r2.sharing, y1 = (t_small - r1.total_s) / r1.sharing;
+    const double k2 = static_cast<double>(plain_count.cost.kernels), k1 = static_cast<double>(small_count.cost.kernels);
+    const double b2 = plain_count.cost.other_bytes, b1 = small_count.cost.other_bytes;
+    const double det = k1 * b2 - k2 * b1;
+    if (std::abs(det) > 1e-9 * k1 * b2) {
+      const double c = (y1 * b2 - y2 * b1) / det, y = (k1 * y2 - k2 * y1) / det;
+      if (c > 0 && y > 0) {
+        f.kernel.per_call_s = c;
+        f.kernel_bandwidth = 1.0 / y;
+        f.kernel.note = fmt::format("per kernel and per memory-bound byte: llama-tiny steps of 64 and 16 tokens {:.3f} / "
+                                    "{:.3f} ms, GEMMs and optimizer {:.3f} / {:.3f} ms (sharing {:.2g}, CPU share {:.2f}), "
+                                    "{} / {} kernel calls, {:.0f} / {:.0f} KiB: {:.2f} us per call, {:.1f} GB/s",
+                                    t_plain * 1e3, t_small * 1e3, r2.total_s * 1e3, r1.total_s * 1e3, r2.sharing,
+                                    f.cpu_share, plain_count.cost.kernels, small_count.cost.kernels, b2 / 1024, b1 / 1024,
+                                    c * 1e6, 1e-9 / y);
+      }
+    }
+  }
   h.kernel_overhead_s = f.kernel.per_call_s;
+  h.kernel_bandwidth = f.kernel_bandwidth;
   // Remainder_p = sharing x dist_ops_p x c_d + collective_calls_p x c_c, p = dp, zero3.
   const StepTime rd = roofline(dp.counted, dp.pm, h, DType::kF32), rz = roofline(z3.counted, z3.pm, h, DType::kF32);
   const double a1 = rd.sharing * static_cast<double>(dp.counted.cost.dist_ops), y1 = t_dp - rd.total_s;
@@ -573,7 +626,7 @@ int run_calibrate(const std::string& out) {
     notes.push_back(sf.dist_op.note);
     if (!sf.local_dist_op.note.empty()) notes.push_back(sf.local_dist_op.note);
     std::vector<double> fit{sf.kernel.per_call_s, sf.dist_op.per_call_s, fr.per_call_s, sf.collective.per_call_s,
-                            sf.cpu_share, sf.local_dist_op.per_call_s};
+                            sf.cpu_share, sf.local_dist_op.per_call_s, sf.kernel_bandwidth};
     fit.insert(fit.end(), sf.step_gemm_efficiency.begin(), sf.step_gemm_efficiency.end());
     if (k > 1) {
       DeviceMesh all(Shape{k}, {"world"});
@@ -588,7 +641,8 @@ int run_calibrate(const std::string& out) {
     hw.collective_overhead_s = fit[3];
     hw.cpu_share = fit[4];
     hw.local_dist_op_overhead_s = fit[5];
-    merge_step_efficiency(hw, std::vector<double>(fit.begin() + 6, fit.end()));
+    hw.kernel_bandwidth = fit[6];
+    merge_step_efficiency(hw, std::vector<double>(fit.begin() + 7, fit.end()));
   }
   if (w.rank() == 0) {
     std::ofstream f(out);

@@ -112,4 +112,10 @@ fi
 [ "$(json "$tmp/cpu.json" "d['gemm_tflops_f32'] > 0 and d['links']['intra']['bandwidth_gbs'] > 0")" = True ] || fail "profile"
 "$bin" plan --config llama-tiny --plan "$plans/llama_dp.plan" --world 2 --estimate --hardware "$tmp/cpu.json" > "$tmp/cal_est.txt"
 grep -qF "hardware calibrated" "$tmp/cal_est.txt" || fail "calibrated profile not used: $(head -3 "$tmp/cal_est.txt")"
+# The per-DTensor-op cost on a one-rank mesh is always calibrated (0 included); a pipeline stage on
+# this host: its micro-batches stretched by the schedule run with 4 ranks on the host's slots.
+[ "$(json "$tmp/cpu.json" "d['local_dist_op_overhead_us'] >= 0")" = True ] || fail "profile: local_dist_op_overhead_us"
+"$bin" plan --config llama-tiny --plan "$plans/llama_pp.plan" --world 4 --estimate --accum 4 --hardware "$tmp/cpu.json" \
+  > "$tmp/cal_pp.txt"
+grep -qE "step time .*micro-batches .* \+ optimizer" "$tmp/cal_pp.txt" || fail "pipeline step line: $(grep 'step time' "$tmp/cal_pp.txt")"
 echo "PASS"

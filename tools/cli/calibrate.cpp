@@ -393,9 +393,9 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
   // Per call and per byte together, from the two plain steps (2 x 32 and 1 x 16 tokens: the same
   // calls, 4x the bytes): remainder_s = sharing x (kernels_s x c + memory_bytes_s x y) once the
   // GEMMs (at the steps' own measured efficiencies) and the optimizer are taken off; y is the
-  // memory-bound kernels' seconds per byte in a real step (cache-resident activations run faster
-  // than the 64 MiB copy, small kernels slower). Kept when both come out positive; otherwise the
-  // per-call fit above with the copy bandwidth.
+  // memory-bound kernels' seconds per byte in a real step (on this project's CPU host about a third
+  // of the 64 MiB copy's rate: norms, SwiGLU and rope compute per byte). Kept when both come out
+  // positive; otherwise the per-call fit above with the copy bandwidth.
   {
     const double t_small = median(s_small);
     auto without_memory = [&](RankEstimate c) {
@@ -598,10 +598,11 @@ int run_calibrate(const std::string& out) {
     hw.description = fmt::format(
         "calibrated by `meshtrain plan --calibrate` on {} ranks of this host: f32 GEMM n=384 and its efficiency "
         "at thin dims 8-512 (a linear layer's three products), a 64 MiB copy, AdamW over 8 M elements, "
-        "MPI all_reduce of 4 B and 16 MiB, the host time per kernel call fitted on a llama-tiny training step, "
-        "per DTensor redistribution on a timed Shard(0) -> Replicate, per DTensor op dispatch and per blocking "
-        "collective on llama-tiny steps under the data-parallel and ZeRO-3 plans over all ranks, and {} compute "
-        "slots (cores / OpenMP threads per rank)", k, hw.compute_slots);
+        "MPI all_reduce of 4 B and 16 MiB, the host time per kernel call and the memory-bound kernels' bandwidth "
+        "fitted on llama-tiny training steps of 64 and 16 tokens, per DTensor redistribution on a timed Shard(0) -> "
+        "Replicate, per DTensor op dispatch and per blocking collective on llama-tiny steps under the data-parallel "
+        "and ZeRO-3 plans over all ranks, per DTensor op on a one-rank mesh on each rank's own data-parallel step, "
+        "and {} compute slots (cores / OpenMP threads per rank)", k, hw.compute_slots);
   } else {
     // A world of one has no peers to time: a collective is taken as a copy through shared memory.
     hw.intra.alpha_s = 5e-6;

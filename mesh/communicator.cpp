@@ -678,6 +678,10 @@ Work Communicator::all_gather_async(const Tensor& in, Tensor& out) {
     s->requests.push_back(detail::nccl_all_gather(nc, name, in.data_ptr(), in.numel(), out.data_ptr(), in.dtype()));
     return Work(std::move(s));
   }
+  if (c.size == 1) {  // a group of one on the host: a copy, no MPI request (FSDP units over a one-rank dim)
+    out.copy_(in);
+    return Work();
+  }
   auto s = new_state(name, impl_);
   s->keep = {in, out};
   s->requests.push_back(
@@ -773,6 +777,10 @@ Work Communicator::reduce_scatter_async(const Tensor& in, Tensor& out, CommReduc
         detail::nccl_reduce_scatter(nc, name, in.data_ptr(), out.data_ptr(), n, in.dtype(), native(op)));
     if (op == CommReduceOp::kAvg) s->finish = cuda_divide(out, c.size);
     return Work(std::move(s));
+  }
+  if (c.size == 1) {  // a group of one on the host: every reduction of one term is that term
+    out.copy_(in);
+    return Work();
   }
   auto s = new_state(name, impl_);
   s->keep = {in, out};

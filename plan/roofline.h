@@ -99,7 +99,9 @@ struct StepTime {
   double collective_overhead_s = 0;  // blocking collective calls x the per-collective overhead
   double comm_s = 0;      // sum of the collectives (alpha-beta) + collective_overhead_s
   double pipeline_stretch = 1;  // pipeline plans: 1 / (1 - bubble), (V m + p - 1) / (V m); else 1
-  double micro_stretch = 1;     // the micro-batches' compute: max(pipeline_stretch, crowding) / cpu_share
+  // The micro-batches' compute: crowding without a pipeline; with one, pipeline_stretch, or where
+  // ranks share slots (crowding > 1) pipeline_shared_stretch of the schedule; / cpu_share.
+  double micro_stretch = 1;
   double total_s = 0;
   std::vector<CollectiveTime> collectives;
 };
@@ -109,11 +111,11 @@ struct StepTime {
 bool crosses_nodes(const PlanMesh& mesh, const std::string& dims, int64_t devices_per_node);
 // Seconds of `calls` collectives of `kind` moving `bytes` in all over groups of `k` ranks.
 double collective_seconds(const std::string& kind, int64_t calls, int64_t bytes, int64_t k, const LinkProfile& link);
-// total = (matmul + memory + overhead - optimizer) x max(pipeline_stretch, crowding) / cpu_share +
-// optimizer x sharing + comm (sharing = crowding / cpu_share): the bubble stretches the
-// micro-batches' work, not the optimizer step that follows them, and where ranks share a slot
-// (crowding > 1) the bubble's idle time is the others' compute time. Without a pipeline this is
-// (matmul + memory + overhead) x sharing + comm.
+// total = (matmul + memory + overhead - optimizer) x micro_stretch + optimizer x sharing + comm
+// (sharing = crowding / cpu_share): the bubble stretches the micro-batches' work, not the
+// optimizer step that follows them, and where ranks share a slot (crowding > 1) the bubble's idle
+// time is the others' compute time (the schedule run with the sharing). Without a pipeline this
+// is (matmul + memory + overhead) x sharing + comm.
 StepTime roofline(const RankEstimate& est, const PlanMesh& mesh, const HardwareProfile& hw, DType precision);
 
 }  // namespace mt

@@ -210,12 +210,13 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
     const std::string sharing =
         t.sharing > 1 ? fmt::format(" x {:.2g} (ranks sharing a node's compute, cpu_share)", t.sharing) : std::string();
     // Pipeline plans: the bubble stretches the micro-batches' compute (where ranks share compute
-    // slots, the larger of the bubble and the sharing), not the optimizer step.
+    // slots, the schedule run with that sharing), not the optimizer step.
     const std::string compute_str =
         t.pipeline_stretch > 1
             ? fmt::format("micro-batches {} x {:.3f} (pipeline bubble{}) + optimizer {}{}",
                           seconds_str(compute - t.optimizer_s), t.micro_stretch,
-                          t.sharing > 1 ? ", or the ranks' sharing where larger" : "", seconds_str(t.optimizer_s), sharing)
+                          t.sharing > 1 ? ", the schedule run with the ranks' sharing" : "", seconds_str(t.optimizer_s),
+                          sharing)
             : seconds_str(compute) + sharing;
     fmt::print("  {:<28} {:>14}  {}  (compute {} + communication {}, no overlap; {:.0f} tokens/s per model "
                "replica group)\n",
@@ -257,8 +258,8 @@ nlohmann::ordered_json rank_json(const RankEstimate& e, const StepTime& t, const
                     {"source", kModel}};
   if (e.stages > 1)
     j["pipeline"] = {{"stage", e.stage}, {"stages", e.stages}, {"micros", e.micros},
-                     {"virtual_stages", e.virtual_stages}, {"bubble", e.bubble}, {"stretch", t.pipeline_stretch}, {"micro_batch_stretch", t.micro_stretch},
-                     {"source", kModel}};
+                     {"virtual_stages", e.virtual_stages}, {"bubble", e.bubble}, {"stretch", t.pipeline_stretch},
+                     {"micro_batch_stretch", t.micro_stretch}, {"source", kModel}};
   j["memory_source"] = kShapes;
   return j;
 }

@@ -253,9 +253,8 @@ double pipeline_shared_stretch(PipelineScheduleKind kind, int64_t stages, int64_
   std::vector<std::vector<char>> done(2, std::vector<char>(static_cast<size_t>(micros * chunks), 0));
   auto idx = [&](int64_t m, int64_t c) { return static_cast<size_t>(m * chunks + c); };
   std::vector<size_t> next(static_cast<size_t>(p), 0);
-  std::vector<double> left(static_cast<size_t>(p), 0);  // work left of the current action (-1: not started)
+  std::vector<double> left(static_cast<size_t>(p), -1);  // work left of the current action (-1: not started)
   const double fwd = 1.0 / 3.0 / static_cast<double>(V), bwd = 2.0 / 3.0 / static_cast<double>(V);
-  for (int64_t s = 0; s < p; ++s) left[static_cast<size_t>(s)] = -1;
   double now = 0;
   for (;;) {
     std::vector<int64_t> running;

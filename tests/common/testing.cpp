@@ -1,11 +1,11 @@
 // Implementation of the shared test helpers.
-#include <cstdlib>
 #include "testing.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 

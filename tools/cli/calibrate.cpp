@@ -289,25 +289,23 @@ StepFits fit_step_overheads(const HardwareProfile& hw) {
   AdamWOptions ao;
   ao.lr = 1e-3;
   AdamW plain_opt(make_param_groups(plain->named_parameters(), 0.0), ao);
-  const Tensor plain_ids = ids_g.narrow(0, 0, 2).contiguous(), plain_targets = targets_g.narrow(0, 0, 2).contiguous();
-  auto plain_step = [&] {
-    plain->loss(plain_ids, plain_targets).backward();
-    plain_opt.step();
-    plain_opt.zero_grad();
-    plain->zero_grad();
+  // One training step of the plain model on the given batch.
+  auto step_on = [&](const Tensor& ids, const Tensor& targets) {
+    return [&, ids, targets] {
+      plain->loss(ids, targets).backward();
+      plain_opt.step();
+      plain_opt.zero_grad();
+      plain->zero_grad();
+    };
   };
+  const Tensor plain_ids = ids_g.narrow(0, 0, 2).contiguous(), plain_targets = targets_g.narrow(0, 0, 2).contiguous();
+  const auto plain_step = step_on(plain_ids, plain_targets);
   plain_step();
   // The same model on one sequence of 16 tokens (a pipeline micro-batch's size): the same kernel
   // calls over a quarter of the bytes, so that the two steps tell the cost per call from the cost
   // per byte of the memory-bound kernels (below).
-  const Tensor small_ids = ids_g.narrow(0, 0, 1).narrow(1, 0, 16).contiguous();
-  const Tensor small_targets = targets_g.narrow(0, 0, 1).narrow(1, 0, 16).contiguous();
-  auto small_step = [&] {
-    plain->loss(small_ids, small_targets).backward();
-    plain_opt.step();
-    plain_opt.zero_grad();
-    plain->zero_grad();
-  };
+  const auto small_step = step_on(ids_g.narrow(0, 0, 1).narrow(1, 0, 16).contiguous(),
+                                  targets_g.narrow(0, 0, 1).narrow(1, 0, 16).contiguous());
   small_step();
   // The plain step's own matmuls, profiled: their efficiency per bucket replaces the synthetic
   // products' (tools/cli/calibrate.cpp, gemm_efficiency_points) where the step has products, so

@@ -1,10 +1,14 @@
-// Fused cross-entropy on the CPU: one pass per row computes the log-sum-exp (max-shifted,
-// accumulated in double) and the loss; the backward rebuilds softmax from the saved lse, so the
-// [N, V] probabilities never exist as a tensor. 16-bit logits are read in float.
+// Fused cross-entropy on the CPU: one pass per row computes the log-sum-exp (max-shifted, summed
+// in double) and the loss; the backward rebuilds softmax from the saved lse, so the [N, V]
+// probabilities never exist as a tensor. f32 and 16-bit logits compute in float with vmath.h's
+// vectorizable exp and lane sums (a row's exps staged in a per-thread buffer, then summed); f64
+// logits in double with libm's exp, one running sum (the gradient checks' reference type).
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/vmath.h"
 #include "kernels/registry.h"
 #include "runtime/error.h"
 
@@ -30,10 +34,18 @@ void cross_entropy_typed(const CrossEntropyParams& p) {
   L* lse_out = p.lse.ptr<L>();
   parallel_for(N, V, [&](int64_t n) {
     const T* row = logits + n * V;
-    double m = -std::numeric_limits<double>::infinity();
-    for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(compute_t<T>(row[v])));
-    double s = 0;
-    for (int64_t v = 0; v < V; ++v) s += std::exp(static_cast<double>(compute_t<T>(row[v])) - m);
+    double m = -std::numeric_limits<double>::infinity(), s = 0;
+    if constexpr (std::is_same_v<T, double>) {
+      for (int64_t v = 0; v < V; ++v) m = std::max(m, row[v]);
+      for (int64_t v = 0; v < V; ++v) s += std::exp(row[v] - m);
+    } else {
+      thread_local std::vector<float> e;
+      e.resize(static_cast<size_t>(V));
+      const float mf = lane_max(V, [row](int64_t v) { return static_cast<float>(row[v]); });
+      for (int64_t v = 0; v < V; ++v) e[static_cast<size_t>(v)] = exp_f32(static_cast<float>(row[v]) - mf);
+      s = lane_sum(V, [&](int64_t v) { return static_cast<double>(e[static_cast<size_t>(v)]); });
+      m = mf;
+    }
     double lse = std::isinf(m) ? m : m + std::log(s);
     lse_out[n * p.lse.strides[0]] = static_cast<L>(lse);
     int64_t t = target_of(p.target, n);
@@ -59,11 +71,13 @@ void cross_entropy_bwd_typed(const CrossEntropyBwdParams& p) {
       for (int64_t v = 0; v < V; ++v) grow[v] = T(C(0));
       return;
     }
-    double g = static_cast<double>(gl[n * p.grad_loss.strides[0]]);
-    double l = static_cast<double>(lse[n * p.lse.strides[0]]);
-    for (int64_t v = 0; v < V; ++v) {
-      double prob = std::exp(static_cast<double>(C(row[v])) - l);
-      grow[v] = T(static_cast<C>(g * (prob - (v == t ? 1.0 : 0.0))));
+    if constexpr (std::is_same_v<T, double>) {
+      const double g = gl[n * p.grad_loss.strides[0]], l = lse[n * p.lse.strides[0]];
+      for (int64_t v = 0; v < V; ++v) grow[v] = g * (std::exp(row[v] - l) - (v == t ? 1.0 : 0.0));
+    } else {
+      const float g = gl[n * p.grad_loss.strides[0]], l = lse[n * p.lse.strides[0]];
+      for (int64_t v = 0; v < V; ++v) grow[v] = T(g * exp_f32(static_cast<float>(row[v]) - l));
+      grow[t] = T(g * (exp_f32(static_cast<float>(row[t]) - l) - 1.0f));
     }
   });
 }

@@ -1,6 +1,7 @@
 // Row-wise normalization and softmax on the CPU: rms_norm, layer_norm (forward and backward) and
 // (log-)softmax over the last dim of contiguous [rows, H] data. Rows run in parallel; per-row sums
-// accumulate in double, 16-bit values compute in float and round once on store. The weight and
+// accumulate in double (rms_norm's and softmax's in vmath.h's fixed lanes, which vectorize), 16-bit
+// values compute in float and round once on store. The weight and
 // bias gradients sum over rows: each block of columns is owned by one thread and walks the rows in
 // order, so they do not depend on the thread count.
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/vmath.h"
 #include "kernels/registry.h"
 #include "runtime/error.h"
 
@@ -66,11 +68,10 @@ void rms_norm_typed(const RmsNormParams& p) {
   parallel_for(rows, h * 4, [&](int64_t i) {
     const T* xr = x + i * h;
     T* yr = y + i * h;
-    double ss = 0;
-    for (int64_t j = 0; j < h; ++j) {
-      double v = static_cast<double>(C(xr[j]));
-      ss += v * v;
-    }
+    const double ss = lane_sum(h, [xr](int64_t j) {
+      const double v = static_cast<double>(C(xr[j]));
+      return v * v;
+    });
     const double r = 1.0 / std::sqrt((h ? ss / static_cast<double>(h) : 0.0) + p.eps);
     rstd[i] = static_cast<S>(r);
     const C rc = static_cast<C>(r);
@@ -101,9 +102,9 @@ void rms_norm_bwd_typed(const RmsNormBwdParams& p) {
     const T* gr = gy + i * h;
     T* gxr = gx + i * h;
     const double r = static_cast<double>(rstd[i]);
-    double dot = 0;
-    for (int64_t j = 0; j < h; ++j)
-      dot += static_cast<double>(C(gr[j])) * wj(j) * static_cast<double>(C(xr[j]));
+    const double dot = lane_sum(h, [&](int64_t j) {
+      return static_cast<double>(C(gr[j])) * wj(j) * static_cast<double>(C(xr[j]));
+    });
     const double c = h ? r * r * r * dot / static_cast<double>(h) : 0.0;
     for (int64_t j = 0; j < h; ++j)
       gxr[j] = T(static_cast<C>(r * static_cast<double>(C(gr[j])) * wj(j) - static_cast<double>(C(xr[j])) * c));
@@ -231,25 +232,32 @@ void softmax_typed(const SoftmaxParams& p) {
   parallel_for(rows, h * 16, [&](int64_t i) {
     const T* xr = x + i * h;
     T* yr = y + i * h;
+    // f64: one running max and sum, libm's exp. Otherwise (float compute) vmath.h's lanes and exp.
     C mx = -std::numeric_limits<C>::infinity();
-    for (int64_t j = 0; j < h; ++j) mx = std::max(mx, C(xr[j]));
-    double sum = 0;
+    if constexpr (std::is_same_v<C, double>)
+      for (int64_t j = 0; j < h; ++j) mx = std::max(mx, C(xr[j]));
+    else
+      mx = lane_max(h, [xr](int64_t j) { return C(xr[j]); });
+    const auto sum_of = [&](auto&& e) {
+      if constexpr (std::is_same_v<C, double>) {
+        double sum = 0;
+        for (int64_t j = 0; j < h; ++j) sum += e(j);
+        return sum;
+      } else {
+        return lane_sum(h, [&](int64_t j) { return static_cast<double>(e(j)); });
+      }
+    };
     if (p.log) {
-      for (int64_t j = 0; j < h; ++j) sum += static_cast<double>(std::exp(C(xr[j]) - mx));
+      const double sum = sum_of([&](int64_t j) { return exp_c(C(xr[j]) - mx); });
       const C lse = mx + static_cast<C>(std::log(sum));
       for (int64_t j = 0; j < h; ++j) yr[j] = T(C(xr[j]) - lse);
     } else if constexpr (std::is_same_v<T, C>) {  // store exp once, then scale in place
-      for (int64_t j = 0; j < h; ++j) {
-        C e = std::exp(xr[j] - mx);
-        yr[j] = e;
-        sum += static_cast<double>(e);
-      }
-      const C inv = static_cast<C>(1.0 / sum);
+      for (int64_t j = 0; j < h; ++j) yr[j] = exp_c(xr[j] - mx);
+      const C inv = static_cast<C>(1.0 / sum_of([yr](int64_t j) { return yr[j]; }));
       for (int64_t j = 0; j < h; ++j) yr[j] *= inv;
     } else {  // 16-bit output: recompute exp so that each value rounds once
-      for (int64_t j = 0; j < h; ++j) sum += static_cast<double>(std::exp(C(xr[j]) - mx));
-      const C inv = static_cast<C>(1.0 / sum);
-      for (int64_t j = 0; j < h; ++j) yr[j] = T(std::exp(C(xr[j]) - mx) * inv);
+      const C inv = static_cast<C>(1.0 / sum_of([&](int64_t j) { return exp_c(C(xr[j]) - mx); }));
+      for (int64_t j = 0; j < h; ++j) yr[j] = T(exp_c(C(xr[j]) - mx) * inv);
     }
   });
 }

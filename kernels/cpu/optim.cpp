@@ -1,14 +1,16 @@
 // Optimizer kernels on the CPU: AdamW in one pass over dense tensors (no temporaries), OpenMP
 // over elements. Each element's update depends on that element alone, so the result does not
-// depend on the thread count. sum_sq: the f64 sum of squares of gradient clipping, over fixed
-// blocks added in order (also independent of the thread count). adamw8bit: 8-bit AdamW, OpenMP
-// over its blocks (each block's update depends on that block alone).
+// depend on the thread count; with math functions that never set errno (meson.build) the loop
+// vectorizes. sum_sq: the f64 sum of squares of gradient clipping, over fixed blocks added in
+// order, each block summed in vmath.h's fixed lanes (also independent of the thread count).
+// adamw8bit: 8-bit AdamW, OpenMP over its blocks (each block's update depends on that block alone).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/vmath.h"
 #include "kernels/quant8.h"
 #include "kernels/registry.h"
 #include "runtime/error.h"
@@ -159,13 +161,11 @@ double sum_sq_typed(const T* x, int64_t n) {
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
 #pragma omp parallel for if (n > 4 * kSumSqBlock) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t end = std::min(n, (b + 1) * kSumSqBlock);
-    double s = 0;
-    for (int64_t i = b * kSumSqBlock; i < end; ++i) {
-      const double v = static_cast<double>(static_cast<compute_t<T>>(x[i]));
-      s += v * v;
-    }
-    partial[static_cast<size_t>(b)] = s;
+    const T* xb = x + b * kSumSqBlock;
+    partial[static_cast<size_t>(b)] = cpu::lane_sum(std::min(kSumSqBlock, n - b * kSumSqBlock), [xb](int64_t i) {
+      const double v = static_cast<double>(static_cast<compute_t<T>>(xb[i]));
+      return v * v;
+    });
   }
   double total = 0;
   for (double s : partial) total += s;

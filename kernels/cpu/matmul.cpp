@@ -5,7 +5,7 @@
 // parallelizes each of them internally. Every output element is computed by one GEMM call, so
 // results do not depend on how the batch is split across threads.
 // The GEMM: OpenBLAS's sgemm/dgemm where the build found it (MT_HAVE_OPENBLAS, meson option
-// `blas`; single-threaded calls on fixed column blocks, spread over OpenMP's threads), Eigen's
+// `blas`; single-threaded calls on column blocks fixed by the shape, spread over OpenMP's threads), Eigen's
 // otherwise (docs/decisions.md, "CPU GEMM").
 #include <Eigen/Core>
 
@@ -69,13 +69,22 @@ int max_threads() {
 }
 
 #if MT_HAVE_OPENBLAS
-// Columns of out per OpenBLAS call: the same calls whatever the thread count (threads only take
-// blocks in turn), so the bits do not depend on it. OpenBLAS's own threading does change them
-// (tests/tensor/test_linalg.cpp found it at [256, 512] x [512, 1376]): it runs on one thread.
-constexpr int64_t kBlasCols = 256;
+// Columns of out per OpenBLAS call, a function of n alone: the same calls whatever the thread
+// count (threads only take blocks in turn), so the bits do not depend on it. OpenBLAS's own
+// threading does change them (tests/tensor/test_linalg.cpp found it at [256, 512] x [512, 1376]):
+// it runs on one thread. An even number of near-equal blocks of about 256 columns (a multiple of
+// 16, at least 64): fixed 256-column blocks left a thread idle for a third of every product of
+// width 768 (three blocks on two threads; llama-100m's hidden size), and blocks narrower than 128
+// lose a few percent per call.
+int64_t blas_block_cols(int64_t n) {
+  if (n <= 64) return std::max<int64_t>(n, 1);
+  const int64_t blocks = 2 * ((n + 511) / 512);
+  const int64_t width = ((n + blocks - 1) / blocks + 15) / 16 * 16;
+  return std::max<int64_t>(width, 64);
+}
 
 // out = alpha * a @ b + beta * out through cblas (row-major out, ld n), in column blocks of
-// kBlasCols spread over OpenMP's threads (one after the other inside a parallel region); false
+// blas_block_cols(n) spread over OpenMP's threads (one after the other inside a parallel region); false
 // where BLAS cannot take the operands as they lie (a leading dimension below its matrix's width,
 // e.g. broadcast rows, or sizes past int).
 template <class T>
@@ -93,9 +102,10 @@ bool blas_gemm(const T* a, const MatLayout& la, const T* b, const MatLayout& lb,
   }();
   (void)one_thread;
   const auto ta = la.row_major ? CblasNoTrans : CblasTrans, tb = lb.row_major ? CblasNoTrans : CblasTrans;
-  const int blocks = static_cast<int>((n + kBlasCols - 1) / kBlasCols);
+  const int64_t width = blas_block_cols(n);
+  const int blocks = static_cast<int>((n + width - 1) / width);
   auto block = [&](int i) {
-    const int64_t j0 = i * kBlasCols, nj = std::min(kBlasCols, n - j0);
+    const int64_t j0 = i * width, nj = std::min(width, n - j0);
     // Column j0 of b: b + j0 (row-major) or b + j0 * ld (column-major).
     const T* bj = b + (lb.row_major ? j0 : j0 * lb.ld);
     if constexpr (std::is_same_v<T, float>)

@@ -111,8 +111,8 @@ Result time_steps(const ModelConfig& cfg, int64_t batch, int64_t seq, DType comp
       master.attach_model_grads();
     else
       master.grads_to_master();
-    const double norm = clip_grad_norm(master_tensors, one_pass ? 0 : 1.0);
-    if (one_pass && std::isfinite(norm) && 1.0 / (norm + 1e-6) < 1) opt.set_grad_scale(1.0 / (norm + 1e-6));
+    const double norm = clip_grad_norm(master_tensors, 0);  // AdamW applies the scale (as the trainer)
+    if (std::isfinite(norm) && 1.0 / (norm + 1e-6) < 1) opt.set_grad_scale(1.0 / (norm + 1e-6));
     opt.step();
     opt.zero_grad();
     model->zero_grad();

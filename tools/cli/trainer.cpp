@@ -362,7 +362,9 @@ StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) 
 }
 
 double Trainer::clip(int64_t step, double loss) {
-  // One pass: the norm here, the scaling inside the optimizer's read of each gradient.
+  // With AdamW: the norm here, the scaling inside the optimizer's read of each gradient (no pass
+  // over the gradients to scale them; the same bits: g * coef rounded once either way).
+  const bool scale_in_adamw = adamw_ != nullptr;
   double norm = 0;
   if (pipe_) {
     // Pipeline: the squares of every stage's gradients summed over the pipeline dim, then the
@@ -375,7 +377,7 @@ double Trainer::clip(int64_t step, double loss) {
     Tensor sq = from_vector<double>({mine * mine}, Shape{1});
     pipe_->comm().all_reduce(sq);
     norm = std::sqrt(sq.to_vector<double>()[0]);
-    if (!one_pass_ && grad_clip_ > 0 && std::isfinite(norm) && grad_clip_ / (norm + 1e-6) < 1) {
+    if (!scale_in_adamw && grad_clip_ > 0 && std::isfinite(norm) && grad_clip_ / (norm + 1e-6) < 1) {
       NoGradGuard no_grad;
       for (const auto& [name, p] : master_->master_params()) {
         Tensor g = p.grad();
@@ -383,9 +385,9 @@ double Trainer::clip(int64_t step, double loss) {
       }
     }
   } else {
-    norm = clip_grad_norm(master_->master_params(), one_pass_ ? 0 : grad_clip_);
+    norm = clip_grad_norm(master_->master_params(), scale_in_adamw ? 0 : grad_clip_);
   }
-  if (one_pass_ && grad_clip_ > 0 && std::isfinite(norm)) {
+  if (scale_in_adamw && grad_clip_ > 0 && std::isfinite(norm)) {
     const double coef = grad_clip_ / (norm + 1e-6);
     if (coef < 1) adamw_->set_grad_scale(coef);
   }

@@ -22,8 +22,10 @@ inline float exp_f32(float x) {
   constexpr float kHi = 88.72283935546875f;
   constexpr float kLo = -87.33654022216797f;
   constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  float xc = x > kHi ? kHi : x;
-  xc = xc < kLo ? kLo : xc;
+  // Clamped so that n is a small integer; NaN lands on kHi (the comparison is false), so the
+  // conversion to int below stays defined, and is passed through at the end.
+  float xc = x < kHi ? x : kHi;
+  xc = xc > kLo ? xc : kLo;
   const float n = (xc * 1.44269504088896341f + kShifter) - kShifter;
   float r = xc - n * 0.693359375f;  // ln2's high part: n * it is exact for |n| <= 128
   r = r - n * -2.12194440e-4f;      // and its low part

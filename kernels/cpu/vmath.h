@@ -14,7 +14,7 @@
 namespace mt::cpu {
 
 // e^x in f32 within 1 ulp of the exact value (measured over every float in [-87.3, 88.7]:
-// tests/kernels/test_vmath.cpp). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, a degree-7
+// tests/tensor/test_vmath.cpp). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, a degree-7
 // polynomial for e^r (the minimax coefficients of the Cephes library's expf), then 2^n as two
 // normal factors. Results below FLT_MIN (x < -87.34) are 0 (std::exp would give a subnormal);
 // x > 88.72 gives inf, NaN stays NaN.

@@ -32,7 +32,7 @@ double ulp_error(float x, float y) {
 }  // namespace
 
 TEST_CASE("exp_f32 is within 1 ulp over its normal range", "[cpu]") {
-  // Every 61st float of [-87.3, 88.7] by bit pattern (about 10 million values; every float was
+  // Every 61st float of [-87.3, 88.7] by bit pattern (about 37 million values; every float was
   // checked once when the kernel was written: 0.98 ulp at worst).
   double worst = 0;
   float worst_x = 0;
@@ -51,7 +51,7 @@ TEST_CASE("exp_f32 is within 1 ulp over its normal range", "[cpu]") {
     }
   }
   INFO("worst " << worst << " ulp at x = " << worst_x << " over " << checked << " values");
-  REQUIRE(checked > 10'000'000);
+  REQUIRE(checked > 36'000'000);
   REQUIRE(worst <= 1.0);
 }
 

@@ -85,7 +85,8 @@ struct ReduceParams {
 // ---- linear algebra ---------------------------------------------------------------------------
 // out[..., M, N] = alpha * a[..., M, K] @ b[..., K, N] + beta * out. Batch dims equal in all three
 // (broadcast via zero strides in a and b). Each matrix of a and b has unit stride in one of its
-// last two dims; out is contiguous. dtypes f32 or f64 (the front end casts 16-bit floats).
+// last two dims; out is contiguous. dtypes f32 or f64 (the front end casts 16-bit floats), or on
+// the CPU an f32 a and out with a bf16/f16 b, all 2-D (linear's weight, widened inside the kernel).
 struct MatmulParams {
   KView a, b, out;
   double alpha = 1, beta = 0;

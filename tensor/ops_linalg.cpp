@@ -195,7 +195,10 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
            "linear: integer tensors are not supported (floating types only), got x {}, weight {}, bias {}",
            x0.desc(), w0.desc(), bias0);
   const DType ct = is_16bit(result) && !x0.device().is_cuda() ? DType::kF32 : result;
-  Tensor x = x0.to(ct), w = w0.to(ct), bias = has_bias ? bias0.to(ct) : Tensor();
+  // A 16-bit weight on the CPU stays as it is: the GEMM kernel widens it block by block (the same
+  // bits as multiplying its f32 copy), so no f32 copy of the weight is made or kept for backward.
+  const bool widen_w = ct == DType::kF32 && is_16bit(w0.dtype()) && !w0.device().is_cuda();
+  Tensor x = x0.to(ct), w = widen_w ? w0 : w0.to(ct), bias = has_bias ? bias0.to(ct) : Tensor();
   Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, in_f});  // [rows, in]
   Tensor out;
   {
@@ -215,15 +218,25 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
   }
   if (needs_grad({&x2, &w, &bias})) {
     const bool bias_grad = has_bias && bias.requires_grad();
-    record("LinearBackward", {x2, w, bias}, out, [x2, w, bias_grad](const auto& g) {
-      Tensor gx = x2.requires_grad() ? matmul(g[0], w) : Tensor();
+    record("LinearBackward", {x2, w, bias}, out, [x2, w, bias_grad, widen_w](const auto& g) {
+      Tensor gx;
+      if (x2.requires_grad()) {
+        if (widen_w && !GradMode::enabled()) {  // g @ w with w widened in the kernel
+          gx = empty({g[0].size(0), w.size(1)}, g[0].options());
+          gemm_into(g[0], w, gx);
+        } else {  // differentiable (double backward), or an f32/f64 weight
+          gx = matmul(g[0], widen_w ? w.to(g[0].dtype()) : w);
+        }
+      }
       Tensor gw;
       if (w.requires_grad()) {
         gw = grad_destination(w);  // zero-copy FSDP gradients: straight into the unit's buffer
-        if (gw.defined())
+        if (gw.defined() && !is_16bit(gw.dtype()))
           gemm_into(mT(g[0]).to(gw.dtype()), x2.to(gw.dtype()), gw);
+        else if (gw.defined())  // a 16-bit destination: the f32 product rounded into it
+          gw.copy_(matmul(mT(g[0]), x2));
         else
-          gw = matmul(mT(g[0]), x2);
+          gw = widen_w ? matmul(mT(g[0]), x2).to(w.dtype()) : matmul(mT(g[0]), x2);
       }
       Tensor gb = bias_grad ? sum(g[0], {0}) : Tensor();
       return std::vector<Tensor>{gx, gw, gb};

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "config.h"
 #if MT_HAVE_OPENBLAS
@@ -83,6 +84,14 @@ int64_t blas_block_cols(int64_t n) {
   return std::max<int64_t>(width, 64);
 }
 
+void blas_on_one_thread() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
 // out = alpha * a @ b + beta * out through cblas (row-major out, ld n), in column blocks of
 // blas_block_cols(n) spread over OpenMP's threads (one after the other inside a parallel region); false
 // where BLAS cannot take the operands as they lie (a leading dimension below its matrix's width,
@@ -96,11 +105,7 @@ bool blas_gemm(const T* a, const MatLayout& la, const T* b, const MatLayout& lb,
   // lda >= m, transposed. The same for b.
   if (la.ld < std::max<int64_t>(1, la.row_major ? k : m) || lb.ld < std::max<int64_t>(1, lb.row_major ? n : k))
     return false;
-  static const bool one_thread = [] {
-    openblas_set_num_threads(1);
-    return true;
-  }();
-  (void)one_thread;
+  blas_on_one_thread();
   const auto ta = la.row_major ? CblasNoTrans : CblasTrans, tb = lb.row_major ? CblasNoTrans : CblasTrans;
   const int64_t width = blas_block_cols(n);
   const int blocks = static_cast<int>((n + width - 1) / width);
@@ -205,8 +210,81 @@ void matmul_dispatch(const MatmulParams& p) {
     matmul_typed<T, C, C>(p, la, lb);
 }
 
+// f32 a and out with a 16-bit b (2-D): a linear layer's bf16/f16 weight, widened here instead of
+// as a separate f32 tensor (no weight-sized allocation, no pass over memory for it: a block of b
+// is widened into a per-thread scratch that the GEMM then reads while it is in cache). With
+// OpenBLAS the block is the one blas_gemm would give sgemm, laid out as in a contiguous f32 copy
+// of b (row-major rows of width nj, or column-major columns of length k), so the call sees the same
+// values in the same order: the bits of the widen-then-multiply path. Without OpenBLAS, b is widened
+// whole and Eigen's GEMM runs on it, as it did on the widened tensor.
+template <class S>
+void matmul_widen_b(const MatmulParams& p) {
+  const MatLayout la = layout_of(p.a), lb = layout_of(p.b);
+  const int64_t m = la.rows, k = la.cols, n = lb.cols;
+  const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
+  const float* a = p.a.ptr<const float>();
+  const S* b = p.b.ptr<const S>();
+  float* out = p.out.ptr<float>();
+  // Columns [j0, j0 + nj) of b into dst: row-major [k, nj] or column-major (k per column).
+  auto widen = [&](int64_t j0, int64_t nj, float* dst) {
+    if (lb.row_major) {
+      for (int64_t r = 0; r < k; ++r)
+        for (int64_t j = 0; j < nj; ++j) dst[r * nj + j] = static_cast<float>(b[r * lb.ld + j0 + j]);
+    } else {
+      for (int64_t j = 0; j < nj; ++j)
+        for (int64_t r = 0; r < k; ++r) dst[j * k + r] = static_cast<float>(b[(j0 + j) * lb.ld + r]);
+    }
+  };
+  thread_local std::vector<float> scratch;
+#if MT_HAVE_OPENBLAS
+  if (m < (int64_t{1} << 31) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31) && k > 0 &&
+      la.ld >= std::max<int64_t>(1, la.row_major ? k : m)) {
+    blas_on_one_thread();
+    const int64_t width = blas_block_cols(n);
+    const int blocks = static_cast<int>((n + width - 1) / width);
+    const auto ta = la.row_major ? CblasNoTrans : CblasTrans, tb = lb.row_major ? CblasNoTrans : CblasTrans;
+    auto block = [&](int i) {
+      const int64_t j0 = i * width, nj = std::min(width, n - j0);
+      if (static_cast<int64_t>(scratch.size()) < k * nj) scratch.resize(static_cast<size_t>(k * nj));
+      widen(j0, nj, scratch.data());
+      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(nj), static_cast<int>(k), alpha, a,
+                  static_cast<int>(la.ld), scratch.data(), static_cast<int>(lb.row_major ? nj : k), beta, out + j0,
+                  static_cast<int>(n));
+    };
+#ifdef _OPENMP
+    if (blocks > 1 && !omp_in_parallel() && max_threads() > 1 && m * n * k >= int64_t{64} * 64 * 64) {
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < blocks; ++i) block(i);
+      return;
+    }
+#endif
+    for (int i = 0; i < blocks; ++i) block(i);
+    return;
+  }
+#endif
+  if (static_cast<int64_t>(scratch.size()) < k * n) scratch.resize(static_cast<size_t>(k * n));
+  widen(0, n, scratch.data());
+  MatLayout lw = lb;
+  lw.ld = lb.row_major ? std::max<int64_t>(n, 1) : std::max<int64_t>(k, 1);
+  if (la.row_major && lw.row_major)
+    gemm_one<float, Eigen::RowMajor, Eigen::RowMajor>(a, la, scratch.data(), lw, out, alpha, beta);
+  else if (la.row_major)
+    gemm_one<float, Eigen::RowMajor, Eigen::ColMajor>(a, la, scratch.data(), lw, out, alpha, beta);
+  else if (lw.row_major)
+    gemm_one<float, Eigen::ColMajor, Eigen::RowMajor>(a, la, scratch.data(), lw, out, alpha, beta);
+  else
+    gemm_one<float, Eigen::ColMajor, Eigen::ColMajor>(a, la, scratch.data(), lw, out, alpha, beta);
+}
+
 void matmul(const MatmulParams& p) {
   if (p.out.numel() == 0) return;
+  if (p.a.dtype == DType::kF32 && p.out.dtype == DType::kF32 && p.b.dtype != DType::kF32) {
+    MT_CHECK(p.a.ndim() == 2 && p.b.ndim() == 2, "matmul: a 16-bit right operand needs 2-D operands, got a {} b {}",
+             p.a.sizes, p.b.sizes);
+    if (p.b.dtype == DType::kBF16) return matmul_widen_b<BFloat16>(p);
+    if (p.b.dtype == DType::kF16) return matmul_widen_b<Float16>(p);
+    MT_FAIL("matmul: f32 a with a {} b (the CPU kernel widens bf16 or f16 only)", dtype_name(p.b.dtype));
+  }
   switch (p.a.dtype) {
     case DType::kF32:
       matmul_dispatch<float>(p);

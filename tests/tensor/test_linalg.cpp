@@ -202,6 +202,42 @@ TEST_CASE("matmul in bf16 and f16 computes in f32 and rounds once", "[cpu]") {
   REQUIRE_CLOSE(c, ref_matmul(a, b), 1e-5, 1e-5);
 }
 
+TEST_CASE("linear with a 16-bit weight gives the bits of its f32 copy, forward and backward", "[cpu]") {
+  // The CPU kernel widens a bf16/f16 weight block by block (kernels/cpu/matmul.cpp,
+  // matmul_widen_b) instead of the front end making an f32 copy: the output and both gradients
+  // equal, bit for bit, those computed from explicit f32 copies and rounded as the 16-bit path
+  // rounds them. Widths of 1, 2 and 5 column blocks, a bias, and x as a 3-D batch.
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (int64_t out_f : {40, 600, 1376}) {
+      INFO(dtype_name(dt) << " out " << out_f);
+      const Tensor x0 = rand({2, 37, 96}, dt, 21), w0 = rand({out_f, 96}, dt, 22), b0 = rand({out_f}, dt, 23);
+      const Tensor gy = rand({2, 37, out_f}, dt, 24);
+      Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+      Tensor y = linear(x, w, b);
+      y.backward(gy);
+      // The reference: f32 leaves, the same products, each result rounded to dt once.
+      Tensor xf = x0.to(DType::kF32).requires_grad_(), wf = w0.to(DType::kF32).requires_grad_();
+      Tensor bf = b0.to(DType::kF32).requires_grad_();
+      Tensor yf = linear(xf, wf, bf);
+      yf.backward(gy.to(DType::kF32));
+      REQUIRE_CLOSE(y, yf.to(dt), 0, 0);
+      REQUIRE_CLOSE(x.grad(), xf.grad().to(dt), 0, 0);
+      REQUIRE_CLOSE(w.grad(), wf.grad().to(dt), 0, 0);
+      REQUIRE(w.grad().dtype() == dt);
+#ifdef _OPENMP
+      const int prev = omp_get_max_threads();
+      omp_set_num_threads(prev == 1 ? 2 : 1);  // and the other thread count gives the same bits
+      Tensor w2 = w0.clone().requires_grad_();
+      Tensor y2 = linear(x0, w2, b0);
+      y2.backward(gy);
+      omp_set_num_threads(prev);
+      REQUIRE_CLOSE(y2, y, 0, 0);
+      REQUIRE_CLOSE(w2.grad(), w.grad(), 0, 0);
+#endif
+    }
+  }
+}
+
 TEST_CASE("the matmul kernel computes alpha * a @ b + beta * out", "[cpu]") {
   Tensor a = rand({2, 3, 4}, DType::kF64, 1), b = rand_t({2, 4, 5}, DType::kF64, 2);
   Tensor c0 = rand({2, 3, 5}, DType::kF64, 3);

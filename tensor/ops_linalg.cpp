@@ -231,10 +231,10 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
       Tensor gw;
       if (w.requires_grad()) {
         gw = grad_destination(w);  // zero-copy FSDP gradients: straight into the unit's buffer
-        if (gw.defined() && !is_16bit(gw.dtype()))
-          gemm_into(mT(g[0]).to(gw.dtype()), x2.to(gw.dtype()), gw);
-        else if (gw.defined())  // a 16-bit destination: the f32 product rounded into it
+        if (gw.defined() && widen_w)  // a 16-bit weight on the CPU: the f32 product rounded into it
           gw.copy_(matmul(mT(g[0]), x2));
+        else if (gw.defined())
+          gemm_into(mT(g[0]).to(gw.dtype()), x2.to(gw.dtype()), gw);
         else
           gw = widen_w ? matmul(mT(g[0]), x2).to(w.dtype()) : matmul(mT(g[0]), x2);
       }

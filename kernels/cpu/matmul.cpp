@@ -220,7 +220,8 @@ void matmul_dispatch(const MatmulParams& p) {
 template <class S>
 void matmul_widen_b(const MatmulParams& p) {
   const MatLayout la = layout_of(p.a), lb = layout_of(p.b);
-  const int64_t m = la.rows, k = la.cols, n = lb.cols;
+  [[maybe_unused]] const int64_t m = la.rows;  // the OpenBLAS path's
+  const int64_t k = la.cols, n = lb.cols;
   const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
   const float* a = p.a.ptr<const float>();
   const S* b = p.b.ptr<const S>();

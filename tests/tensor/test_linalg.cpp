@@ -206,7 +206,7 @@ TEST_CASE("linear with a 16-bit weight gives the bits of its f32 copy, forward a
   // The CPU kernel widens a bf16/f16 weight block by block (kernels/cpu/matmul.cpp,
   // matmul_widen_b) instead of the front end making an f32 copy: the output and both gradients
   // equal, bit for bit, those computed from explicit f32 copies and rounded as the 16-bit path
-  // rounds them. Widths of 1, 2 and 5 column blocks, a bias, and x as a 3-D batch.
+  // rounds them. Widths of 1, 4 and 6 column blocks, a bias, and x as a 3-D batch.
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (int64_t out_f : {40, 600, 1376}) {
       INFO(dtype_name(dt) << " out " << out_f);

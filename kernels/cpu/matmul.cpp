@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "config.h"
@@ -93,32 +94,32 @@ void blas_on_one_thread() {
 }
 
 // out = alpha * a @ b + beta * out through cblas (row-major out, ld n), in column blocks of
-// blas_block_cols(n) spread over OpenMP's threads (one after the other inside a parallel region); false
-// where BLAS cannot take the operands as they lie (a leading dimension below its matrix's width,
-// e.g. broadcast rows, or sizes past int).
-template <class T>
-bool blas_gemm(const T* a, const MatLayout& la, const T* b, const MatLayout& lb, T* out, T alpha, T beta) {
+// blas_block_cols(n) spread over OpenMP's threads (one after the other inside a parallel region).
+// b_block(j0, nj) gives block [j0, j0 + nj) of b's columns as {pointer, leading dim}, laid out as
+// lb says (row-major or column-major). False where BLAS cannot take a as it lies (a leading
+// dimension below its matrix's width, e.g. broadcast rows) or the sizes pass int.
+template <class T, class BBlock>
+bool blas_gemm_blocks(const T* a, const MatLayout& la, const MatLayout& lb, T* out, T alpha, T beta,
+                      BBlock&& b_block) {
   const int64_t m = la.rows, k = la.cols, n = lb.cols;
   const int64_t lim = int64_t{1} << 31;
-  if (m >= lim || n >= lim || k >= lim || la.ld >= lim || lb.ld >= lim) return false;
+  if (m >= lim || n >= lim || k >= lim || la.ld >= lim) return false;
   // Row-major a: [m, k] with lda >= k, no transpose; column-major a: the row-major [k, m] with
-  // lda >= m, transposed. The same for b.
-  if (la.ld < std::max<int64_t>(1, la.row_major ? k : m) || lb.ld < std::max<int64_t>(1, lb.row_major ? n : k))
-    return false;
+  // lda >= m, transposed. The same for b (checked by the caller that knows its blocks).
+  if (la.ld < std::max<int64_t>(1, la.row_major ? k : m)) return false;
   blas_on_one_thread();
   const auto ta = la.row_major ? CblasNoTrans : CblasTrans, tb = lb.row_major ? CblasNoTrans : CblasTrans;
   const int64_t width = blas_block_cols(n);
   const int blocks = static_cast<int>((n + width - 1) / width);
   auto block = [&](int i) {
     const int64_t j0 = i * width, nj = std::min(width, n - j0);
-    // Column j0 of b: b + j0 (row-major) or b + j0 * ld (column-major).
-    const T* bj = b + (lb.row_major ? j0 : j0 * lb.ld);
+    const auto [bj, ldb] = b_block(j0, nj);
     if constexpr (std::is_same_v<T, float>)
       cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(nj), static_cast<int>(k), alpha, a,
-                  static_cast<int>(la.ld), bj, static_cast<int>(lb.ld), beta, out + j0, static_cast<int>(n));
+                  static_cast<int>(la.ld), bj, static_cast<int>(ldb), beta, out + j0, static_cast<int>(n));
     else
       cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(nj), static_cast<int>(k), alpha, a,
-                  static_cast<int>(la.ld), bj, static_cast<int>(lb.ld), beta, out + j0, static_cast<int>(n));
+                  static_cast<int>(la.ld), bj, static_cast<int>(ldb), beta, out + j0, static_cast<int>(n));
   };
 #ifdef _OPENMP
   if (blocks > 1 && !omp_in_parallel() && max_threads() > 1 && m * n * k >= int64_t{64} * 64 * 64) {
@@ -129,6 +130,16 @@ bool blas_gemm(const T* a, const MatLayout& la, const T* b, const MatLayout& lb,
 #endif
   for (int i = 0; i < blocks; ++i) block(i);
   return true;
+}
+
+// blas_gemm_blocks on a b in place: a block is b + j0 (row-major) or b + j0 * ld (column-major).
+template <class T>
+bool blas_gemm(const T* a, const MatLayout& la, const T* b, const MatLayout& lb, T* out, T alpha, T beta) {
+  const int64_t k = lb.rows, n = lb.cols;
+  if (lb.ld >= (int64_t{1} << 31) || lb.ld < std::max<int64_t>(1, lb.row_major ? n : k)) return false;
+  return blas_gemm_blocks(a, la, lb, out, alpha, beta, [&](int64_t j0, int64_t) {
+    return std::pair<const T*, int64_t>(b + (lb.row_major ? j0 : j0 * lb.ld), lb.ld);
+  });
 }
 #endif
 
@@ -220,7 +231,6 @@ void matmul_dispatch(const MatmulParams& p) {
 template <class S>
 void matmul_widen_b(const MatmulParams& p) {
   const MatLayout la = layout_of(p.a), lb = layout_of(p.b);
-  [[maybe_unused]] const int64_t m = la.rows;  // the OpenBLAS path's
   const int64_t k = la.cols, n = lb.cols;
   const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
   const float* a = p.a.ptr<const float>();
@@ -238,30 +248,12 @@ void matmul_widen_b(const MatmulParams& p) {
   };
   thread_local std::vector<float> scratch;
 #if MT_HAVE_OPENBLAS
-  if (m < (int64_t{1} << 31) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31) && k > 0 &&
-      la.ld >= std::max<int64_t>(1, la.row_major ? k : m)) {
-    blas_on_one_thread();
-    const int64_t width = blas_block_cols(n);
-    const int blocks = static_cast<int>((n + width - 1) / width);
-    const auto ta = la.row_major ? CblasNoTrans : CblasTrans, tb = lb.row_major ? CblasNoTrans : CblasTrans;
-    auto block = [&](int i) {
-      const int64_t j0 = i * width, nj = std::min(width, n - j0);
-      if (static_cast<int64_t>(scratch.size()) < k * nj) scratch.resize(static_cast<size_t>(k * nj));
-      widen(j0, nj, scratch.data());
-      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(nj), static_cast<int>(k), alpha, a,
-                  static_cast<int>(la.ld), scratch.data(), static_cast<int>(lb.row_major ? nj : k), beta, out + j0,
-                  static_cast<int>(n));
-    };
-#ifdef _OPENMP
-    if (blocks > 1 && !omp_in_parallel() && max_threads() > 1 && m * n * k >= int64_t{64} * 64 * 64) {
-#pragma omp parallel for schedule(static)
-      for (int i = 0; i < blocks; ++i) block(i);
-      return;
-    }
-#endif
-    for (int i = 0; i < blocks; ++i) block(i);
-    return;
-  }
+  const bool done = k > 0 && blas_gemm_blocks(a, la, lb, out, alpha, beta, [&](int64_t j0, int64_t nj) {
+    if (static_cast<int64_t>(scratch.size()) < k * nj) scratch.resize(static_cast<size_t>(k * nj));
+    widen(j0, nj, scratch.data());
+    return std::pair<const float*, int64_t>(scratch.data(), lb.row_major ? nj : k);
+  });
+  if (done) return;
 #endif
   if (static_cast<int64_t>(scratch.size()) < k * n) scratch.resize(static_cast<size_t>(k * n));
   widen(0, n, scratch.data());

@@ -110,11 +110,14 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     Shape xs = x.shape();
     Tensor xw = x;  // for its grad_destination only (a view: no memory held)
     record("IndexSelectBackward", {x}, out, [xs, d, ic, xw](const auto& g) {
-      // Zero-copy FSDP gradients (an embedding's weight): zeros and the rows added in place, in
-      // the unit's gradient buffer.
+      // Zeros and the rows added in place: in the unit's gradient buffer for zero-copy FSDP
+      // gradients (an embedding's weight), else in a fresh tensor (not index_add, whose
+      // out-of-place copy of the zeros would cost a second pass over the whole table).
       Tensor dst = grad_destination(xw);
-      if (!dst.defined()) return std::vector<Tensor>{index_add(zeros(xs, g[0].options()), d, ic, g[0])};
-      dst.zero_();
+      if (dst.defined())
+        dst.zero_();
+      else
+        dst = zeros(xs, g[0].options());
       Tensor sc = g[0].to(dst.dtype()).contiguous();
       IndexAddParams p;
       p.out = dst.view_info();

@@ -1,17 +1,22 @@
 // Scaled dot-product attention on the CPU as blocked GEMMs (flash-attention 2): a block of
-// kQBlock queries meets a block of kKBlock keys at a time. The score tile Q·Kᵀ, the P·V product and,
-// in the backward, Pᵀ·dO, dO·Vᵀ, dS·K and dSᵀ·Q are Eigen GEMMs on contiguous scratch tiles; the
-// softmax is online (running row max and sum, rescaling the output accumulator), vectorized over
-// a tile row. No [T, S] matrix is stored: the forward keeps the per-row log-sum-exp, and the
-// backward recomputes P from it. Operands may have any strides (tiles are copied into scratch,
-// 16-bit ones widened to f32); everything accumulates in the compute type, f32 (f64 for f64).
+// queries meets a block of keys at a time. The score tile Q·Kᵀ, the P·V product and, in the
+// backward, Pᵀ·dO, dO·Vᵀ, dS·K and dSᵀ·Q are Eigen GEMMs on contiguous scratch tiles; the softmax
+// is online (running row max and sum, rescaling the output accumulator), vectorized over a tile
+// row. No [T, S] matrix is stored: the forward keeps the per-row log-sum-exp, and the backward
+// recomputes P from it. Operands may have any strides (tiles are copied into scratch, 16-bit ones
+// widened to f32); everything accumulates in the compute type, f32 (f64 for f64).
+// Tiles: the forward takes kQBlock queries against key chunks of up to kKChunk keys, the last one
+// cut at the block's causal end; the backward takes kKBlock keys against query chunks of up to
+// kQChunk rows, starting at the first query that sees the block. Every GEMM is then at least 64
+// deep or 64 wide on each side, where 64 x 64 x 64 tiles left Eigen at about half its rate.
 // Determinism: the forward runs one task per (batch, head, query block), the backward one per
-// (batch, kv head), which walks its key blocks, query heads and query blocks in a fixed order and
-// accumulates dK, dV per key block and dQ in its own scratch; every task runs inside a parallel
-// region, so Eigen never splits a tile GEMM across threads. Results do not depend on the thread
-// count. Scratch is thread-local (grown on first use), the one exception to "kernels never
-// allocate". The scalar double kernels these replaced are kept as the tests' reference
-// (attention_reference.cpp). Decisions and figures: docs/decisions.md, "CPU attention as blocked GEMMs".
+// (batch, kv head), which loads the group's Q, dO, lse and rowsum(dO * O) once, walks its key
+// blocks, query heads and query chunks in a fixed order and accumulates dK, dV per key block and
+// dQ in its own scratch; every task runs inside a parallel region, so Eigen never splits a tile
+// GEMM across threads. Results do not depend on the thread count. Scratch is thread-local (grown
+// on first use), the one exception to "kernels never allocate". The scalar double kernels these
+// replaced are kept as the tests' reference (attention_reference.cpp). Decisions and figures:
+// docs/decisions.md, "CPU attention as blocked GEMMs".
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -24,13 +29,15 @@
 #endif
 
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/tile_gemm.h"
 #include "kernels/registry.h"
 #include "runtime/error.h"
 
 namespace mt::cpu {
 namespace {
 
-constexpr int64_t kQBlock = 64, kKBlock = 64;
+constexpr int64_t kQBlock = 64, kKChunk = 256;  // forward
+constexpr int64_t kKBlock = 64, kQChunk = 256;  // backward
 
 struct Dims {
   int64_t B, Hq, Hkv, T, S, D, Dv, group;
@@ -136,31 +143,31 @@ void softmax_tile(const Dims& d, int64_t t0, int64_t k0, Tile<C>& s, C* m, C* l,
   }
 }
 
-// One task: query block qb of head (b, h).
+// One task: query block qb of head (b, h), against key chunks [k0, k0 + kKChunk) cut at kend.
 template <class T, class C, class L>
 void forward_block(const AttentionParams& p, const Dims& d, int64_t b, int64_t h, int64_t qb) {
   const int64_t t0 = qb * kQBlock, nq = std::min(kQBlock, d.T - t0), kvh = h / d.group;
   const int64_t kend = d.key_end(t0 + nq - 1);
   C* qs = scratch<C>(0, kQBlock * d.D);
-  C* kt = scratch<C>(1, kKBlock * d.D);
-  C* vt = scratch<C>(2, kKBlock * d.Dv);
-  C* st = scratch<C>(3, kQBlock * kKBlock);
+  C* kt = scratch<C>(1, kKChunk * d.D);
+  C* vt = scratch<C>(2, kKChunk * d.Dv);
+  C* st = scratch<C>(3, kQBlock * kKChunk);
   C* ot = scratch<C>(4, kQBlock * d.Dv);
   C* m = scratch<C>(5, kQBlock);
   C* l = scratch<C>(6, kQBlock);
-  Tile<C> q(qs, nq, d.D), o(ot, nq, d.Dv);
+  Tile<C> o(ot, nq, d.Dv);
   o.setZero();
   std::fill(m, m + nq, -std::numeric_limits<C>::infinity());
   std::fill(l, l + nq, C(0));
   if (kend > 0) load_rows<T>(p.q, b, h, t0, nq, qs, static_cast<C>(p.scale));
-  for (int64_t k0 = 0; k0 < kend; k0 += kKBlock) {
-    const int64_t nk = std::min(kKBlock, kend - k0);
+  for (int64_t k0 = 0; k0 < kend; k0 += kKChunk) {
+    const int64_t nk = std::min(kKChunk, kend - k0);
     load_rows<T>(p.k, b, kvh, k0, nk, kt, C(1));
     load_rows<T>(p.v, b, kvh, k0, nk, vt, C(1));
-    Tile<C> k(kt, nk, d.D), v(vt, nk, d.Dv), s(st, nq, nk);
-    s.noalias() = q * k.transpose();
+    Tile<C> s(st, nq, nk);
+    tile_gemm<C>(false, true, nq, nk, d.D, qs, d.D, kt, d.D, C(0), st, nk);  // S = Q Kᵀ
     softmax_tile<C>(d, t0, k0, s, m, l, &o);
-    o.noalias() += s * v;
+    tile_gemm<C>(false, false, nq, d.Dv, nk, st, nk, vt, d.Dv, C(1), ot, d.Dv);  // O += P V
   }
   for (int64_t i = 0; i < nq; ++i) {
     if (l[i] > 0) {
@@ -183,53 +190,60 @@ void attention_typed(const AttentionParams& p) {
   });
 }
 
-// One task: kv head (b, kvh) and its group of query heads. Key blocks outer; per key block, dK and
-// dV accumulate over the group's query heads and blocks in order, dQ in a [group * T, D] scratch.
+// One task: kv head (b, kvh) and its group of query heads. The group's Q * scale, dO, lse and
+// rowsum(dO * O) are loaded once ([group * T] rows); then key blocks outer and, per key block, the
+// group's query heads and chunks from the block's first seeing query: dK and dV accumulate in
+// that order, dQ in a [group * T, D] scratch.
 template <class T, class C, class L>
 void backward_head(const AttentionBwdParams& p, const Dims& d, int64_t b, int64_t kvh) {
   const int64_t rows = d.group * d.T, h0 = kvh * d.group;
-  C* qs = scratch<C>(0, kQBlock * std::max(d.D, d.Dv));  // Q * scale, or O while di is computed
-  C* got = scratch<C>(1, kQBlock * d.Dv);
+  C* qa = scratch<C>(0, rows * d.D);   // Q * scale
+  C* goa = scratch<C>(1, rows * d.Dv);  // dO
   C* kt = scratch<C>(2, kKBlock * d.D);
   C* vt = scratch<C>(3, kKBlock * d.Dv);
-  C* pt = scratch<C>(4, 2 * kQBlock * kKBlock);
+  C* pt = scratch<C>(4, std::max(2 * kQChunk * kKBlock, kQBlock * d.Dv));  // P and dS, or O rows
   C* gkt = scratch<C>(5, kKBlock * (d.D + d.Dv));
   C* gqa = scratch<C>(6, rows * d.D);
   C* rowv = scratch<C>(7, 2 * rows);  // per row of the group: lse, then rowsum(dO * O)
   C *lse = rowv, *di = rowv + rows;
   Tile<C>(gqa, rows, d.D).setZero();
-  for (int64_t g = 0; g < d.group; ++g)
-    for (int64_t t0 = 0; t0 < d.T; t0 += kQBlock) {
-      const int64_t nq = std::min(kQBlock, d.T - t0), r0 = g * d.T + t0;
-      load_rows<T>(p.out, b, h0 + g, t0, nq, qs, C(1));
-      load_rows<T>(p.gout, b, h0 + g, t0, nq, got, C(1));
+  for (int64_t g = 0; g < d.group; ++g) {
+    const int64_t r0 = g * d.T;
+    load_rows<T>(p.q, b, h0 + g, 0, d.T, qa + r0 * d.D, static_cast<C>(p.scale));
+    load_rows<T>(p.gout, b, h0 + g, 0, d.T, goa + r0 * d.Dv, C(1));
+    for (int64_t t0 = 0; t0 < d.T; t0 += kQBlock) {  // O a block at a time, into P's scratch
+      const int64_t nq = std::min(kQBlock, d.T - t0);
+      C* ob = pt;
+      load_rows<T>(p.out, b, h0 + g, t0, nq, ob, C(1));
       for (int64_t i = 0; i < nq; ++i) {
-        di[r0 + i] = Col<C>(qs + i * d.Dv, d.Dv).dot(Col<C>(got + i * d.Dv, d.Dv));
-        lse[r0 + i] = static_cast<C>(lse_at<const L>(p.lse, b, h0 + g, t0 + i));
+        di[r0 + t0 + i] = Col<C>(ob + i * d.Dv, d.Dv).dot(Col<C>(goa + (r0 + t0 + i) * d.Dv, d.Dv));
+        lse[r0 + t0 + i] = static_cast<C>(lse_at<const L>(p.lse, b, h0 + g, t0 + i));
       }
     }
+  }
   for (int64_t k0 = 0; k0 < d.S; k0 += kKBlock) {
     const int64_t nk = std::min(kKBlock, d.S - k0);
+    // The first query that sees key k0 (causal: key_end(t) > k0); T when none does (dK, dV zero).
+    const int64_t first = d.causal ? std::clamp<int64_t>(k0 - (d.S - d.T), 0, d.T) : 0;
     load_rows<T>(p.k, b, kvh, k0, nk, kt, C(1));
     load_rows<T>(p.v, b, kvh, k0, nk, vt, C(1));
-    Tile<C> k(kt, nk, d.D), v(vt, nk, d.Dv), gk(gkt, nk, d.D), gv(gkt + nk * d.D, nk, d.Dv);
-    gk.setZero();
-    gv.setZero();
+    C *gk = gkt, *gv = gkt + nk * d.D;
+    std::fill(gkt, gkt + nk * (d.D + d.Dv), C(0));
     for (int64_t g = 0; g < d.group; ++g)
-      for (int64_t t0 = 0; t0 < d.T; t0 += kQBlock) {
-        const int64_t nq = std::min(kQBlock, d.T - t0), r0 = g * d.T + t0;
-        if (d.key_end(t0 + nq - 1) <= k0) continue;  // causal: no query of the block sees these keys
-        load_rows<T>(p.q, b, h0 + g, t0, nq, qs, static_cast<C>(p.scale));
-        load_rows<T>(p.gout, b, h0 + g, t0, nq, got, C(1));
-        Tile<C> q(qs, nq, d.D), go(got, nq, d.Dv), pr(pt, nq, nk), ds(pt + nq * nk, nq, nk);
-        pr.noalias() = q * k.transpose();
+      for (int64_t t0 = first; t0 < d.T; t0 += kQChunk) {
+        const int64_t nq = std::min(kQChunk, d.T - t0), r0 = g * d.T + t0;
+        const C *q = qa + r0 * d.D, *go = goa + r0 * d.Dv;
+        C *pp = pt, *dp = pt + nq * nk;
+        Tile<C> pr(pp, nq, nk), ds(dp, nq, nk);
+        tile_gemm<C>(false, true, nq, nk, d.D, q, d.D, kt, d.D, C(0), pp, nk);  // S = Q Kᵀ
         softmax_tile<C>(d, t0, k0, pr, lse + r0, nullptr, nullptr);
-        gv.noalias() += pr.transpose() * go;
-        ds.noalias() = go * v.transpose();
+        tile_gemm<C>(true, false, nk, d.Dv, nq, pp, nk, go, d.Dv, C(1), gv, d.Dv);  // dV += Pᵀ dO
+        tile_gemm<C>(false, true, nq, nk, d.Dv, go, d.Dv, vt, d.Dv, C(0), dp, nk);  // dP = dO Vᵀ
         for (int64_t i = 0; i < nq; ++i)
           ds.row(i) = (pr.row(i).array() * (ds.row(i).array() - di[r0 + i])).matrix();
-        Tile<C>(gqa + r0 * d.D, nq, d.D).noalias() += ds * k;
-        gk.noalias() += ds.transpose() * q;  // q holds Q * scale: dK = scale * dSᵀ Q
+        tile_gemm<C>(false, false, nq, d.D, nk, dp, nk, kt, d.D, C(1), gqa + r0 * d.D, d.D);  // dQ += dS K
+        // q holds Q * scale: dK = scale * dSᵀ Q
+        tile_gemm<C>(true, false, nk, d.D, nq, dp, nk, q, d.D, C(1), gk, d.D);
       }
     store_rows<T>(p.gk, b, kvh, k0, nk, gkt, C(1));
     store_rows<T>(p.gv, b, kvh, k0, nk, gkt + nk * d.D, C(1));

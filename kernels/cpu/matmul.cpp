@@ -24,6 +24,7 @@
 #endif
 
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/tile_gemm.h"
 #include "kernels/registry.h"
 #include "runtime/error.h"
 
@@ -83,14 +84,6 @@ int64_t blas_block_cols(int64_t n) {
   const int64_t blocks = 2 * ((n + 511) / 512);
   const int64_t width = ((n + blocks - 1) / blocks + 15) / 16 * 16;
   return std::max<int64_t>(width, 64);
-}
-
-void blas_on_one_thread() {
-  static const bool once = [] {
-    openblas_set_num_threads(1);
-    return true;
-  }();
-  (void)once;
 }
 
 // out = alpha * a @ b + beta * out through cblas (row-major out, ld n), in column blocks of

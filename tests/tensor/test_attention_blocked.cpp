@@ -1,7 +1,7 @@
 // The blocked CPU attention kernels (kernels/cpu/attention.cpp) called directly, against the
 // scalar double kernels they replaced (kernels/cpu/attention_reference.h): f32 and bf16 (f32 lse),
 // causal and not, grouped kv heads, T != S (rows with no visible key), D != Dv, sizes that are no
-// multiple of the 64-row blocks, operands read through [B, T, H, D] strides; and bitwise the same
+// multiple of the 64-row blocks or 256-row chunks, operands read through [B, T, H, D] strides; and bitwise the same
 // results with 1 and 2 OpenMP threads.
 #include <cmath>
 
@@ -29,6 +29,10 @@ const Case kCases[] = {
     {2, 3, 1, 130, 70, 16, 8, true},    // multi-query, S < T: the first 60 rows see no key
     {1, 2, 2, 64, 64, 32, 32, true},    // whole blocks
     {2, 2, 1, 1, 5, 7, 3, false},       // one query row
+    {1, 4, 2, 300, 300, 16, 16, true},  // past the 256-row chunks: a chunk tail in both passes
+    {1, 2, 1, 290, 530, 8, 12, true},   // S > T by more than a chunk: the forward's key chunks cut
+                                        // at the causal end, the backward's query chunks shifted
+    {1, 2, 1, 530, 270, 8, 8, true},    // S < T: 260 rows see no key, key blocks start late
 };
 
 // [B, H, L, X] with [B, L, H, X] memory, as a model's projections produce it.

@@ -7,12 +7,14 @@
 // step, the best rate kept; printed per row). The ratio step / floor is the
 // headroom left outside the GEMMs (issue 13's goal: <= 1.2 at 30M and above, <= 2 at llama-tiny).
 //
-//   bench_train [--models a,b] [--seqs 256,1024] [--precisions f32,bf16] [--steps N] [--batch B]
-//               [--gemm N]
+//   bench_train [--models a,b] [--seqs 256,1024] [--precisions f32,bf16] [--steps N]
+//               [--tokens N | --batch B] [--gemm N]
 // Model names are built-in configs or config.json paths; llama-30m and llama-100m are the files
-// in plans/models/ (found from the source tree). Defaults keep the whole run to about 5 minutes on
-// two cores (OMP_NUM_THREADS=1; figures in docs/decisions.md, "bench_train"): 1 timed step after
-// 1 warm-up step (the one whose FLOPs are counted), batch 1.
+// in plans/models/ (found from the source tree). Every row trains on the same number of tokens
+// per step, 1024 by default (batch = tokens / seq, at least 1: 4 x 256 and 1 x 1024, issue 13's
+// 4 x 256 step), unless --batch fixes the batch for every row. Defaults keep the whole run to
+// about 5 minutes on two cores (figures in docs/decisions.md, "bench_train"): 1 timed step after
+// 1 warm-up step (the one whose FLOPs are counted).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -138,7 +140,7 @@ Result time_steps(const ModelConfig& cfg, int64_t batch, int64_t seq, DType comp
 int main(int argc, char** argv) {
   std::string models = "llama-tiny,llama-30m,llama-100m", seqs = "256,1024", precisions = "f32,bf16";
   int steps = 1, gemm_n = 1024;
-  int64_t batch = 1;
+  int64_t batch = 0, tokens = 1024;  // batch 0: tokens / seq per row
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -153,6 +155,7 @@ int main(int argc, char** argv) {
     else if (a == "--precisions") precisions = value();
     else if (a == "--steps") steps = std::max(1, std::atoi(value().c_str()));
     else if (a == "--batch") batch = std::max<int64_t>(1, std::atoll(value().c_str()));
+    else if (a == "--tokens") tokens = std::max<int64_t>(1, std::atoll(value().c_str()));
     else if (a == "--gemm") gemm_n = std::max(64, std::atoi(value().c_str()));
     else {
       fmt::print(stderr, "bench_train: unknown argument '{}' (see the comment at the top of bench_train.cpp)\n", a);
@@ -179,12 +182,13 @@ int main(int argc, char** argv) {
         // llama-30m's file says 512 positions; a longer window only lifts the check.
         ModelConfig run_cfg = cfg;
         run_cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, seq);
+        const int64_t row_batch = batch > 0 ? batch : std::max<int64_t>(1, tokens / seq);
         for (const auto& [p, rate] : rates) {
-          Result r = time_steps(run_cfg, batch, seq, p == "bf16" ? DType::kBF16 : DType::kF32, steps, gemm_n);
+          Result r = time_steps(run_cfg, row_batch, seq, p == "bf16" ? DType::kBF16 : DType::kF32, steps, gemm_n);
           const double best_rate = std::max(rate, r.gemm_rate);  // the start's and the row's own
           const double floor_s = r.matmul_flops / best_rate;
           fmt::print("{:<11} {:>6.1f}M {:>5} {:>5} {:>5} {:>9.1f} {:>9.0f} {:>10.1f} {:>8.1f} {:>9.1f} {:>6.2f}\n", name,
-                     r.params / 1e6, p, batch, seq, r.step_s * 1e3, static_cast<double>(batch * seq) / r.step_s,
+                     r.params / 1e6, p, row_batch, seq, r.step_s * 1e3, static_cast<double>(row_batch * seq) / r.step_s,
                      r.matmul_flops * 1e-9, best_rate * 1e-9, floor_s * 1e3, r.step_s / floor_s);
           std::fflush(stdout);
         }

@@ -3,18 +3,22 @@
 // (forward, backward, f32 master gradients, clipping, AdamW, masters back to the model: the step of
 // `meshtrain train`), counts the step's matmul and attention FLOPs with a KernelCostScope
 // (kernels/cost.h), and divides them by the rate mt::matmul reaches on a square product of the
-// same dtype measured in this run (bench_matmul's measurement: at the start and next to every timed
-// step, the best rate kept; printed per row). The ratio step / floor is the
-// headroom left outside the GEMMs (issue 13's goal: <= 1.2 at 30M and above, <= 2 at llama-tiny).
+// same dtype (bench_matmul's measurement), timed right before and right after each timed step: the
+// step's ratio is its time over its FLOPs at the mean of those two rates, and a row prints the
+// median over its steps (of the ratio, the step time and the rate, each on its own). On a shared
+// machine the GEMM rate moves by 10-20% within a minute; pairing each step with the rate of the
+// same seconds keeps that swing out of the ratio, which a row's best step over its best rate did
+// not. The ratio step / floor is the headroom left outside the GEMMs (issue 13's goal: <= 1.2 at
+// 30M and above, <= 2 at llama-tiny).
 //
 //   bench_train [--models a,b] [--seqs 256,1024] [--precisions f32,bf16] [--steps N]
-//               [--tokens N | --batch B] [--gemm N]
+//               [--tokens N | --batch B] [--gemm N] [--verbose]
 // Model names are built-in configs or config.json paths; llama-30m and llama-100m are the files
 // in plans/models/ (found from the source tree). Every row trains on the same number of tokens
 // per step, 1024 by default (batch = tokens / seq, at least 1: 4 x 256 and 1 x 1024, issue 13's
 // 4 x 256 step), unless --batch fixes the batch for every row. Defaults keep the whole run to
-// about 5 minutes on two cores (figures in docs/decisions.md, "bench_train"): 1 timed step after
-// 1 warm-up step (the one whose FLOPs are counted).
+// about 5 minutes on two cores (figures in docs/decisions.md, "bench_train"): 3 timed steps after
+// 1 warm-up step (the one whose FLOPs are counted). --verbose prints each step's time, rate and ratio.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -73,17 +77,24 @@ ModelConfig config_named(const std::string& name) {
   return resolve_config(name);
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 struct Result {
-  double step_s = 0;        // best timed step
-  double gemm_rate = 0;     // best GEMM rate measured next to the timed steps (FLOP/s)
+  double step_s = 0;        // median timed step
+  double gemm_rate = 0;     // median of the steps' GEMM rates (FLOP/s)
+  double ratio = 0;         // median of the steps' step / floor
   double matmul_flops = 0;  // matmul + attention FLOPs of one step (kernels/cost.h)
   double params = 0;
 };
 
-// Times `steps` optimizer steps after one warm-up step (the best one is kept: the machine is shared),
-// each right after a timing of the GEMM rate (n^3, best of 2), so that the floor is measured in the
-// same minutes as the step it divides (the best rate is kept: the floor is the lowest one seen).
-Result time_steps(const ModelConfig& cfg, int64_t batch, int64_t seq, DType compute, int steps, int64_t gemm_n) {
+// Times `steps` optimizer steps after one warm-up step, each between two timings of the GEMM rate
+// (n^3, best of 3): the step's floor is its FLOPs at the mean of the two.
+Result time_steps(const ModelConfig& cfg, int64_t batch, int64_t seq, DType compute, int steps, int64_t gemm_n,
+                  bool verbose) {
   manual_seed(0);
   std::shared_ptr<CausalLM> model = build_causal_lm(cfg);
   model->train();
@@ -127,11 +138,20 @@ Result time_steps(const ModelConfig& cfg, int64_t batch, int64_t seq, DType comp
     step();
     r.matmul_flops = KernelCostScope::totals().matmul_flops;
   }
-  r.step_s = 1e30;
+  std::vector<double> times, rates, ratios;
+  double before = gemm_rate(gemm_n, compute, 3);
   for (int s = 0; s < steps; ++s) {
-    r.gemm_rate = std::max(r.gemm_rate, gemm_rate(gemm_n, compute, 2));
-    r.step_s = std::min(r.step_s, seconds_of(step));
+    const double t = seconds_of(step);
+    const double after = gemm_rate(gemm_n, compute, 3), rate = 0.5 * (before + after);
+    times.push_back(t);
+    rates.push_back(rate);
+    ratios.push_back(t / (r.matmul_flops / rate));
+    before = after;
+    if (verbose) fmt::print("  step {:.1f} ms, GEMM {:.1f} GFLOP/s, ratio {:.3f}\n", t * 1e3, rate * 1e-9, ratios.back());
   }
+  r.step_s = median(times);
+  r.gemm_rate = median(rates);
+  r.ratio = median(ratios);
   return r;
 }
 
@@ -139,7 +159,8 @@ Result time_steps(const ModelConfig& cfg, int64_t batch, int64_t seq, DType comp
 
 int main(int argc, char** argv) {
   std::string models = "llama-tiny,llama-30m,llama-100m", seqs = "256,1024", precisions = "f32,bf16";
-  int steps = 1, gemm_n = 1024;
+  int steps = 3, gemm_n = 1024;
+  bool verbose = false;
   int64_t batch = 0, tokens = 1024;  // batch 0: tokens / seq per row
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -157,6 +178,7 @@ int main(int argc, char** argv) {
     else if (a == "--batch") batch = std::max<int64_t>(1, std::atoll(value().c_str()));
     else if (a == "--tokens") tokens = std::max<int64_t>(1, std::atoll(value().c_str()));
     else if (a == "--gemm") gemm_n = std::max(64, std::atoi(value().c_str()));
+    else if (a == "--verbose") verbose = true;
     else {
       fmt::print(stderr, "bench_train: unknown argument '{}' (see the comment at the top of bench_train.cpp)\n", a);
       return 2;
@@ -184,12 +206,12 @@ int main(int argc, char** argv) {
         run_cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, seq);
         const int64_t row_batch = batch > 0 ? batch : std::max<int64_t>(1, tokens / seq);
         for (const auto& [p, rate] : rates) {
-          Result r = time_steps(run_cfg, row_batch, seq, p == "bf16" ? DType::kBF16 : DType::kF32, steps, gemm_n);
-          const double best_rate = std::max(rate, r.gemm_rate);  // the start's and the row's own
-          const double floor_s = r.matmul_flops / best_rate;
+          Result r = time_steps(run_cfg, row_batch, seq, p == "bf16" ? DType::kBF16 : DType::kF32, steps, gemm_n,
+                                verbose);
+          const double floor_s = r.matmul_flops / r.gemm_rate;
           fmt::print("{:<11} {:>6.1f}M {:>5} {:>5} {:>5} {:>9.1f} {:>9.0f} {:>10.1f} {:>8.1f} {:>9.1f} {:>6.2f}\n", name,
                      r.params / 1e6, p, row_batch, seq, r.step_s * 1e3, static_cast<double>(row_batch * seq) / r.step_s,
-                     r.matmul_flops * 1e-9, best_rate * 1e-9, floor_s * 1e3, r.step_s / floor_s);
+                     r.matmul_flops * 1e-9, r.gemm_rate * 1e-9, floor_s * 1e3, r.ratio);
           std::fflush(stdout);
         }
       }

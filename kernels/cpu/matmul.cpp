@@ -86,11 +86,18 @@ int64_t blas_block_cols(int64_t n) {
   return std::max<int64_t>(width, 64);
 }
 
+// Narrow products (n <= 128 columns, at least 256 rows) split their rows instead, in blocks of
+// blas_block_cols(m) rows: a width of 64 is one block (one thread), and two 64-column blocks ran
+// at 137-174 GFLOP/s at two threads where two row blocks ran at 180-199 (llama-tiny's [256, 128]
+// and [256, 64] layers; bench_matmul models had five of them below 0.95 of Eigen at two threads).
+bool blas_split_rows(int64_t m, int64_t n) { return n <= 128 && m >= 256; }
+
 // out = alpha * a @ b + beta * out through cblas (row-major out, ld n), in column blocks of
-// blas_block_cols(n) spread over OpenMP's threads (one after the other inside a parallel region).
-// b_block(j0, nj) gives block [j0, j0 + nj) of b's columns as {pointer, leading dim}, laid out as
-// lb says (row-major or column-major). False where BLAS cannot take a as it lies (a leading
-// dimension below its matrix's width, e.g. broadcast rows) or the sizes pass int.
+// blas_block_cols(n) (or row blocks, blas_split_rows) spread over OpenMP's threads (one after the
+// other inside a parallel region). b_block(j0, nj) gives block [j0, j0 + nj) of b's columns as
+// {pointer, leading dim}, laid out as lb says (row-major or column-major); row blocks take all of
+// b. False where BLAS cannot take a as it lies (a leading dimension below its matrix's width,
+// e.g. broadcast rows) or the sizes pass int.
 template <class T, class BBlock>
 bool blas_gemm_blocks(const T* a, const MatLayout& la, const MatLayout& lb, T* out, T alpha, T beta,
                       BBlock&& b_block) {
@@ -102,17 +109,22 @@ bool blas_gemm_blocks(const T* a, const MatLayout& la, const MatLayout& lb, T* o
   if (la.ld < std::max<int64_t>(1, la.row_major ? k : m)) return false;
   blas_on_one_thread();
   const auto ta = la.row_major ? CblasNoTrans : CblasTrans, tb = lb.row_major ? CblasNoTrans : CblasTrans;
-  const int64_t width = blas_block_cols(n);
-  const int blocks = static_cast<int>((n + width - 1) / width);
+  const bool by_rows = blas_split_rows(m, n);
+  const int64_t width = by_rows ? blas_block_cols(m) : blas_block_cols(n);
+  const int blocks = static_cast<int>(((by_rows ? m : n) + width - 1) / width);
   auto block = [&](int i) {
-    const int64_t j0 = i * width, nj = std::min(width, n - j0);
+    // Rows [i0, i0 + mi) and columns [j0, j0 + nj) of out.
+    const int64_t i0 = by_rows ? i * width : 0, mi = by_rows ? std::min(width, m - i0) : m;
+    const int64_t j0 = by_rows ? 0 : i * width, nj = by_rows ? n : std::min(width, n - j0);
     const auto [bj, ldb] = b_block(j0, nj);
+    const T* ai = a + (la.row_major ? i0 * la.ld : i0);
+    T* oi = out + i0 * n + j0;
     if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(nj), static_cast<int>(k), alpha, a,
-                  static_cast<int>(la.ld), bj, static_cast<int>(ldb), beta, out + j0, static_cast<int>(n));
+      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(mi), static_cast<int>(nj), static_cast<int>(k), alpha, ai,
+                  static_cast<int>(la.ld), bj, static_cast<int>(ldb), beta, oi, static_cast<int>(n));
     else
-      cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(nj), static_cast<int>(k), alpha, a,
-                  static_cast<int>(la.ld), bj, static_cast<int>(ldb), beta, out + j0, static_cast<int>(n));
+      cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(mi), static_cast<int>(nj), static_cast<int>(k), alpha, ai,
+                  static_cast<int>(la.ld), bj, static_cast<int>(ldb), beta, oi, static_cast<int>(n));
   };
 #ifdef _OPENMP
   if (blocks > 1 && !omp_in_parallel() && max_threads() > 1 && m * n * k >= int64_t{64} * 64 * 64) {

@@ -156,7 +156,8 @@ TEST_CASE("matmul does not depend on the thread count (OpenBLAS or Eigen)", "[cp
   // Shapes of a training step (thin weight gradients, transposed operands) and odd ones, f32 and
   // f64, each at 1 and 3 threads: the same bits (the CPU backend's promise, docs/decisions.md).
   const std::vector<std::pair<Shape, Shape>> shapes = {
-      {{256, 512}, {512, 1376}}, {{300, 700}, {700, 500}}, {{67, 131}, {131, 29}}, {{1, 513}, {513, 1025}}};
+      {{256, 512}, {512, 1376}}, {{300, 700}, {700, 500}}, {{67, 131}, {131, 29}}, {{1, 513}, {513, 1025}},
+      {{300, 96}, {96, 100}}, {{1024, 64}, {64, 64}}};  // the last two split by rows
   const int prev = omp_get_max_threads();
   for (DType dt : {DType::kF32, DType::kF64}) {
     for (const auto& [sa, sb] : shapes) {
@@ -206,12 +207,13 @@ TEST_CASE("linear with a 16-bit weight gives the bits of its f32 copy, forward a
   // The CPU kernel widens a bf16/f16 weight block by block (kernels/cpu/matmul.cpp,
   // matmul_widen_b) instead of the front end making an f32 copy: the output and both gradients
   // equal, bit for bit, those computed from explicit f32 copies and rounded as the 16-bit path
-  // rounds them. Widths of 1, 4 and 6 column blocks, a bias, and x as a 3-D batch.
+  // rounds them. Widths of 1, 4 and 6 column blocks, a bias, and x as a 3-D batch; 296 rows with
+  // 40 outputs split by rows (each block widens the whole weight).
   for (DType dt : {DType::kBF16, DType::kF16}) {
-    for (int64_t out_f : {40, 600, 1376}) {
-      INFO(dtype_name(dt) << " out " << out_f);
-      const Tensor x0 = rand({2, 37, 96}, dt, 21), w0 = rand({out_f, 96}, dt, 22), b0 = rand({out_f}, dt, 23);
-      const Tensor gy = rand({2, 37, out_f}, dt, 24);
+    for (auto [bt, out_f] : {std::pair<int64_t, int64_t>{2, 40}, {2, 600}, {2, 1376}, {8, 40}}) {
+      INFO(dtype_name(dt) << " batch " << bt << " out " << out_f);
+      const Tensor x0 = rand({bt, 37, 96}, dt, 21), w0 = rand({out_f, 96}, dt, 22), b0 = rand({out_f}, dt, 23);
+      const Tensor gy = rand({bt, 37, out_f}, dt, 24);
       Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
       Tensor y = linear(x, w, b);
       y.backward(gy);

@@ -126,6 +126,10 @@ int run_train(int argc, char** argv) {
   }
   const bool root = !plan || plan->is_root();
   const Device device = resolve_device("train", args.str("device"));
+  // The MFU reference first, before the model exists: on the CPU its GEMM allocates 16 MiB, which
+  // must not count in the steps' peak memory (nothing else of size is allocated yet).
+  const double peak = peak_flops(device, compute);
+  if (device.is_cpu()) reset_cpu_peak();
 
   // Model and weights.
   LoadedCheckpoint loaded;
@@ -216,7 +220,7 @@ int run_train(int argc, char** argv) {
     metrics = std::make_unique<std::ofstream>(args.str("metrics"), start > 0 ? std::ios::app : std::ios::trunc);
     MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file {}", args.str("metrics"));
   }
-  const double peak = peak_flops(device, compute), fpt = flops_per_token(cfg, seq);
+  const double fpt = flops_per_token(cfg, seq);
   fmt::print("model {} ({:.2f}M parameters), {} tokens (unigram entropy {:.4f} nats), batch {}x{}x{}, {} steps, "
              "precision {}, device {}\n",
              cfg.model_type, static_cast<double>(cfg.num_parameters()) / 1e6, tokens.size(), unigram_entropy(tokens),

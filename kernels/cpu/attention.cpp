@@ -1,22 +1,23 @@
 // Scaled dot-product attention on the CPU as blocked GEMMs (flash-attention 2): a block of
 // queries meets a block of keys at a time. The score tile Q·Kᵀ, the P·V product and, in the
-// backward, Pᵀ·dO, dO·Vᵀ, dS·K and dSᵀ·Q are Eigen GEMMs on contiguous scratch tiles; the softmax
-// is online (running row max and sum, rescaling the output accumulator), vectorized over a tile
-// row. No [T, S] matrix is stored: the forward keeps the per-row log-sum-exp, and the backward
+// backward, Pᵀ·dO, dO·Vᵀ, dS·K and dSᵀ·Q are single-threaded GEMMs on contiguous scratch tiles
+// (tile_gemm.h: OpenBLAS where the build has it, Eigen otherwise); the softmax is online (running
+// row max and sum, rescaling the output accumulator), vectorized over a tile row. No [T, S] matrix is stored: the forward keeps the per-row log-sum-exp, and the backward
 // recomputes P from it. Operands may have any strides (tiles are copied into scratch, 16-bit ones
 // widened to f32); everything accumulates in the compute type, f32 (f64 for f64).
 // Tiles: the forward takes kQBlock queries against key chunks of up to kKChunk keys, the last one
 // cut at the block's causal end; the backward takes kKBlock keys against query chunks of up to
-// kQChunk rows, starting at the first query that sees the block. Every GEMM is then at least 64
-// deep or 64 wide on each side, where 64 x 64 x 64 tiles left Eigen at about half its rate.
+// kQChunk rows, starting at the first query that sees the block: fewer, longer GEMM calls than
+// 64 x 64 tiles, with no more masked work.
 // Determinism: the forward runs one task per (batch, head, query block), the backward one per
 // (batch, kv head), which loads the group's Q, dO, lse and rowsum(dO * O) once, walks its key
 // blocks, query heads and query chunks in a fixed order and accumulates dK, dV per key block and
 // dQ in its own scratch; every task runs inside a parallel region, so Eigen never splits a tile
-// GEMM across threads. Results do not depend on the thread count. Scratch is thread-local (grown
-// on first use), the one exception to "kernels never allocate". The scalar double kernels these
-// replaced are kept as the tests' reference (attention_reference.cpp). Decisions and figures:
-// docs/decisions.md, "CPU attention as blocked GEMMs".
+// GEMM across threads (nor OpenBLAS, which runs on one thread). Results do not depend on the
+// thread count. Scratch is thread-local (grown on first use), the one exception to "kernels never
+// allocate". The scalar double kernels these replaced are kept as the tests' reference
+// (attention_reference.cpp). Decisions and figures: docs/decisions.md, "CPU attention as blocked
+// GEMMs".
 #include <Eigen/Core>
 
 #include <algorithm>

@@ -2,9 +2,10 @@
 // queries meets a block of keys at a time. The score tile Q·Kᵀ, the P·V product and, in the
 // backward, Pᵀ·dO, dO·Vᵀ, dS·K and dSᵀ·Q are single-threaded GEMMs on contiguous scratch tiles
 // (tile_gemm.h: OpenBLAS where the build has it, Eigen otherwise); the softmax is online (running
-// row max and sum, rescaling the output accumulator), vectorized over a tile row. No [T, S] matrix is stored: the forward keeps the per-row log-sum-exp, and the backward
-// recomputes P from it. Operands may have any strides (tiles are copied into scratch, 16-bit ones
-// widened to f32); everything accumulates in the compute type, f32 (f64 for f64).
+// row max and sum, rescaling the output accumulator), vectorized over a tile row. No [T, S]
+// matrix is stored: the forward keeps the per-row log-sum-exp, and the backward recomputes P from
+// it. Operands may have any strides (tiles are copied into scratch, 16-bit ones widened to f32);
+// everything accumulates in the compute type, f32 (f64 for f64).
 // Tiles: the forward takes kQBlock queries against key chunks of up to kKChunk keys, the last one
 // cut at the block's causal end; the backward takes kKBlock keys against query chunks of up to
 // kQChunk rows, starting at the first query that sees the block: fewer, longer GEMM calls than

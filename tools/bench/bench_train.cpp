@@ -147,7 +147,8 @@ Result time_steps(const ModelConfig& cfg, int64_t batch, int64_t seq, DType comp
     rates.push_back(rate);
     ratios.push_back(t / (r.matmul_flops / rate));
     before = after;
-    if (verbose) fmt::print("  step {:.1f} ms, GEMM {:.1f} GFLOP/s, ratio {:.3f}\n", t * 1e3, rate * 1e-9, ratios.back());
+    if (verbose)
+      fmt::print("  step {:.1f} ms, GEMM {:.1f} GFLOP/s, ratio {:.3f}\n", t * 1e3, rate * 1e-9, ratios.back());
   }
   r.step_s = median(times);
   r.gemm_rate = median(rates);

@@ -16,9 +16,10 @@
 // Model names are built-in configs or config.json paths; llama-30m and llama-100m are the files
 // in plans/models/ (found from the source tree). Every row trains on the same number of tokens
 // per step, 1024 by default (batch = tokens / seq, at least 1: 4 x 256 and 1 x 1024, issue 13's
-// 4 x 256 step), unless --batch fixes the batch for every row. Defaults keep the whole run to
-// about 5 minutes on two cores (figures in docs/decisions.md, "bench_train"): 3 timed steps after
-// 1 warm-up step (the one whose FLOPs are counted). --verbose prints each step's time, rate and ratio.
+// 4 x 256 step), unless --batch fixes the batch for every row. The defaults (3 timed steps after
+// 1 warm-up step, the one whose FLOPs are counted) take about 3 minutes with two threads and 7
+// with one on the 2-core machine (figures in docs/decisions.md, "bench_train"). --verbose prints
+// each step's time, rate and ratio.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -206,7 +207,7 @@ int main(int argc, char** argv) {
         ModelConfig run_cfg = cfg;
         run_cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, seq);
         const int64_t row_batch = batch > 0 ? batch : std::max<int64_t>(1, tokens / seq);
-        for (const auto& [p, rate] : rates) {
+        for (const auto& [p, start_rate] : rates) {  // the start's rate is printed above only
           Result r = time_steps(run_cfg, row_batch, seq, p == "bf16" ? DType::kBF16 : DType::kF32, steps, gemm_n,
                                 verbose);
           const double floor_s = r.matmul_flops / r.gemm_rate;

@@ -25,13 +25,15 @@ constexpr Peak kPeaks[] = {
     {"A100", 312.0, 156.0, 19.5},
 };
 
-double measured_gemm_flops(Device device, DType dtype, int64_t n) {
+// Best of `reps` n^3 products after two warm-up calls (the output's first pages, the BLAS's
+// buffers, OpenMP's threads).
+double measured_gemm_flops(Device device, DType dtype, int64_t n, int reps) {
   TensorOptions o = TensorOptions(dtype).with_device(device);
   Tensor a = ones({n, n}, o), b = ones({n, n}, o);
   double best = std::numeric_limits<double>::infinity();
-  Tensor warm = matmul(a, b);  // first touch of the output's pages, the BLAS's buffers
+  for (int i = 0; i < 2; ++i) Tensor warm = matmul(a, b);
   synchronize(device);
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < reps; ++i) {
     synchronize(device);
     auto t0 = std::chrono::steady_clock::now();
     Tensor c = matmul(a, b);
@@ -71,15 +73,16 @@ Device resolve_device(const std::string& command, const std::string& value) {
 double peak_flops(Device device, DType compute) {
   // 1024^3, as bench_matmul and bench_train measure it: at 512^3 two threads reached only about
   // 0.75 of it, which put the CPU's MFU above 100% at seq 1024 (PaLM's accounting counts causal
-  // attention in full).
-  if (device.is_cpu()) return measured_gemm_flops(device, DType::kF32, 1024);
+  // attention in full). Best of 10 (about 0.1 s at two threads): consecutive calls at start-up
+  // moved between 170 and 200 GFLOP/s on the 2-core machine, and the best of 3 often missed the top.
+  if (device.is_cpu()) return measured_gemm_flops(device, DType::kF32, 1024, 10);
   const std::string name = cuda::device_name(device.index);
   for (const Peak& p : kPeaks)
     if (name.find(p.name) != std::string::npos) {
       if (compute == DType::kBF16 || compute == DType::kF16) return p.half * 1e12;
       return (cuda::allow_tf32() ? p.tf32 : p.f32) * 1e12;
     }
-  return measured_gemm_flops(device, compute, 4096);
+  return measured_gemm_flops(device, compute, 4096, 3);
 }
 
 void synchronize(Device device) {

@@ -73,6 +73,13 @@ MemoryStats memory_stats(Device device) {
   return device.is_cpu() ? cpu_memory_stats() : MemoryStats{};
 }
 
+void reset_memory_peak(Device device) {
+  if (device.is_cuda())
+    cuda::reset_peak(device.index);
+  else if (device.is_cpu())
+    reset_cpu_peak();
+}
+
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
   MT_CHECK(!dst_dev.is_meta() && !src_dev.is_meta(), "copy_bytes: {} -> {}: meta tensors have no storage", src_dev,
            dst_dev);

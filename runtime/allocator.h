@@ -27,6 +27,8 @@ void reset_cpu_peak();
 void* device_alloc(Device device, size_t nbytes);
 void device_free(Device device, void* p, size_t nbytes);
 MemoryStats memory_stats(Device device);
+// Sets the device's peak to its current bytes (CPU or CUDA; nothing for meta).
+void reset_memory_peak(Device device);
 // nbytes from src on src_dev to dst on dst_dev (host, device or peer); see runtime/cuda/memory.h.
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes);
 

@@ -95,8 +95,8 @@ bool blas_split_rows(int64_t m, int64_t n) { return n <= 128 && m >= 256; }
 // out = alpha * a @ b + beta * out through cblas (row-major out, ld n), in column blocks of
 // blas_block_cols(n) (or row blocks, blas_split_rows) spread over OpenMP's threads (one after the
 // other inside a parallel region). b_block(j0, nj) gives block [j0, j0 + nj) of b's columns as
-// {pointer, leading dim}, laid out as lb says (row-major or column-major); row blocks take all of
-// b. False where BLAS cannot take a as it lies (a leading dimension below its matrix's width,
+// {pointer, leading dim}, laid out as lb says (row-major or column-major), valid until its
+// thread's next call; row blocks take all of b, asked for once. False where BLAS cannot take a as it lies (a leading dimension below its matrix's width,
 // e.g. broadcast rows) or the sizes pass int.
 template <class T, class BBlock>
 bool blas_gemm_blocks(const T* a, const MatLayout& la, const MatLayout& lb, T* out, T alpha, T beta,
@@ -112,11 +112,14 @@ bool blas_gemm_blocks(const T* a, const MatLayout& la, const MatLayout& lb, T* o
   const bool by_rows = blas_split_rows(m, n);
   const int64_t width = by_rows ? blas_block_cols(m) : blas_block_cols(n);
   const int blocks = static_cast<int>(((by_rows ? m : n) + width - 1) / width);
+  // Row blocks share all of b: asked for once, on this thread, before any block runs.
+  std::pair<const T*, int64_t> whole_b{};
+  if (by_rows) whole_b = b_block(0, n);
   auto block = [&](int i) {
     // Rows [i0, i0 + mi) and columns [j0, j0 + nj) of out.
     const int64_t i0 = by_rows ? i * width : 0, mi = by_rows ? std::min(width, m - i0) : m;
     const int64_t j0 = by_rows ? 0 : i * width, nj = by_rows ? n : std::min(width, n - j0);
-    const auto [bj, ldb] = b_block(j0, nj);
+    const auto [bj, ldb] = by_rows ? whole_b : b_block(j0, nj);
     const T* ai = a + (la.row_major ? i0 * la.ld : i0);
     T* oi = out + i0 * n + j0;
     if constexpr (std::is_same_v<T, float>)

@@ -208,7 +208,7 @@ TEST_CASE("linear with a 16-bit weight gives the bits of its f32 copy, forward a
   // matmul_widen_b) instead of the front end making an f32 copy: the output and both gradients
   // equal, bit for bit, those computed from explicit f32 copies and rounded as the 16-bit path
   // rounds them. Widths of 1, 4 and 6 column blocks, a bias, and x as a 3-D batch; 296 rows with
-  // 40 outputs split by rows (each block widens the whole weight).
+  // 40 outputs split by rows (the weight widened once for all row blocks).
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (auto [bt, out_f] : {std::pair<int64_t, int64_t>{2, 40}, {2, 600}, {2, 1376}, {8, 40}}) {
       INFO(dtype_name(dt) << " batch " << bt << " out " << out_f);

@@ -32,7 +32,6 @@ double measured_gemm_flops(Device device, DType dtype, int64_t n, int reps) {
   Tensor a = ones({n, n}, o), b = ones({n, n}, o);
   double best = std::numeric_limits<double>::infinity();
   for (int i = 0; i < 2; ++i) Tensor warm = matmul(a, b);
-  synchronize(device);
   for (int i = 0; i < reps; ++i) {
     synchronize(device);
     auto t0 = std::chrono::steady_clock::now();

@@ -126,10 +126,11 @@ int run_train(int argc, char** argv) {
   }
   const bool root = !plan || plan->is_root();
   const Device device = resolve_device("train", args.str("device"));
-  // The MFU reference first, before the model exists: on the CPU its GEMM allocates 16 MiB, which
-  // must not count in the steps' peak memory (nothing else of size is allocated yet).
+  // The MFU reference first, before the model exists: its GEMM (16 MiB on the CPU, 192 MiB for an
+  // unknown GPU's 4096^3) must not count in the steps' peak memory (nothing else of size is
+  // allocated yet).
   const double peak = peak_flops(device, compute);
-  if (device.is_cpu()) reset_cpu_peak();
+  reset_memory_peak(device);
 
   // Model and weights.
   LoadedCheckpoint loaded;

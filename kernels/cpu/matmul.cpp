@@ -5,8 +5,8 @@
 // parallelizes each of them internally. Every output element is computed by one GEMM call, so
 // results do not depend on how the batch is split across threads.
 // The GEMM: OpenBLAS's sgemm/dgemm where the build found it (MT_HAVE_OPENBLAS, meson option
-// `blas`; single-threaded calls on column blocks fixed by the shape, spread over OpenMP's threads), Eigen's
-// otherwise (docs/decisions.md, "CPU GEMM").
+// `blas`; single-threaded calls on row or column blocks fixed by the shape, spread over OpenMP's
+// threads), Eigen's otherwise (docs/decisions.md, "CPU GEMM").
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -86,18 +86,31 @@ int64_t blas_block_cols(int64_t n) {
   return std::max<int64_t>(width, 64);
 }
 
-// Narrow products (n <= 128 columns, at least 256 rows) split their rows instead, in blocks of
-// blas_block_cols(m) rows: a width of 64 is one block (one thread), and two 64-column blocks ran
-// at 137-174 GFLOP/s at two threads where two row blocks ran at 180-199 (llama-tiny's [256, 128]
-// and [256, 64] layers; bench_matmul models had five of them below 0.95 of Eigen at two threads).
-bool blas_split_rows(int64_t m, int64_t n) { return n <= 128 && m >= 256; }
+// Row blocks where a has the rows for it: at least 128, and as many as b has columns or 1024 and
+// more. A block's call packs the whole of the operand it does not cut (all of b for a row block,
+// all of a for a column block), so the split goes along the longer side of out; and once a row
+// block is 512 rows high the row split wins whatever n is. Measured (sgemm alone, two threads,
+// GFLOP/s, two row blocks against the column blocks below): 1024^3 190 against 174; llama-30m's
+// [1024, 1376] x [1376, 512] 196 / 165 and its weight gradient [1376, 1024]^T x [1024, 512]
+// 194 / 162; [1024, 512] x [512, 4096] 190 / 184; but [256, 512] x [512, 4096] 167 / 179 (rows
+// of 128 repack all of b for little work), hence columns there. docs/decisions.md, "CPU GEMM".
+bool blas_split_rows(int64_t m, int64_t n) { return m >= 128 && (m >= n || m >= 1024); }
 
-// out = alpha * a @ b + beta * out through cblas (row-major out, ld n), in column blocks of
-// blas_block_cols(n) (or row blocks, blas_split_rows) spread over OpenMP's threads (one after the
-// other inside a parallel region). b_block(j0, nj) gives block [j0, j0 + nj) of b's columns as
-// {pointer, leading dim}, laid out as lb says (row-major or column-major), valid until its
-// thread's next call; row blocks take all of b, asked for once. False where BLAS cannot take a as it lies (a leading dimension below its matrix's width,
-// e.g. broadcast rows) or the sizes pass int.
+// Rows of out per call in the row split, a function of m alone (as blas_block_cols is of n): an
+// even number of near-equal blocks of at most 1024 rows, a multiple of 16.
+int64_t blas_block_rows(int64_t m) {
+  const int64_t blocks = 2 * ((m + 2047) / 2048);
+  return ((m + blocks - 1) / blocks + 15) / 16 * 16;
+}
+
+// out = alpha * a @ b + beta * out through cblas (row-major out, ld n), in row blocks of
+// blas_block_rows(m) (blas_split_rows) or column blocks of blas_block_cols(n), spread over
+// OpenMP's threads (one after the other inside a parallel region). b_block(j0, nj) gives block
+// [j0, j0 + nj) of b's columns as {pointer, leading dim}, laid out as lb says (row-major or
+// column-major), valid until its thread's next call; row blocks take all of b, asked for once,
+// on the calling thread, outside any parallel region of this call. False where BLAS cannot take
+// a as it lies (a leading dimension below its matrix's width, e.g. broadcast rows) or the sizes
+// pass int.
 template <class T, class BBlock>
 bool blas_gemm_blocks(const T* a, const MatLayout& la, const MatLayout& lb, T* out, T alpha, T beta,
                       BBlock&& b_block) {
@@ -110,7 +123,7 @@ bool blas_gemm_blocks(const T* a, const MatLayout& la, const MatLayout& lb, T* o
   blas_on_one_thread();
   const auto ta = la.row_major ? CblasNoTrans : CblasTrans, tb = lb.row_major ? CblasNoTrans : CblasTrans;
   const bool by_rows = blas_split_rows(m, n);
-  const int64_t width = by_rows ? blas_block_cols(m) : blas_block_cols(n);
+  const int64_t width = by_rows ? blas_block_rows(m) : blas_block_cols(n);
   const int blocks = static_cast<int>(((by_rows ? m : n) + width - 1) / width);
   // Row blocks share all of b: asked for once, on this thread, before any block runs.
   std::pair<const T*, int64_t> whole_b{};
@@ -245,11 +258,20 @@ void matmul_widen_b(const MatmulParams& p) {
   const S* b = p.b.ptr<const S>();
   float* out = p.out.ptr<float>();
   // Columns [j0, j0 + nj) of b into dst: row-major [k, nj] or column-major (k per column).
+  // All of b (the row split's one request, the Eigen path) is widened by all threads.
+#ifdef _OPENMP
+  const bool outside = !omp_in_parallel();
+#else
+  const bool outside = false;
+#endif
   auto widen = [&](int64_t j0, int64_t nj, float* dst) {
+    [[maybe_unused]] const bool par = outside && k * nj >= (int64_t{1} << 16);
     if (lb.row_major) {
+#pragma omp parallel for schedule(static) if (par)
       for (int64_t r = 0; r < k; ++r)
         for (int64_t j = 0; j < nj; ++j) dst[r * nj + j] = static_cast<float>(b[r * lb.ld + j0 + j]);
     } else {
+#pragma omp parallel for schedule(static) if (par)
       for (int64_t j = 0; j < nj; ++j)
         for (int64_t r = 0; r < k; ++r) dst[j * k + r] = static_cast<float>(b[(j0 + j) * lb.ld + r]);
     }

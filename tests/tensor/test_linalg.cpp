@@ -157,7 +157,8 @@ TEST_CASE("matmul does not depend on the thread count (OpenBLAS or Eigen)", "[cp
   // f64, each at 1 and 3 threads: the same bits (the CPU backend's promise, docs/decisions.md).
   const std::vector<std::pair<Shape, Shape>> shapes = {
       {{256, 512}, {512, 1376}}, {{300, 700}, {700, 500}}, {{67, 131}, {131, 29}}, {{1, 513}, {513, 1025}},
-      {{300, 96}, {96, 100}}, {{1024, 64}, {64, 64}}};  // the last two split by rows
+      {{300, 96}, {96, 100}}, {{1024, 64}, {64, 64}}, {{1100, 48}, {48, 1200}}, {{2100, 40}, {40, 70}}};
+  // (a @ b splits by rows for the last four, into four blocks, one short, at 2100 rows)
   const int prev = omp_get_max_threads();
   for (DType dt : {DType::kF32, DType::kF64}) {
     for (const auto& [sa, sb] : shapes) {

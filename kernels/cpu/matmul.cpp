@@ -86,15 +86,18 @@ int64_t blas_block_cols(int64_t n) {
   return std::max<int64_t>(width, 64);
 }
 
-// Row blocks where a has the rows for it: at least 128, and as many as b has columns or 1024 and
-// more. A block's call packs the whole of the operand it does not cut (all of b for a row block,
-// all of a for a column block), so the split goes along the longer side of out; and once a row
-// block is 512 rows high the row split wins whatever n is. Measured (sgemm alone, two threads,
-// GFLOP/s, two row blocks against the column blocks below): 1024^3 190 against 174; llama-30m's
-// [1024, 1376] x [1376, 512] 196 / 165 and its weight gradient [1376, 1024]^T x [1024, 512]
-// 194 / 162; [1024, 512] x [512, 4096] 190 / 184; but [256, 512] x [512, 4096] 167 / 179 (rows
-// of 128 repack all of b for little work), hence columns there. docs/decisions.md, "CPU GEMM".
-bool blas_split_rows(int64_t m, int64_t n) { return m >= 128 && (m >= n || m >= 1024); }
+// Row blocks where a has the rows for them: at least 128, and half of b's columns or 1024 and
+// more. A call packs the whole of the operand its block does not cut (all of b for a row block,
+// all of a for a column block), a cost against its work of about 1 / rows for row blocks and
+// 1 / columns for column blocks; row blocks of 512 rows win whatever n is. Measured (sgemm
+// alone, two threads, GFLOP/s, two row blocks against the column blocks below; in cache or
+// with caches flushed first): 1024^3 190 / 174 in cache; llama-30m's [1024, 1376] x [1376, 512]
+// 196 / 165 and its weight gradient [1376, 1024]^T x [1024, 512] 194 / 162; at 256 tokens
+// [256, 1376] x [1376, 512] 170 / 160 and the weight gradients [512, 256]^T x [256, 512]
+// 170 / 133 and [1376, 256]^T x [256, 512] 182 / 144, flushed; but columns for
+// [256, 768] x [768, 2048] 179 / 190 and [256, 512] x [512, 4096] 167 / 179 (rows of 128
+// repack all of a wide b for little work). docs/decisions.md, "CPU GEMM".
+bool blas_split_rows(int64_t m, int64_t n) { return m >= 128 && (2 * m >= n || m >= 1024); }
 
 // Rows of out per call in the row split, a function of m alone (as blas_block_cols is of n): an
 // even number of near-equal blocks of at most 1024 rows, a multiple of 16.

@@ -247,12 +247,24 @@ struct AdamWMultiParams {
 // the block, quantize (k = round(127 sqrt(|m| / absmax_m)), round(255 sqrt(sqrt(v / absmax_v)))).
 // Blocks are independent: the result does not depend on the thread count or on which blocks a
 // call covers. grad: f32, or bf16/f16 read exactly, times grad_scale; param_copy as in AdamWParams.
+// Blocks shared with other ranks (a shard of a distributed parameter that cuts blocks: by columns,
+// or rows off the block edges; optim/adamw8bit.h) run in two phases around an all-reduce (max) of
+// the blocks' absmax: kMax writes this shard's part of each block's new absmax (`block_absmax`,
+// f32 [local blocks, 2]) and changes nothing else; kApply computes the same new moments again,
+// updates the param (and param_copy), and codes the moments against the absmax then in
+// `block_absmax`, written to `absmax` too. Local row 0 is row `row_offset` of the tensor: blocks
+// start where row_offset + r is a multiple of block_rows, so the first local block may be short.
+// The bits are those of kFused on the whole tensor.
+enum class Q8Phase : uint8_t { kFused, kMax, kApply };
 struct AdamW8bitParams {
   KView param, grad, exp_avg, exp_avg_sq, absmax;
   KView param_copy;  // optional
   int64_t row_numel = 1, block_rows = 32;
   double decay = 1, beta1 = 0.9, beta2 = 0.999, step_size = 0, bc2_sqrt = 1, eps = 1e-8;
   double grad_scale = 1;
+  Q8Phase phase = Q8Phase::kFused;
+  int64_t row_offset = 0;
+  KView block_absmax;  // kMax and kApply only
 };
 
 // out[0] += sum_i x_i^2 over the dense floating tensor x, squared and summed in f64 (out: one f64

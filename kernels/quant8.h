@@ -58,6 +58,14 @@ inline void check_params(const AdamW8bitParams& p) {
                p.absmax.numel() == 2 * (p.param.numel() / p.row_numel),
            "adamw8bit kernel: {} elements are not rows of {} with 2 absmax per row ({} given)", p.param.numel(),
            p.row_numel, p.absmax.numel());
+  MT_CHECK(p.row_offset >= 0, "adamw8bit kernel: row_offset {} < 0", p.row_offset);
+  if (p.phase != Q8Phase::kFused) {
+    const int64_t rows = p.param.numel() / p.row_numel;
+    const int64_t blocks = rows == 0 ? 0 : (rows + p.row_offset % p.block_rows + p.block_rows - 1) / p.block_rows;
+    MT_CHECK(p.block_absmax.dtype == DType::kF32 && p.block_absmax.numel() == 2 * blocks,
+             "adamw8bit kernel: the two-phase form needs an f32 block_absmax of {} elements ({} given)", 2 * blocks,
+             p.block_absmax.numel());
+  }
 }
 
 }  // namespace mt::quant8

@@ -334,25 +334,6 @@ const Placements& HookIR::init_placements(const std::string& path) const {
   MT_FAIL("HookIR: no param_init record for '{}'", path);
 }
 
-void check_fsdp_blocks(const HookIR& ir, const std::function<int64_t(const std::string&)>& block_rows,
-                       const std::string& who) {
-  for (const FsdpUnit& u : ir.fsdp_units) {
-    std::string lines;
-    for (const PlanLoc& l : u.from) lines += (lines.empty() ? "" : ", ") + l.str();
-    const std::string& dim = ir.mesh.names[static_cast<size_t>(u.mesh_dim)];
-    for (const LayoutTensor& t : u.tensors) {
-      const int64_t need = block_rows(t.name);
-      if (need <= 0 || t.block_rows == t.rows || t.block_rows % need == 0) continue;
-      MT_FAIL("{}: {} needs blocks of {} rows of parameter {} (local shard [{}, {}]) whole on one rank, but its FSDP "
-              "granularity is {}={}: use {}=rows({}) (or a multiple of {} that divides its {} rows) or {}=whole for "
-              "it in the fsdp entry",
-              lines, who, need, t.name, t.rows, t.cols, dim,
-              t.block_rows == 1 ? std::string("rows") : fmt::format("rows({})", t.block_rows), dim, need, need,
-              t.rows, dim);
-    }
-  }
-}
-
 HookIR lower(const Plan& plan, Module& model, const DeviceMesh& mesh) {
   PlanMesh pm = plan.resolve_mesh(mesh.size());
   MT_CHECK(pm.names == mesh.names() && pm.shape == mesh.shape(),

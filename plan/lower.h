@@ -78,13 +78,6 @@ struct HookIR {
   const Placements& init_placements(const std::string& path) const;
 };
 
-// Checks that every parameter of every FSDP unit keeps whole blocks of `block_rows(path)` rows on
-// one rank (0: no constraint for that parameter): its granularity is a multiple of them, or the
-// whole parameter. A block-wise optimizer (8-bit AdamW) calls it before it builds its state.
-// Throws naming the unit's plan lines, the parameter, its granularity and `who` (the optimizer).
-void check_fsdp_blocks(const HookIR& ir, const std::function<int64_t(const std::string&)>& block_rows,
-                       const std::string& who);
-
 // Placements printed with mesh-dim names: "S(0)@dp,S(1)@tp", all-replicate "R".
 std::string placements_on(const Placements& ps, const PlanMesh& mesh);
 

@@ -81,7 +81,8 @@ void adamw_multi(const AdamWMultiParams& p) {
 }
 
 // 8-bit AdamW: one block of block_rows rows at a time (kernels/params.h, AdamW8bitParams). The
-// new moments of a block are kept in f32 until its new absmax is known, then quantized.
+// new moments of a block are kept in f32 until its new absmax is known, then quantized; in the
+// two-phase form the caller reduces the blocks' absmax over the ranks between the phases.
 template <class G, class C>
 void adamw8bit_typed(const AdamW8bitParams& p) {
   float* w = p.param.ptr<float>();
@@ -92,16 +93,20 @@ void adamw8bit_typed(const AdamW8bitParams& p) {
   [[maybe_unused]] C* copy = nullptr;
   if constexpr (!std::is_void_v<C>) copy = p.param_copy.ptr<C>();
   const int64_t n = p.param.numel(), rn = p.row_numel, rows = n / rn;
-  const int64_t blocks = (rows + p.block_rows - 1) / p.block_rows;
+  const int64_t first = p.row_offset % p.block_rows;  // rows of the first block before local row 0
+  const int64_t blocks = rows == 0 ? 0 : (rows + first + p.block_rows - 1) / p.block_rows;
   const float decay = static_cast<float>(p.decay), b1 = static_cast<float>(p.beta1), b2 = static_cast<float>(p.beta2);
   const float one_b1 = static_cast<float>(1 - p.beta1), one_b2 = static_cast<float>(1 - p.beta2);
   const float step_size = static_cast<float>(p.step_size), bc2_sqrt = static_cast<float>(p.bc2_sqrt);
   const float eps = static_cast<float>(p.eps), scale = static_cast<float>(p.grad_scale);
   const bool scaled = p.grad_scale != 1;
+  const Q8Phase phase = p.phase;
+  float* bam = phase == Q8Phase::kFused ? nullptr : p.block_absmax.ptr<float>();
 #pragma omp parallel for if (n > 32768) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     thread_local std::vector<float> buf;
-    const int64_t r0 = b * p.block_rows, r1 = std::min(rows, r0 + p.block_rows);
+    const int64_t r0 = std::max<int64_t>(0, b * p.block_rows - first);
+    const int64_t r1 = std::min(rows, (b + 1) * p.block_rows - first);
     const int64_t i0 = r0 * rn, len = (r1 - r0) * rn;
     if (static_cast<int64_t>(buf.size()) < 2 * len) buf.resize(static_cast<size_t>(2 * len));
     const float am_m = am[2 * r0], am_v = am[2 * r0 + 1];
@@ -112,13 +117,23 @@ void adamw8bit_typed(const AdamW8bitParams& p) {
       if (scaled) gi = gi * scale;
       const float mi = b1 * quant8::decode_m(mq[i], am_m) + one_b1 * gi;
       const float vi = b2 * quant8::decode_v(vq[i], am_v) + one_b2 * gi * gi;
+      new_m = std::max(new_m, std::fabs(mi));
+      new_v = std::max(new_v, vi);
+      if (phase == Q8Phase::kMax) continue;
       const float denom = std::sqrt(vi) / bc2_sqrt + eps;
       w[i] = w[i] * decay - step_size * (mi / denom);
       if constexpr (!std::is_void_v<C>) copy[i] = cpu::convert<C>(w[i]);
       buf[static_cast<size_t>(2 * j)] = mi;
       buf[static_cast<size_t>(2 * j + 1)] = vi;
-      new_m = std::max(new_m, std::fabs(mi));
-      new_v = std::max(new_v, vi);
+    }
+    if (phase == Q8Phase::kMax) {  // this shard's part of the block's absmax; nothing else changes
+      bam[2 * b] = new_m;
+      bam[2 * b + 1] = new_v;
+      continue;
+    }
+    if (phase == Q8Phase::kApply) {  // the whole block's, reduced over the ranks that share it
+      new_m = bam[2 * b];
+      new_v = bam[2 * b + 1];
     }
     for (int64_t j = 0; j < len; ++j) {
       mq[i0 + j] = quant8::encode_m(buf[static_cast<size_t>(2 * j)], new_m);

@@ -392,6 +392,10 @@ void adamw8bit_grad(const AdamW8bitParams& p, const Q8Coef& c) {
 
 void adamw8bit(const AdamW8bitParams& p) {
   quant8::check_params(p);
+  MT_CHECK(p.phase == Q8Phase::kFused && p.row_offset % p.block_rows == 0,
+           "adamw8bit kernel on CUDA: blocks shared between ranks (a shard that cuts 8-bit AdamW's blocks: split by "
+           "columns, or rows off the block edges) run on the CPU only for now; on CUDA use shards of whole blocks "
+           "(FSDP granularity rows(32) or whole, no column split; docs/fsdp.md)");
   if (p.param.numel() == 0) return;
   Q8Coef c{static_cast<float>(p.decay),     static_cast<float>(p.beta1),     static_cast<float>(p.beta2),
            static_cast<float>(1 - p.beta1), static_cast<float>(1 - p.beta2), static_cast<float>(p.step_size),

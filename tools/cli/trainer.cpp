@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 
 #include "models/corpus.h"
 #include "models/recompute.h"
@@ -36,8 +35,7 @@ void real_in(const Args& args, const std::string& command, const char* name, dou
 }  // namespace
 
 std::unique_ptr<Optimizer> make_optimizer(const std::string& kind, const NamedTensors& params, double weight_decay,
-                                          const AdamWOptions& adam, const Parallelized* par,
-                                          const std::string& command) {
+                                          const AdamWOptions& adam, const std::string& command) {
   std::vector<ParamGroup> groups = make_param_groups(params, weight_decay);
   if (kind == "adamw") return std::make_unique<AdamW>(std::move(groups), adam);
   if (kind == "muon") {
@@ -49,17 +47,6 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& kind, const NamedTe
     return std::make_unique<Muon>(std::move(groups), mo);
   }
   MT_CHECK(kind == "adamw8bit", "meshtrain {}: --optimizer must be adamw, adamw8bit or muon, got '{}'", command, kind);
-  if (par) {
-    std::map<std::string, Shape> shapes;
-    for (const auto& [name, p] : params) shapes.emplace(name, p.shape());
-    check_fsdp_blocks(
-        par->ir(),
-        [&](const std::string& path) {
-          auto it = shapes.find(path);
-          return it == shapes.end() ? int64_t{0} : AdamW8bit::fsdp_block_rows(it->second);
-        },
-        "meshtrain " + command + " --optimizer adamw8bit");
-  }
   return std::make_unique<AdamW8bit>(std::move(groups), adam);
 }
 
@@ -251,8 +238,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
   adam.beta1 = 0.9;
   adam.beta2 = args.real("beta2");
   adam.eps = 1e-8;
-  opt_ = make_optimizer(args.str("optimizer"), master_->master_params(), args.real("weight-decay"), adam, par,
-                        command);
+  opt_ = make_optimizer(args.str("optimizer"), master_->master_params(), args.real("weight-decay"), adam, command);
   adamw_ = dynamic_cast<AdamW*>(opt_.get());
   // 16-bit compute with AdamW: the optimizer reads the model's 16-bit grads and writes its 16-bit
   // weights in the same pass that updates the f32 masters (no f32 grad copies, no separate cast).

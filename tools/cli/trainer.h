@@ -32,12 +32,10 @@
 namespace mt::cli {
 
 // The optimizer of --optimizer ("adamw", "adamw8bit", "muon"; errors name `command`) over `params`
-// (decay `weight_decay` on the matrices), with `adam`'s lr, betas and eps. For adamw8bit under a
-// plan with FSDP units (`par`), the units' granularities must keep its 32-row blocks whole on one
-// rank (an error names the plan line).
+// (decay `weight_decay` on the matrices), with `adam`'s lr, betas and eps. adamw8bit takes any
+// plan's shards: blocks that a shard cuts are reduced over the mesh (optim/adamw8bit.h).
 std::unique_ptr<Optimizer> make_optimizer(const std::string& kind, const NamedTensors& params, double weight_decay,
-                                          const AdamWOptions& adam, const Parallelized* par,
-                                          const std::string& command);
+                                          const AdamWOptions& adam, const std::string& command);
 
 // The flags read by Trainer and validate_step_flags: optimizer, batch, seq, accum, lr, min-lr, warmup,
 // weight-decay, beta2, grad-clip, dropout, seed, no-fuse, bucket-mb (the given defaults for batch

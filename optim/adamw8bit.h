@@ -32,7 +32,7 @@ class AdamW8bit : public Optimizer {
   static constexpr int64_t kMinNumel = 4096;  // smaller tensors keep f32 moments
 
   // Parameters must be contiguous f32 (DTensor parameters: local shards) on a device with the
-  // `adamw8bit` kernel (CPU and CUDA; blocks shared between ranks: the CPU only). A DTensor
+  // `adamw8bit` kernel (CPU, CUDA). A DTensor
   // parameter must not be Partial, and each rank's shard must be one rectangle of the tensor (a
   // range of rows, whole or cut by columns: Shard, RaggedShard at row granularity); otherwise the
   // constructor throws naming the parameter and its placements. Every rank of a parameter's mesh

@@ -323,13 +323,19 @@ __device__ __forceinline__ float block_max(float x, float* sh) {
   return r;
 }
 
+// One thread block per 8-bit block. kFused: the whole update; kMax: only the block's new absmax,
+// into bam (nothing else written); kApply: the update, coded against the absmax in bam (reduced
+// over the ranks that share the block). Local row 0 is `first` rows into its block.
 template <class G, class C>
 __global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict__ w, const G* __restrict__ g,
                                                                 uint8_t* __restrict__ mq, uint8_t* __restrict__ vq,
                                                                 float* __restrict__ am, C* __restrict__ copy,
-                                                                int64_t rows, int64_t rn, int64_t block_rows, Q8Coef c) {
+                                                                int64_t rows, int64_t rn, int64_t block_rows,
+                                                                int64_t first, Q8Phase phase, float* __restrict__ bam,
+                                                                Q8Coef c) {
   __shared__ float sh[32];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * block_rows, r1 = min(rows, r0 + block_rows);
+  const int64_t b = blockIdx.x;
+  const int64_t r0 = max(int64_t{0}, b * block_rows - first), r1 = min(rows, (b + 1) * block_rows - first);
   const int64_t i0 = r0 * rn, len = (r1 - r0) * rn;
   const float am_m = am[2 * r0], am_v = am[2 * r0 + 1];
   auto moments = [&](int64_t i, float& mi, float& vi) {
@@ -343,15 +349,27 @@ __global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict
     const int64_t i = i0 + j;
     float mi, vi;
     moments(i, mi, vi);
+    new_m = fmaxf(new_m, fabsf(mi));
+    new_v = fmaxf(new_v, vi);
+    if (phase == Q8Phase::kMax) continue;
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
     const float wi = __fsub_rn(__fmul_rn(w[i], c.decay), __fmul_rn(c.step_size, __fdiv_rn(mi, denom)));
     w[i] = wi;
     if constexpr (!std::is_void_v<C>) copy[i] = from_acc<C>(wi);
-    new_m = fmaxf(new_m, fabsf(mi));
-    new_v = fmaxf(new_v, vi);
   }
   new_m = block_max(new_m, sh);  // every thread has read am before any writes it below
   new_v = block_max(new_v, sh);
+  if (phase == Q8Phase::kMax) {
+    if (threadIdx.x == 0) {
+      bam[2 * b] = new_m;
+      bam[2 * b + 1] = new_v;
+    }
+    return;
+  }
+  if (phase == Q8Phase::kApply) {
+    new_m = bam[2 * b];
+    new_v = bam[2 * b + 1];
+  }
   for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
     const int64_t i = i0 + j;
     float mi, vi;
@@ -367,14 +385,16 @@ __global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict
 
 template <class G, class C>
 void adamw8bit_launch(const AdamW8bitParams& p, const Q8Coef& c) {
-  const int64_t rows = p.param.numel() / p.row_numel;
-  const int64_t blocks = ceil_div(rows, p.block_rows);
+  const int64_t rows = p.param.numel() / p.row_numel, first = p.row_offset % p.block_rows;
+  const int64_t blocks = rows == 0 ? 0 : ceil_div(rows + first, p.block_rows);
   MT_CHECK(blocks < (int64_t{1} << 31), "adamw8bit: {} blocks are too many for one launch", blocks);
+  if (blocks == 0) return;
   C* copy = nullptr;
   if constexpr (!std::is_void_v<C>) copy = p.param_copy.ptr<C>();
+  float* bam = p.phase == Q8Phase::kFused ? nullptr : p.block_absmax.ptr<float>();
   adamw8bit_kernel<G, C><<<static_cast<unsigned>(blocks), kQ8Threads, 0, cuda::current_stream()>>>(
       p.param.ptr<float>(), p.grad.ptr<const G>(), p.exp_avg.ptr<uint8_t>(), p.exp_avg_sq.ptr<uint8_t>(),
-      p.absmax.ptr<float>(), copy, rows, p.row_numel, p.block_rows, c);
+      p.absmax.ptr<float>(), copy, rows, p.row_numel, p.block_rows, first, p.phase, bam, c);
   MT_CUDA_LAUNCH_CHECK();
 }
 
@@ -392,10 +412,6 @@ void adamw8bit_grad(const AdamW8bitParams& p, const Q8Coef& c) {
 
 void adamw8bit(const AdamW8bitParams& p) {
   quant8::check_params(p);
-  MT_CHECK(p.phase == Q8Phase::kFused && p.row_offset % p.block_rows == 0,
-           "adamw8bit kernel on CUDA: blocks shared between ranks (a shard that cuts 8-bit AdamW's blocks: split by "
-           "columns, or rows off the block edges) run on the CPU only for now; on CUDA use shards of whole blocks "
-           "(FSDP granularity rows(32) or whole, no column split; docs/fsdp.md)");
   if (p.param.numel() == 0) return;
   Q8Coef c{static_cast<float>(p.decay),     static_cast<float>(p.beta1),     static_cast<float>(p.beta2),
            static_cast<float>(1 - p.beta1), static_cast<float>(1 - p.beta2), static_cast<float>(p.step_size),

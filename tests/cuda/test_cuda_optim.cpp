@@ -10,6 +10,7 @@
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip.h"
+#include "q8_pieces.h"
 #include "testing.h"
 
 using namespace mt;
@@ -188,4 +189,13 @@ TEST_CASE("cuda 8-bit AdamW gives the CPU's weights, codes and absmax bit for bi
     else
       REQUIRE_CLOSE(on_cpu(sb[i].second), sa[i].second, 1e-6, 1e-9);
   }
+}
+
+TEST_CASE("cuda 8-bit AdamW's two-phase kernel on pieces that share blocks gives the one-call bits", "[cuda]") {
+  // What the optimizer runs for shards that cut blocks (optim/adamw8bit.h): kMax on each piece,
+  // the blocks' absmax reduced, kApply (tests/common/q8_pieces.h); the CPU test runs the same.
+  mt::testing::require_cuda();
+  CHECK(mt::testing::q8_pieces_match(Device::cuda(), 70, 24, mt::testing::q8_test_pieces(), 6));
+  CHECK(mt::testing::q8_pieces_match(Device::cuda(), 32, 8, {{0, 5, 0, 8}, {5, 0, 0, 8}, {5, 20, 0, 8}, {25, 7, 0, 8}},
+                                     3));
 }

@@ -1,5 +1,6 @@
 // 8-bit AdamW (optim/adamw8bit.h): the 8-bit codes' round-trip bound, the kernel against a
-// straightforward per-block loop written here, convergence next to f32 AdamW on a small MLP
+// straightforward per-block loop written here, its two-phase form on pieces that share blocks
+// against its one-call form, convergence next to f32 AdamW on a small MLP
 // regression, bit-exact resume from state_dict, the state's size, and bad state.
 #include "testing.h"
 
@@ -8,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/quant8.h"
+#include "q8_pieces.h"
 #include "optim/adamw.h"
 #include "optim/adamw8bit.h"
 #include "tensor/ops.h"
@@ -182,6 +184,14 @@ TEST_CASE("adamw8bit: the kernel equals a per-block reference loop, bit for bit"
     CHECK(am[static_cast<size_t>(2 * row + 1)] == st[0].am_v[static_cast<size_t>(row / 32)]);
   }
   CHECK(bitwise_equal(find("exp_avg.small"), from_vector<float>(st[2].m, Shape{8, 9})));
+}
+
+TEST_CASE("adamw8bit: the two-phase kernel on pieces that share blocks gives the one-call bits") {
+  // Rows off the 32-row block edges and a column cut (tests/common/q8_pieces.h), 6 steps.
+  CHECK(mt::testing::q8_pieces_match(Device::cpu(), 70, 24, mt::testing::q8_test_pieces(), 6));
+  // A piece with no rows, and one 32-row block cut into three row pieces.
+  CHECK(mt::testing::q8_pieces_match(Device::cpu(), 32, 8, {{0, 5, 0, 8}, {5, 0, 0, 8}, {5, 20, 0, 8}, {25, 7, 0, 8}},
+                                     3));
 }
 
 TEST_CASE("adamw8bit: trains a small MLP like f32 AdamW") {

@@ -84,6 +84,7 @@ struct FsdpUnitBuffer::State {
   const Storage* lending = nullptr;               // grad_shard's storage, lending .grad views
   std::vector<Tensor> gathered;       // this forward's compute tensors (empty: not gathered yet)
   bool reshard = false;               // free `full` after the forward, gather again for backward
+  bool prefetchable = true;           // the unit before it may start its gathers (link_prefetch)
   bool resharded = false;             // `full`'s memory is freed
   // Prefetch (link_prefetch): an all-gather into `full` started ahead of this unit's gather.
   Work pending;
@@ -471,6 +472,7 @@ const std::string& FsdpUnitBuffer::module() const { return s_->module; }
 const std::vector<std::string>& FsdpUnitBuffer::params() const { return s_->paths; }
 void FsdpUnitBuffer::set_reshard_after_forward(bool on) { s_->reshard = on; }
 void FsdpUnitBuffer::set_zero_copy_gradients(bool on) { s_->zero_copy = on; }
+void FsdpUnitBuffer::set_prefetch(bool on) { s_->prefetchable = on; }
 void FsdpUnitBuffer::set_ordered_reduction(bool on) { s_->ordered = on; }
 void FsdpUnitBuffer::begin_forward() { s_->gathered.clear(); }
 
@@ -512,8 +514,8 @@ std::function<void()> FsdpUnitBuffer::link_prefetch(const std::vector<std::share
   for (size_t i = 0; i < units.size(); ++i) {
     State& s = *units[i]->s_;
     s.passes = passes;
-    if (i + 1 < units.size()) s.next_forward = units[i + 1]->s_;
-    if (i > 0) s.next_backward = units[i - 1]->s_;
+    if (i + 1 < units.size() && units[i + 1]->s_->prefetchable) s.next_forward = units[i + 1]->s_;
+    if (i > 0 && units[i - 1]->s_->prefetchable) s.next_backward = units[i - 1]->s_;
   }
   return [passes] { ++*passes; };
 }

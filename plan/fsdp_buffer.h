@@ -92,8 +92,12 @@ class FsdpUnitBuffer {
   // after begin_forward() all-gathers the unit and records one autograd node for all of it.
   Tensor gathered(const std::string& path);
 
-  // Links `units`, given in forward order, for prefetching. Returns what the model's forward-pre
-  // hook must call as each forward pass of the model begins (before any unit gathers).
+  // Prefetch (on by default; a plan's `prefetch=no`): whether the unit before this one (in forward
+  // or, for the backward's regather, backward order) starts this unit's gather ahead of it.
+  void set_prefetch(bool on);
+  // Links `units`, given in forward order, for prefetching (units with prefetch off are never
+  // started ahead). Returns what the model's forward-pre hook must call as each forward pass of
+  // the model begins (before any unit gathers).
   static std::function<void()> link_prefetch(const std::vector<std::shared_ptr<FsdpUnitBuffer>>& units);
 
   struct State;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <tuple>
 
 #include "kernels/registry.h"
 #include "mesh/shard_layout.h"
@@ -186,6 +188,7 @@ std::vector<FsdpUnit> lower_fsdp(const FsdpEntries& entries, const std::vector<M
   }
   std::vector<FsdpUnit> units;
   std::map<std::pair<size_t, int>, size_t> unit_index;  // (module, dim) -> units
+  std::map<std::pair<size_t, std::string>, std::optional<PlanLoc>> option_from;  // (unit, option) -> entry
   for (size_t pi = 0; pi < params.size(); ++pi) {
     const Claim& c = claims[pi];
     if (!c.entry) continue;
@@ -230,6 +233,18 @@ std::vector<FsdpUnit> lower_fsdp(const FsdpEntries& entries, const std::vector<M
       units.push_back(std::move(u));
     }
     FsdpUnit& u = units[it->second];
+    // The unit's options: every entry that gives one must agree (the first to give it is kept).
+    for (auto [given, field, key] : {std::tuple{c.entry->fsdp_reshard, &u.reshard_after_forward, "reshard"},
+                                     std::tuple{c.entry->fsdp_prefetch, &u.prefetch, "prefetch"}}) {
+      if (given < 0) continue;
+      auto& from = option_from[{it->second, key}];
+      MT_CHECK(!from || (given == 1) == *field,
+               "{}: FSDP unit {} gets {}={} here but {}={} at {}; expected one value per unit", c.entry->loc.str(),
+               u.module.empty() ? "(root)" : u.module, key, given ? "yes" : "no", key, *field ? "yes" : "no",
+               from->str());
+      *field = given == 1;
+      if (!from) from = c.entry->loc;
+    }
     u.params.push_back(p.path);
     u.tensors.push_back({p.path, rows, local.numel() / rows, block});
     if (std::find_if(u.from.begin(), u.from.end(), [&](const PlanLoc& l) { return l.str() == c.entry->loc.str(); }) ==
@@ -318,12 +333,12 @@ std::string HookIR::str() const {
 }
 
 std::string FsdpUnit::str(const PlanMesh& mesh) const {
-  return fmt::format("unit {} over {} ({}): ", module.empty() ? "(root)" : module,
+  return fmt::format("unit {} over {} ({}{}{}): ", module.empty() ? "(root)" : module,
                      mesh.names[static_cast<size_t>(mesh_dim)], [&] {
                        std::string l;
                        for (const PlanLoc& f : from) { l += l.empty() ? "" : ", "; l += f.str(); }
                        return l;
-                     }()) +
+                     }(), reshard_after_forward ? "" : "; reshard=no", prefetch ? "" : "; prefetch=no") +
          describe_fsdp_layout(tensors, layout);
 }
 

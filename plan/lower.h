@@ -66,6 +66,8 @@ struct FsdpUnit {
   std::vector<LayoutTensor> tensors;     // name = path, [rows, cols] of the local shard, block rows
   FsdpLayout layout;
   std::vector<PlanLoc> from;
+  // The entries' `reshard=` / `prefetch=` (docs/fsdp.md); the root unit never reshards.
+  bool reshard_after_forward = true, prefetch = true;
   std::string str(const PlanMesh& mesh) const;  // `meshtrain plan --fsdp-layout`
 };
 

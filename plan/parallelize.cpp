@@ -482,7 +482,8 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
       auto buffer = std::make_shared<FsdpUnitBuffer>(u, ir, model, mesh);
       unit_of_module[u.module] = buffer;
       // Reshard after forward except the root unit, whose backward starts as its forward ends.
-      buffer->set_reshard_after_forward(!u.module.empty() && !keep_gathered);
+      buffer->set_reshard_after_forward(!u.module.empty() && !keep_gathered && u.reshard_after_forward);
+      buffer->set_prefetch(u.prefetch);
       buffer->set_zero_copy_gradients(zero_copy);
       buffer->set_ordered_reduction(ordered_reduce);
       for (const std::string& p : u.params) fsdp[p] = buffer;

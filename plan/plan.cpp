@@ -162,6 +162,28 @@ How parse_how_text(const std::string& text, const PlanLoc& base) {
   return parse_how_tokens(toks, 0, toks.size(), base);
 }
 
+// An fsdp entry's unit options (`reshard=yes|no`, `prefetch=yes|no`) taken out of toks[begin..]
+// into e; the other tokens stay, in order.
+void take_fsdp_options(std::vector<Token>& toks, size_t begin, PlanEntry& e, const PlanLoc& base) {
+  std::vector<Token> rest(toks.begin(), toks.begin() + static_cast<std::ptrdiff_t>(begin));
+  for (size_t i = begin; i < toks.size(); ++i) {
+    const std::string& t = toks[i].text;
+    const size_t eq = t.find('=');
+    const std::string key = eq == std::string::npos ? t : t.substr(0, eq);
+    if (key != "reshard" && key != "prefetch") {
+      rest.push_back(toks[i]);
+      continue;
+    }
+    const PlanLoc loc = at(base, toks[i].column);
+    const std::string value = eq == std::string::npos ? "" : t.substr(eq + 1);
+    MT_CHECK(value == "yes" || value == "no", "{}: '{}': expected {}=yes or {}=no", loc.str(), printable(t), key, key);
+    int& field = key == "reshard" ? e.fsdp_reshard : e.fsdp_prefetch;
+    MT_CHECK(field == -1, "{}: '{}' is given twice in one fsdp entry", loc.str(), key);
+    field = value == "yes" ? 1 : 0;
+  }
+  toks = std::move(rest);
+}
+
 std::string how_str(const How& how) {
   std::string s;
   for (const auto& d : how) { s += s.empty() ? "" : " "; s += d.str(); }
@@ -249,6 +271,8 @@ std::string PlanEntry::str() const {
   } else {
     s += how_str(how);
   }
+  if (fsdp_reshard >= 0) s += fsdp_reshard ? " reshard=yes" : " reshard=no";
+  if (fsdp_prefetch >= 0) s += fsdp_prefetch ? " prefetch=yes" : " prefetch=no";
   return s;
 }
 
@@ -533,7 +557,9 @@ Plan& Plan::add_text(PlanEntryKind kind, PlanPhase phase, const std::string& mod
   e.module_re = module_re;
   e.tensor = tensor;
   e.loc = e.module_loc = e.tensor_loc = next_builder_loc();
-  e.how = parse_how_text(how, e.loc);
+  auto toks = tokenize(how);
+  if (kind == PlanEntryKind::kFsdp) take_fsdp_options(toks, 0, e, e.loc);
+  e.how = parse_how_tokens(toks, 0, toks.size(), e.loc);
   add_entry(std::move(e));
   return *this;
 }
@@ -781,6 +807,7 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
         MT_CHECK(toks[i].text != "->" && toks[i].text != "grad",
                  "{}: '{}' belongs to redistribute entries; expected DIM=PLACEMENT", loc_of(toks[i]).str(),
                  toks[i].text);
+      if (e.kind == PlanEntryKind::kFsdp) take_fsdp_options(toks, 3, e, zero);
       e.how = parse_how_tokens(toks, 3, toks.size(), zero);
     }
     plan.add_entry(std::move(e));

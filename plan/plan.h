@@ -65,6 +65,10 @@ struct PlanEntry {
                               // dim with `fsdp_rows` set
   How src;                    // redistribute
   How grad_src, grad_dst;     // redistribute, optional: gradient redistribution
+  // fsdp, optional, after the granularity: `reshard=yes|no` (free the unit's gathered buffer
+  // after its forward, gather again for its backward) and `prefetch=yes|no` (start the unit's
+  // gathers while the unit before it computes). -1: not given (yes); 0: no; 1: yes.
+  int fsdp_reshard = -1, fsdp_prefetch = -1;
   PlanLoc loc, module_loc, tensor_loc;
   std::string keyword() const;  // place, init, run, redistribute, annotate, factory, dispatch, fsdp
   std::string str() const;      // the entry in plan-file syntax
@@ -130,7 +134,8 @@ class Plan {
   Plan& dispatch(const std::string& module_re, const std::string& how);
   // The matched modules are FSDP units over one mesh dim (docs/fsdp.md): their parameters whose
   // paths relative to the unit match `params` are laid out by the FSDP layout planner and stored
-  // as RaggedShards, gathered for compute. how = "dp=rows", "dp=rows(32)" or "dp=whole".
+  // as RaggedShards, gathered for compute. how = "dp=rows", "dp=rows(32)" or "dp=whole", then
+  // optionally "reshard=no" and / or "prefetch=no" (docs/fsdp.md).
   Plan& fsdp(const std::string& module_re, const std::string& params, const std::string& how);
   // Pipeline stages (see StageEntry): stage("model\\.layers\\.[01]", "pp=0"), stages("pp=even"),
   // schedule("pp=gpipe").

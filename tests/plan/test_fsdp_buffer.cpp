@@ -190,6 +190,26 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   }
   unsetenv("MT_FSDP_PREFETCH");
 
+  // The same two choices per unit in the plan: the layers with `reshard=no prefetch=no`, the root
+  // unit as before. One all-gather per unit (none again in backward, no refill) and no prefetch:
+  // no layer is started ahead, and the root, which never reshards, has no regather to start. The
+  // same gradients, bit for bit.
+  {
+    Plan per_unit = parse_plan("mesh dp=*\n"
+                               "fsdp () .* dp=rows\n"
+                               "fsdp model\\.layers\\.\\d+ .* dp=rows reshard=no prefetch=no\n"
+                               "place model <in>:0 dp=S(0)\n"
+                               "factory model rope dp=R\n",
+                               "per_unit.plan");
+    auto model6 = build(cfg, true);
+    Parallelized par6 = parallelize(*model6, per_unit, mesh);
+    reset_fsdp_counters();
+    CHECK(max_diff(grads_of(*model6, &par6, &mesh, B, T), got) == 0);
+    CHECK(fsdp_counters().all_gathers == static_cast<int64_t>(ir.fsdp_units.size()));
+    CHECK(fsdp_counters().prefetches == 0);
+    CHECK(fsdp_counters().buffer_refills == 0);
+  }
+
   // Gradients copied in (MT_FSDP_ZERO_COPY=0, the path before zero-copy): the same bits, and the
   // counter sees each gradient copied once.
   setenv("MT_FSDP_ZERO_COPY", "0", 1);

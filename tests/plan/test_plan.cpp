@@ -434,6 +434,48 @@ TEST_CASE("plan: fsdp units lower to the layout planner's RaggedShards", "[cpu][
   CHECK(layer.tensors[3].cols == 64);  // its input dim split over tp
 }
 
+TEST_CASE("plan: fsdp units take reshard= and prefetch= from their entries", "[cpu][fsdp]") {
+  using Catch::Matchers::Contains;
+  auto m = meta_model("llama-tiny");
+  Plan p = parse_plan("mesh dp=*\n"
+                      "fsdp () .* dp=rows prefetch=no\n"
+                      "fsdp model\\.layers\\.\\d+ .* dp=rows reshard=no\n"
+                      "fsdp model\\.layers\\.\\d+ mlp\\..* dp=rows(8) reshard=no prefetch=yes\n",
+                      "f.plan");
+  CHECK(p.entries()[0].fsdp_prefetch == 0);
+  CHECK(p.entries()[0].fsdp_reshard == -1);
+  CHECK(p.entries()[1].str() == "fsdp model\\.layers\\.\\d+ .* dp=rows reshard=no");
+  REQUIRE(parse_plan(p.str(), "again.plan").str() == p.str());
+  HookIR ir = lower(p, *m, p.resolve_mesh(2));
+  REQUIRE(ir.fsdp_units.size() == 5);
+  CHECK(ir.fsdp_units[0].prefetch == false);
+  CHECK(ir.fsdp_units[0].reshard_after_forward == true);
+  CHECK(ir.fsdp_units[1].reshard_after_forward == false);
+  CHECK(ir.fsdp_units[1].prefetch == true);
+  CHECK_THAT(ir.fsdp_units[1].str(ir.mesh), Contains("reshard=no"));
+  CHECK_THAT(ir.fsdp_units[0].str(ir.mesh), Contains("prefetch=no"));
+  // The builder takes the same words.
+  Plan b;
+  b.mesh({{"dp", -1}});
+  b.fsdp("model\\.layers\\.\\d+", ".*", "dp=rows prefetch=no");
+  CHECK(b.entries()[0].fsdp_prefetch == 0);
+  // Bad input: a value other than yes / no, an option twice, and two entries that disagree on a
+  // unit, each naming the plan line.
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh dp=*\nfsdp model .* dp=rows reshard=maybe\n", "f.plan"); }),
+               Contains("f.plan:2:23") && Contains("expected reshard=yes or reshard=no"));
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh dp=*\nfsdp model .* dp=rows prefetch=no prefetch=no\n", "f.plan"); }),
+               Contains("f.plan:2:35") && Contains("'prefetch' is given twice"));
+  REQUIRE_THAT(error_of([&] { parse_plan("mesh dp=*\nfsdp model .* reshard=no\n", "f.plan"); }),
+               Contains("f.plan:2:1") && Contains("DIM=rows, DIM=rows(N) or DIM=whole"));
+  REQUIRE_THAT(error_of([&] {
+                 Plan q = parse_plan("mesh dp=*\nfsdp model\\.layers\\.\\d+ .* dp=rows reshard=no\n"
+                                     "fsdp model\\.layers\\.\\d+ mlp\\..* dp=rows reshard=yes\n",
+                                     "f.plan");
+                 (void)lower(q, *m, q.resolve_mesh(2));
+               }),
+               Contains("f.plan:3:1") && Contains("model.layers.0 gets reshard=yes here but reshard=no at f.plan:2:1"));
+}
+
 TEST_CASE("plan: fsdp bad input names the plan line", "[cpu][fsdp]") {
   using Catch::Matchers::Contains;
   auto m = meta_model("llama-tiny");

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include "mesh/dtensor.h"
 #include "mesh/shard_layout.h"
@@ -104,21 +105,16 @@ std::vector<double> train8(CausalLM& model, const Parallelized* par, const Devic
   return losses;
 }
 
-}  // namespace
-
-TEST_CASE("fsdp optim: 8-bit AdamW on whole blocks per rank equals one device bit for bit", "[mpi]") {
-  const int64_t world = mt::world().size();
-  DeviceMesh mesh(Shape{world}, {"dp"});
-  // 7 blocks of 32 rows and a short one (230 rows: 7 x 32 + 6), ragged over the ranks.
-  const int64_t rows = 230, cols = 40;
-  // Whole 32-row blocks per rank (rows: 8 blocks, as even as possible), the last rank's last block short.
-  std::vector<int64_t> units = units_for(8, world);
-  for (int64_t& u : units) u *= 32;
-  units.back() -= 8 * 32 - rows;
-  Placements ps{Placement::ragged_shard(0, units, 1)};
-  Tensor global = mt::testing::rand(Shape{rows, cols}, DType::kF32, 3);
-  Tensor plain = global.clone();
-  plain.requires_grad_();
+// 8-bit AdamW on `global` twice over 5 steps of the same gradients: as one plain tensor, and as a
+// DTensor with placements `ps` on `mesh`. Checks that the sharded parameter and every state
+// tensor (codes, absmax) equal one device's bit for bit; returns the sharded optimizer and
+// parameter for the caller's own checks.
+struct Sharded8 {
+  std::unique_ptr<AdamW8bit> opt;
+  Tensor param;
+};
+Sharded8 check_8bit_like_one_device(const Tensor& global, const DeviceMesh& mesh, const Placements& ps) {
+  Tensor plain = global.clone().requires_grad_();
   Tensor dist;
   try {
     dist = distribute_tensor(global, mesh, ps);
@@ -133,16 +129,17 @@ TEST_CASE("fsdp optim: 8-bit AdamW on whole blocks per rank equals one device bi
   g1[0].weight_decay = 0.1;
   g2[0].params = {{"w", dist}};
   g2[0].weight_decay = 0.1;
-  AdamW8bit one(g1, o), sharded(g2, o);
+  AdamW8bit one(g1, o);
+  auto sharded = std::make_unique<AdamW8bit>(g2, o);
   for (int s = 0; s < 5; ++s) {
-    Tensor g = mt::testing::rand(Shape{rows, cols}, DType::kF32, 100 + static_cast<uint64_t>(s));
+    Tensor g = mt::testing::rand(global.shape(), DType::kF32, 100 + static_cast<uint64_t>(s));
     plain.set_grad(g);
     dist.set_grad(distribute_tensor(g, mesh, ps));
     one.step();
-    sharded.step();
+    sharded->step();
   }
   CHECK(bitwise_equal(full_tensor(dist.detach()), plain));
-  NamedTensors a = one.state_dict(), b = sharded.state_dict();
+  NamedTensors a = one.state_dict(), b = sharded->state_dict();
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     INFO(a[i].first);
@@ -150,11 +147,27 @@ TEST_CASE("fsdp optim: 8-bit AdamW on whole blocks per rank equals one device bi
     Tensor full = b[i].second.is_distributed() ? full_tensor(b[i].second) : b[i].second;
     CHECK(bitwise_equal(full, a[i].second));
   }
-  // Each rank holds only its shard's codes: 2 bytes per local element + 8 per local row.
-  const int64_t local_rows = dist.local_shape()[0];
-  CHECK(sharded.state_bytes() == local_rows * cols * 2 + local_rows * 8);
+  return {std::move(sharded), dist};
+}
 
-  CHECK(sharded.shared_block_params().empty());  // whole blocks: no collective
+}  // namespace
+
+TEST_CASE("fsdp optim: 8-bit AdamW on whole blocks per rank equals one device bit for bit", "[mpi]") {
+  const int64_t world = mt::world().size();
+  DeviceMesh mesh(Shape{world}, {"dp"});
+  // 7 blocks of 32 rows and a short one (230 rows: 7 x 32 + 6), ragged over the ranks.
+  const int64_t rows = 230, cols = 40;
+  // Whole 32-row blocks per rank (rows: 8 blocks, as even as possible), the last rank's last block short.
+  std::vector<int64_t> units = units_for(8, world);
+  for (int64_t& u : units) u *= 32;
+  units.back() -= 8 * 32 - rows;
+  Placements ps{Placement::ragged_shard(0, units, 1)};
+  const Sharded8 sharded = check_8bit_like_one_device(mt::testing::rand(Shape{rows, cols}, DType::kF32, 3), mesh, ps);
+  // Each rank holds only its shard's codes: 2 bytes per local element + 8 per local row.
+  const int64_t local_rows = sharded.param.local_shape()[0];
+  CHECK(sharded.opt->state_bytes() == local_rows * cols * 2 + local_rows * 8);
+
+  CHECK(sharded.opt->shared_block_params().empty());  // whole blocks: no collective
 }
 
 TEST_CASE("fsdp optim: 8-bit AdamW on shards that cut blocks equals one device bit for bit", "[mpi]") {
@@ -191,34 +204,8 @@ TEST_CASE("fsdp optim: 8-bit AdamW on shards that cut blocks equals one device b
   for (const Case& c : cases) {
     INFO(c.what);
     DeviceMesh mesh(c.mesh_shape, c.names);
-    Tensor global = mt::testing::rand(c.shape, DType::kF32, 3);
-    Tensor plain = global.clone().requires_grad_();
-    Tensor dist = distribute_tensor(global, mesh, c.ps).requires_grad_();
-    AdamWOptions o;
-    o.lr = 1e-2;
-    std::vector<ParamGroup> g1(1), g2(1);
-    g1[0].params = {{"w", plain}};
-    g1[0].weight_decay = 0.1;
-    g2[0].params = {{"w", dist}};
-    g2[0].weight_decay = 0.1;
-    AdamW8bit one(g1, o), sharded(g2, o);
-    if (world > 1) CHECK(sharded.shared_block_params() == std::vector<std::string>{"w"});
-    for (int s = 0; s < 5; ++s) {
-      Tensor g = mt::testing::rand(c.shape, DType::kF32, 100 + static_cast<uint64_t>(s));
-      plain.set_grad(g);
-      dist.set_grad(distribute_tensor(g, mesh, c.ps));
-      one.step();
-      sharded.step();
-    }
-    CHECK(bitwise_equal(full_tensor(dist.detach()), plain));
-    NamedTensors a = one.state_dict(), b = sharded.state_dict();
-    REQUIRE(a.size() == b.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      INFO(a[i].first);
-      CHECK(a[i].first == b[i].first);
-      Tensor full = b[i].second.is_distributed() ? full_tensor(b[i].second) : b[i].second;
-      CHECK(bitwise_equal(full, a[i].second));
-    }
+    const Sharded8 sharded = check_8bit_like_one_device(mt::testing::rand(c.shape, DType::kF32, 3), mesh, c.ps);
+    if (world > 1) CHECK(sharded.opt->shared_block_params() == std::vector<std::string>{"w"});
   }
   // A Partial parameter has nothing of its own to update.
   DeviceMesh mesh(Shape{world}, {"dp"});

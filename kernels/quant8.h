@@ -48,6 +48,13 @@ inline float decode_v(uint8_t code, float absmax) {
   return absmax * (t2 * t2);
 }
 
+// Blocks of `block_rows` rows that a shard of `rows` rows starting at row `row_offset` of its tensor
+// meets (the first and last may be partial; AdamW8bitParams): the kernels' launch size, and the
+// optimizer's count of a shard's shared blocks.
+inline int64_t local_blocks(int64_t rows, int64_t row_offset, int64_t block_rows) {
+  return rows == 0 ? 0 : (rows + row_offset % block_rows + block_rows - 1) / block_rows;
+}
+
 // The adamw8bit kernels' argument checks (CPU and CUDA): f32 param, u8 codes, f32 absmax with
 // two values per row of row_numel elements.
 inline void check_params(const AdamW8bitParams& p) {
@@ -60,8 +67,7 @@ inline void check_params(const AdamW8bitParams& p) {
            p.row_numel, p.absmax.numel());
   MT_CHECK(p.row_offset >= 0, "adamw8bit kernel: row_offset {} < 0", p.row_offset);
   if (p.phase != Q8Phase::kFused) {
-    const int64_t rows = p.param.numel() / p.row_numel;
-    const int64_t blocks = rows == 0 ? 0 : (rows + p.row_offset % p.block_rows + p.block_rows - 1) / p.block_rows;
+    const int64_t blocks = local_blocks(p.param.numel() / p.row_numel, p.row_offset, p.block_rows);
     MT_CHECK(p.block_absmax.dtype == DType::kF32 && p.block_absmax.numel() == 2 * blocks,
              "adamw8bit kernel: the two-phase form needs an f32 block_absmax of {} elements ({} given)", 2 * blocks,
              p.block_absmax.numel());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/quant8.h"
 #include "kernels/registry.h"
 #include "mesh/dtensor.h"
 #include "mesh/shard_layout.h"
@@ -30,8 +31,8 @@ Tensor state_tensor(const Tensor& like, const Shape& local, const Shape& global,
 // that all ranks agree on `shared` and so on the collectives): each shard must be one rectangle
 // of the tensor; blocks are shared when a shard is cut by columns or starts or ends off a block
 // edge. Fills s.shared and, for this rank, s.row_offset.
-void place_blocks(const std::string& name, const Tensor& p, int64_t block_rows, bool& shared, int64_t& row_offset) {
-  const DTensorSpec& spec = dtensor_spec(p, "AdamW8bit");
+void place_blocks(const std::string& name, const Tensor& p, const DTensorSpec& spec, int64_t block_rows, bool& shared,
+                  int64_t& row_offset) {
   const Placements& ps = spec.placements();
   for (const Placement& pl : ps)
     MT_CHECK(!pl.is_partial(),
@@ -94,12 +95,12 @@ AdamW8bit::AdamW8bit(std::vector<ParamGroup> groups, const AdamWOptions& opts)
         s.row_numel = local_rows > 0 ? local.numel() / local_rows : 1;
         Placements am_placements;
         if (p.is_distributed()) {
-          place_blocks(name, p, s.block_rows, s.shared, s.row_offset);
-          am_placements = absmax_placements(dtensor_spec(p, "AdamW8bit").placements());
+          const DTensorSpec& spec = dtensor_spec(p, "AdamW8bit");
+          place_blocks(name, p, spec, s.block_rows, s.shared, s.row_offset);
+          am_placements = absmax_placements(spec.placements());
           if (s.shared) {
-            const DTensorSpec& spec = dtensor_spec(p, "AdamW8bit");
             s.first_block = s.row_offset / s.block_rows;
-            s.local_blocks = local_rows == 0 ? 0 : (local_rows + s.row_offset % s.block_rows + s.block_rows - 1) / s.block_rows;
+            s.local_blocks = quant8::local_blocks(local_rows, s.row_offset, s.block_rows);
             s.global_blocks = (p.shape()[0] + s.block_rows - 1) / s.block_rows;
             s.comm = spec.mesh().comm();
             s.mesh_key = spec.mesh().world_ranks_key();

@@ -94,7 +94,7 @@ void adamw8bit_typed(const AdamW8bitParams& p) {
   if constexpr (!std::is_void_v<C>) copy = p.param_copy.ptr<C>();
   const int64_t n = p.param.numel(), rn = p.row_numel, rows = n / rn;
   const int64_t first = p.row_offset % p.block_rows;  // rows of the first block before local row 0
-  const int64_t blocks = rows == 0 ? 0 : (rows + first + p.block_rows - 1) / p.block_rows;
+  const int64_t blocks = quant8::local_blocks(rows, p.row_offset, p.block_rows);
   const float decay = static_cast<float>(p.decay), b1 = static_cast<float>(p.beta1), b2 = static_cast<float>(p.beta2);
   const float one_b1 = static_cast<float>(1 - p.beta1), one_b2 = static_cast<float>(1 - p.beta2);
   const float step_size = static_cast<float>(p.step_size), bc2_sqrt = static_cast<float>(p.bc2_sqrt);

@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict
 template <class G, class C>
 void adamw8bit_launch(const AdamW8bitParams& p, const Q8Coef& c) {
   const int64_t rows = p.param.numel() / p.row_numel, first = p.row_offset % p.block_rows;
-  const int64_t blocks = rows == 0 ? 0 : ceil_div(rows + first, p.block_rows);
+  const int64_t blocks = quant8::local_blocks(rows, p.row_offset, p.block_rows);
   MT_CHECK(blocks < (int64_t{1} << 31), "adamw8bit: {} blocks are too many for one launch", blocks);
   if (blocks == 0) return;
   C* copy = nullptr;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 
 #include "kernels/registry.h"
@@ -21,7 +22,33 @@ namespace {
 
 std::atomic<int64_t> g_all_gathers{0}, g_reduce_scatters{0}, g_forward_bytes{0}, g_backward_bytes{0},
     g_adoption_bytes{0}, g_prefetches{0}, g_prefetch_hits{0}, g_replica_all_reduces{0}, g_buffer_allocations{0},
-    g_buffer_refills{0}, g_zero_copy_grads{0}, g_ordered_reductions{0};
+    g_buffer_refills{0}, g_zero_copy_grads{0}, g_ordered_reductions{0}, g_reductions_in_flight{0};
+
+// A unit's gradient reduction, possibly in flight ("Reductions in flight" below).
+struct Reduction {
+  std::shared_ptr<FsdpUnitBuffer::State> unit;
+  Work scatter, reduce;       // the reduce-scatter; the last HSDP all-reduce
+  std::vector<int> replicas;  // the HSDP dims its gradient shard is summed over after the scatter
+  Tensor out;                 // the gradient shard
+  bool settled = false;       // the reduce-scatter has completed and the all-reduces started
+  void settle();
+  void complete() {
+    settle();
+    reduce.wait();
+  }
+};
+
+// Reductions in flight, oldest first. A unit's reduce-scatter starts as its backward ends and is
+// waited for when the next unit's backward ends (its HSDP all-reduces start then), and everything
+// completes when the backward pass ends (queue_backward_callback), or earlier for a unit that
+// needs its gradient buffer again. These points are the same on every rank (the graph is), so
+// every rank starts its collectives in the same order; between them, the collectives overlap the
+// backward of the units that follow. One thread runs backward passes (the engine's).
+std::deque<Reduction> g_in_flight;
+bool g_end_queued = false;
+
+// Completes the oldest reductions: all of them, or up to the last of `unit`'s.
+void complete_in_flight(const FsdpUnitBuffer::State* unit = nullptr);
 
 }  // namespace
 
@@ -29,13 +56,13 @@ FsdpCounters fsdp_counters() {
   return {g_all_gathers.load(),    g_reduce_scatters.load(), g_forward_bytes.load(), g_backward_bytes.load(),
           g_adoption_bytes.load(), g_prefetches.load(),      g_prefetch_hits.load(),
           g_replica_all_reduces.load(), g_buffer_allocations.load(), g_buffer_refills.load(),
-          g_zero_copy_grads.load(), g_ordered_reductions.load()};
+          g_zero_copy_grads.load(), g_ordered_reductions.load(), g_reductions_in_flight.load()};
 }
 
 void reset_fsdp_counters() {
   g_all_gathers = g_reduce_scatters = g_forward_bytes = g_backward_bytes = g_adoption_bytes = 0;
   g_prefetches = g_prefetch_hits = g_replica_all_reduces = 0;
-  g_buffer_allocations = g_buffer_refills = g_zero_copy_grads = g_ordered_reductions = 0;
+  g_buffer_allocations = g_buffer_refills = g_zero_copy_grads = g_ordered_reductions = g_reductions_in_flight = 0;
 }
 
 // Everything the autograd node needs outlives the FsdpUnitBuffer (a graph may be alive after the
@@ -70,6 +97,8 @@ struct FsdpUnitBuffer::State {
   Tensor grad_full, grad_shard, grad_scratch;
   Tensor grad_recv;                   // ordered reduction: every rank's chunk of my shard
   bool ordered = false;               // reduce in rank order (all-to-all + sums), not reduce-scatter
+  bool async_reduce = true;           // leave the reduction in flight (below, "Reductions in flight")
+  int in_flight = 0;                  // this unit's entries in the in-flight queue
   std::vector<char> claimed;          // per parameter: its destination was handed out
   // Recorded gathers whose backward has not run yet. Under a pipeline schedule several are alive
   // at once (micro-batch m+1's forward before m's backward); the parameters do not change within
@@ -143,11 +172,40 @@ struct FsdpUnitBuffer::State {
     const size_t i = it->second;
     const Param& p = params[i];
     if (claimed[i] || w.local_shape() != p.run_local || !w.is_contiguous()) return Tensor();
+    complete_own();  // an earlier reduction of this unit still reading grad_full
+    poke_in_flight();
     ensure(grad_full, group * shard_size);
     claimed[i] = 1;
     return grad_full.narrow(0, p.offset, p.numel).view(p.run_local);
   }
   std::weak_ptr<State> self;
+
+  // Reductions in flight (the queue above).
+  void complete_own() {
+    if (in_flight > 0) complete_in_flight(this);
+  }
+  static void settle_in_flight() {
+    for (Reduction& r : g_in_flight) r.settle();
+  }
+  // MPI moves a nonblocking collective on when it is called: a test now and then lets the oldest
+  // one progress while the backward computes.
+  static void poke_in_flight() {
+    if (g_in_flight.empty()) return;
+    Reduction& r = g_in_flight.front();
+    if (!r.settled) {
+      r.scatter.is_completed();
+    } else {
+      r.reduce.is_completed();
+    }
+  }
+  static void push_in_flight(Reduction r) {
+    ++r.unit->in_flight;
+    ++g_reductions_in_flight;
+    g_in_flight.push_back(std::move(r));
+    if (g_end_queued) return;
+    g_end_queued = true;
+    queue_backward_callback([] { complete_in_flight(); });
+  }
 
   Work start_all_gather() {
     ++g_all_gathers;
@@ -272,6 +330,7 @@ struct FsdpUnitBuffer::State {
 
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) {
     NoGradGuard ng;
+    complete_own();  // (a unit's second backward in one pass: its first reduction is done first)
     const DType dt = shard.dtype();
     const std::vector<int> replicas = replica_dims(grads);
     ensure(grad_full, group * shard_size);
@@ -325,26 +384,28 @@ struct FsdpUnitBuffer::State {
       lending = out.impl()->storage.get();
       if (lending) set_grad_lender(lending, true);
     }
+    // The units before this one have computed their gradients meanwhile: their reduce-scatters
+    // are done (waited for here), their HSDP all-reduces start.
+    settle_in_flight();
+    Reduction r{self.lock(), Work(), Work(), replicas, out, false};
     if (shard.is_meta())  // a plan checked or estimated on meta tensors: shapes and counts only
       count_collective("reduce_scatter", mesh.dim_label(dim), group, grad_full.numel() * dtype_size(dt));
     else if (ordered && group > 1)
       ordered_reduce(out);
     else
-      mesh.comm(dim).reduce_scatter(grad_full, out, CommReduceOp::kSum);
+      r.scatter = mesh.comm(dim).reduce_scatter_async(grad_full, out, CommReduceOp::kSum);
     ++g_reduce_scatters;
-    for (int d : replicas) {
-      if (shard.is_meta())
-        count_collective("all_reduce", mesh.dim_label(d), mesh.size(d), out.numel() * dtype_size(dt));
-      else
-        mesh.comm(d).all_reduce(out, CommReduceOp::kSum);
-      ++g_replica_all_reduces;
+    // In flight until the next unit's reduction or the end of the backward pass, unless something
+    // reads the result at once: AccumulateGrad adds grad_scratch into .grad.
+    if (async_reduce && !busy && !ordered) {
+      push_in_flight(std::move(r));
+    } else {
+      r.complete();
     }
-    // With reshard, the unit's full buffers give their memory back until the next use (their
-    // storage objects stay: deterministic memory, no new buffers).
-    if (reshard) {
-      free_data(grad_full);
-      if (free_data(full)) resharded = true;
-    }
+    // With reshard, the gathered parameters give their memory back until the next use (the
+    // storage object stays: deterministic memory, no new buffers); grad_full's goes once the
+    // reduce-scatter has read it (Reduction::settle).
+    if (reshard && free_data(full)) resharded = true;
     std::vector<Tensor> result;
     for (const Param& p : params)
       result.push_back(from_local(out.narrow(0, p.shard_offset, p.shard_numel).view(p.stored_local), mesh, p.init,
@@ -413,6 +474,40 @@ struct FsdpUnitBuffer::State {
   }
 };
 
+namespace {
+
+void Reduction::settle() {
+  if (settled) return;
+  settled = true;
+  FsdpUnitBuffer::State& s = *unit;
+  scatter.wait();
+  for (size_t k = 0; k < replicas.size(); ++k) {
+    const int d = replicas[k];
+    if (s.shard.is_meta())
+      count_collective("all_reduce", s.mesh.dim_label(d), s.mesh.size(d), out.numel() * dtype_size(out.dtype()));
+    else if (k + 1 < replicas.size())
+      s.mesh.comm(d).all_reduce(out, CommReduceOp::kSum);
+    else
+      reduce = s.mesh.comm(d).all_reduce_async(out, CommReduceOp::kSum);
+    ++g_replica_all_reduces;
+  }
+  // With reshard, the unit's gradient buffer gives its memory back until its next backward (the
+  // storage object stays: deterministic memory, no new buffers).
+  if (s.reshard) FsdpUnitBuffer::State::free_data(s.grad_full);
+}
+
+void complete_in_flight(const FsdpUnitBuffer::State* unit) {
+  if (!unit) g_end_queued = false;
+  while (!g_in_flight.empty() && (!unit || unit->in_flight > 0)) {
+    Reduction r = std::move(g_in_flight.front());
+    g_in_flight.pop_front();
+    --r.unit->in_flight;
+    r.complete();
+  }
+}
+
+}  // namespace
+
 FsdpUnitBuffer::FsdpUnitBuffer(const FsdpUnit& unit, const HookIR& ir, Module& model, const DeviceMesh& mesh)
     : s_(std::make_shared<State>(mesh)) {
   State& s = *s_;
@@ -474,6 +569,7 @@ void FsdpUnitBuffer::set_reshard_after_forward(bool on) { s_->reshard = on; }
 void FsdpUnitBuffer::set_zero_copy_gradients(bool on) { s_->zero_copy = on; }
 void FsdpUnitBuffer::set_prefetch(bool on) { s_->prefetchable = on; }
 void FsdpUnitBuffer::set_ordered_reduction(bool on) { s_->ordered = on; }
+void FsdpUnitBuffer::set_async_reduction(bool on) { s_->async_reduce = on; }
 void FsdpUnitBuffer::begin_forward() { s_->gathered.clear(); }
 
 void FsdpUnitBuffer::end_forward() {

@@ -10,7 +10,8 @@
 //             gradients (lent to .grad, not cloned); buffers are made once per unit and reused
 //             across steps; under HSDP (the batch also
 //             split over a dim the unit is replicated on) that shard is then all-reduced over
-//             it, once per unit.
+//             it, once per unit. Both collectives run while the units before it compute their
+//             gradients; the backward pass waits for them before it returns.
 // With reshard after forward the full buffer's memory is freed when the unit's forward ends and
 // gathered again (into the same storage) when its backward begins.
 // Prefetch (link_prefetch): each unit's all-gather is started ahead, while the unit before it
@@ -55,6 +56,7 @@ struct FsdpCounters {
   int64_t buffer_refills = 0;         // a resharded buffer's memory taken again (same buffer)
   int64_t zero_copy_grads = 0;        // gradients found written in place in the unit's buffer
   int64_t ordered_reductions = 0;     // reduce-scatters done in rank order (in reduce_scatters too)
+  int64_t reductions_in_flight = 0;   // reductions still running when their unit's backward returned
 };
 FsdpCounters fsdp_counters();
 void reset_fsdp_counters();
@@ -83,6 +85,12 @@ class FsdpUnitBuffer {
   // order 0, 1, 2, ... (an all-to-all and local sums) instead of by MPI's reduce-scatter, so that
   // it has the bits of one device accumulating the ranks' micro-batches in that order.
   void set_ordered_reduction(bool on);
+  // Reductions in flight (on by default; MT_FSDP_ASYNC_REDUCE=0 for benchmarks): the unit's
+  // reduce-scatter is left running when its backward ends and waited for when the next unit's
+  // backward ends, where its HSDP all-reduce starts; all of it completes before the backward
+  // pass returns. Its parameters' .grad are final then, not when a hook sees them. Off: both
+  // complete before the unit's backward returns.
+  void set_async_reduction(bool on);
   // The unit's forward begins / ends, its backward begins (its module's hooks): the next
   // gathered() after begin_forward() gathers anew.
   void begin_forward();

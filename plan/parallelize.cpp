@@ -467,6 +467,7 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
   const bool keep_gathered = env_off("MT_FSDP_RESHARD");  // no reshard after forward (benchmarks)
   const bool prefetch = !env_off("MT_FSDP_PREFETCH");     // gathers started ahead (benchmarks: off)
   const bool zero_copy = !env_off("MT_FSDP_ZERO_COPY");   // gradients written in place (benchmarks: off)
+  const bool async_reduce = !env_off("MT_FSDP_ASYNC_REDUCE");  // reductions in flight (benchmarks: off)
   const char* reduce_env = std::getenv("MT_FSDP_REDUCE");  // "ordered": rank-order gradient sums
   const bool ordered_reduce = reduce_env && std::string(reduce_env) == "ordered";
   std::map<std::string, std::shared_ptr<FsdpUnitBuffer>> unit_of_module;
@@ -486,6 +487,7 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
       buffer->set_prefetch(u.prefetch);
       buffer->set_zero_copy_gradients(zero_copy);
       buffer->set_ordered_reduction(ordered_reduce);
+      buffer->set_async_reduction(async_reduce);
       for (const std::string& p : u.params) fsdp[p] = buffer;
       std::shared_ptr<Module> m = u.module.empty() ? nullptr : model.get_module(u.module);
       Module& target = m ? *m : model;

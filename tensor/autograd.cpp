@@ -23,7 +23,50 @@ namespace mt {
 namespace {
 thread_local bool g_grad_enabled = true;
 std::atomic<uint64_t> g_next_seq{0};
+
+// Backward passes running on this thread (nested: a backward inside a node) and the callbacks
+// queued for the end of the outermost one.
+thread_local int g_engine_depth = 0;
+thread_local std::vector<std::function<void()>> g_backward_callbacks;
+
+// Runs the queued callbacks (and any they queue) when the outermost pass ends.
+struct EngineScope {
+  EngineScope() { ++g_engine_depth; }
+  EngineScope(const EngineScope&) = delete;
+  EngineScope& operator=(const EngineScope&) = delete;
+  ~EngineScope() {
+    if (g_engine_depth > 1 || g_backward_callbacks.empty()) {
+      --g_engine_depth;
+      return;
+    }
+    // The pass or a callback threw: run what is left, keep the first exception.
+    while (!g_backward_callbacks.empty()) {
+      try {
+        run_callbacks();
+      } catch (...) {
+      }
+    }
+    --g_engine_depth;
+  }
+  void finish() { run_callbacks(); }
+  // One at a time from the front, so that after a throw the rest are still queued.
+  static void run_callbacks() {
+    while (!g_backward_callbacks.empty()) {
+      std::function<void()> fn = std::move(g_backward_callbacks.front());
+      g_backward_callbacks.erase(g_backward_callbacks.begin());
+      fn();
+    }
+  }
+};
 }  // namespace
+
+void queue_backward_callback(std::function<void()> fn) {
+  if (g_engine_depth == 0) {
+    fn();
+    return;
+  }
+  g_backward_callbacks.push_back(std::move(fn));
+}
 
 bool GradMode::enabled() { return g_grad_enabled; }
 void GradMode::set(bool on) { g_grad_enabled = on; }
@@ -236,6 +279,7 @@ struct ByNewest {
 void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_grads,
                 bool retain_graph, bool create_graph,
                 std::unordered_map<const Node*, std::vector<Tensor>>* capture) {
+  EngineScope scope;
   std::unordered_map<Node*, int> deps;
   std::unordered_map<Node*, std::vector<Node*>> parents;  // grad() only
   std::vector<Node*> stack;
@@ -342,6 +386,7 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
       if (--deps[e.node.get()] == 0) ready.push(e.node.get());
     }
   }
+  if (g_engine_depth == 1) scope.finish();
 }
 
 std::vector<Tensor> default_root_grads(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,

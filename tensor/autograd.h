@@ -122,6 +122,13 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
                          bool create_graph = false);
 
+// Runs `fn` once the backward pass now running on this thread (the outermost backward() or
+// grad() call) has run its last node, before that call returns; also when the pass throws (then
+// an exception of `fn` is dropped, the first one stands). Outside a backward pass `fn` runs at
+// once. Callbacks run in the order they were queued. FSDP completes the gradient reductions it
+// left in flight this way (plan/fsdp_buffer.cpp), like PyTorch's queue_callback.
+void queue_backward_callback(std::function<void()> fn);
+
 // Sum `g` down to `shape` (the inverse of broadcasting), for backward formulas.
 Tensor sum_to(const Tensor& g, const Shape& shape);
 

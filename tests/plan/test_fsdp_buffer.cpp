@@ -5,8 +5,9 @@
 // lowers the step's peak memory without changing a gradient; the gradients equal the single-device ones
 // and the per-parameter path's; a parameter whose storage was moved (as Module::to does) is
 // adopted again at the next gather; prefetching the next unit's gather changes no collective
-// count and no gradient bit; under HSDP (llama_hsdp) each unit's gradient shard is all-reduced over
-// dp once; over training steps the DBuffers make no new buffer after the first step, copy no byte,
+// count and no gradient bit; each unit's reduction runs while the units before it compute, with
+// the bits of completing it at once; under HSDP (llama_hsdp) each unit's gradient shard is
+// all-reduced over dp once; over training steps the DBuffers make no new buffer after the first step, copy no byte,
 // hold the same memory after every step, and accumulate gradients over two backwards exactly.
 #include <cmath>
 #include <cstdlib>
@@ -134,6 +135,9 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   const int64_t layers = cfg.num_hidden_layers;
   CHECK(c.prefetches == 2 * layers - 1);
   CHECK(c.prefetch_hits == c.prefetches);
+  // Every unit's reduce-scatter was left running when its backward returned (and done when the
+  // backward pass returned: the gradients below are complete).
+  CHECK(c.reductions_in_flight == static_cast<int64_t>(ir.fsdp_units.size()));
   const double d = max_diff(got, want);
   if (world().rank() == 0)
     fmt::print("fsdp buffer np {}: max |grad diff| vs one device {:.2e}; {} all-gathers, {} reduce-scatters, "
@@ -223,6 +227,19 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   }
   unsetenv("MT_FSDP_ZERO_COPY");
 
+  // Every reduction completed before its unit's backward returns (MT_FSDP_ASYNC_REDUCE=0, the
+  // path before reductions in flight): the same collectives, the same bits.
+  setenv("MT_FSDP_ASYNC_REDUCE", "0", 1);
+  {
+    auto model7 = build(cfg, true);
+    Parallelized par7 = parallelize(*model7, plan, mesh);
+    reset_fsdp_counters();
+    CHECK(max_diff(grads_of(*model7, &par7, &mesh, B, T), got) == 0);
+    CHECK(fsdp_counters().reductions_in_flight == 0);
+    CHECK(fsdp_counters().reduce_scatters == static_cast<int64_t>(ir.fsdp_units.size()));
+  }
+  unsetenv("MT_FSDP_ASYNC_REDUCE");
+
   // The per-parameter path (MT_FSDP_DBUFFER=0) gives the same gradients.
   setenv("MT_FSDP_DBUFFER", "0", 1);
   auto model2 = build(cfg, true);
@@ -259,11 +276,25 @@ TEST_CASE("hsdp: units sharded over fsdp, replicated over dp, one all-reduce per
   CHECK(c.reduce_scatters == units);
   CHECK(c.replica_all_reduces == units);  // each unit's gradient shard over dp, once
   CHECK(c.all_gathers == 2 * units - 1);
+  // Each unit's reduce-scatter, then its all-reduce over dp, ran while the units before it computed.
+  CHECK(c.reductions_in_flight == units);
   const double d = max_diff(got, want);
   if (world().rank() == 0)
     fmt::print("hsdp np {} (dp {} x fsdp {}): max |grad diff| vs one device {:.2e}; {} reduce-scatters, {} "
                "all-reduces over dp\n", n, mesh.size(0), mesh.size(1), d, c.reduce_scatters, c.replica_all_reduces);
   CHECK(d <= 1e-5);
+
+  // Completed within each unit's backward instead (MT_FSDP_ASYNC_REDUCE=0): the same bits.
+  setenv("MT_FSDP_ASYNC_REDUCE", "0", 1);
+  {
+    auto model2 = build(cfg, true);
+    Parallelized par2 = parallelize(*model2, plan, mesh);
+    reset_fsdp_counters();
+    CHECK(max_diff(grads_of(*model2, &par2, &mesh, B, T), got) == 0);
+    CHECK(fsdp_counters().reductions_in_flight == 0);
+    CHECK(fsdp_counters().replica_all_reduces == units);
+  }
+  unsetenv("MT_FSDP_ASYNC_REDUCE");
 }
 
 TEST_CASE("fsdp buffer: zero-copy gradients, buffers made once, deterministic memory", "[mpi][fsdp]") {

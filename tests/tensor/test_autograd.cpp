@@ -1,5 +1,5 @@
 // Autograd engine: accumulation, retain_graph, no_grad, detach, hooks and their order, grad(),
-// create_graph, in-place rules.
+// create_graph, callbacks at the end of a pass, in-place rules.
 #include <cmath>
 #include <string>
 
@@ -348,6 +348,73 @@ TEST_CASE("nodes run newest-first", "[cpu]") {
   sum(m).backward();
   REQUIRE(order == std::vector<std::string>{"tensor", "pre", "post"});
   REQUIRE(vals(x.grad()) == std::vector<double>{10, 10});
+}
+
+TEST_CASE("callbacks queued during backward run when the pass ends", "[cpu]") {
+  Tensor x = vec({1, 2}).requires_grad_();
+  std::vector<std::string> order;
+  // Outside a backward pass: at once.
+  queue_backward_callback([&] { order.push_back("now"); });
+  REQUIRE(order == std::vector<std::string>{"now"});
+  order.clear();
+  // Queued from two nodes: after the last node (the leaf's accumulation), in queue order, before
+  // backward() returns; one queued by a callback runs too.
+  Tensor a = x * 2.0;
+  a.register_hook([&](const Tensor& g) {
+    order.push_back("a");
+    queue_backward_callback([&] {
+      order.push_back("end a");
+      queue_backward_callback([&] { order.push_back("end of end"); });
+    });
+    return g;
+  });
+  Tensor b = a * 3.0;
+  b.register_hook([&](const Tensor& g) {
+    order.push_back("b");
+    queue_backward_callback([&] { order.push_back("end b"); });
+    return g;
+  });
+  x.register_post_accumulate_grad_hook([&](const Tensor&) { order.push_back("accumulated"); });
+  sum(b).backward();
+  REQUIRE(order == std::vector<std::string>{"b", "a", "accumulated", "end b", "end a", "end of end"});
+  // grad() runs them too.
+  order.clear();
+  Tensor c = x * 4.0;
+  c.register_hook([&](const Tensor& g) {
+    queue_backward_callback([&] { order.push_back("end c"); });
+    return g;
+  });
+  (void)grad({sum(c)}, {x});
+  REQUIRE(order == std::vector<std::string>{"end c"});
+  // A pass that throws still runs them, and its exception is the one that comes out; the next
+  // pass starts with none queued.
+  order.clear();
+  Tensor d = x * 5.0;
+  d.register_hook([&](const Tensor&) -> Tensor {
+    queue_backward_callback([&] { order.push_back("end d"); });
+    queue_backward_callback([&] {
+      order.push_back("throws");
+      throw Error("from a callback");
+    });
+    queue_backward_callback([&] { order.push_back("after the throw"); });
+    throw Error("from a hook");
+  });
+  REQUIRE_THROWS_WITH(sum(d).backward(), Catch::Contains("from a hook"));
+  REQUIRE(order == std::vector<std::string>{"end d", "throws", "after the throw"});
+  order.clear();
+  sum(x * 1.0).backward();
+  REQUIRE(order == std::vector<std::string>{"accumulated"});  // x's hook, no callback
+  order.clear();
+  // A callback that throws after a pass that succeeded: its exception comes out of backward(),
+  // and the callbacks after it still run.
+  Tensor e = x * 6.0;
+  e.register_hook([&](const Tensor& g) {
+    queue_backward_callback([&] { throw Error("end e failed"); });
+    queue_backward_callback([&] { order.push_back("after e"); });
+    return g;
+  });
+  REQUIRE_THROWS_WITH(sum(e).backward(), Catch::Contains("end e failed"));
+  REQUIRE(order == std::vector<std::string>{"accumulated", "after e"});
 }
 
 TEST_CASE("in-place on tensors that require grad", "[cpu]") {

@@ -2,7 +2,9 @@
 // llama_fsdp with its DBuffer (one all-gather and one reduce-scatter per unit), with and without
 // prefetching the next unit's gather (MT_FSDP_PREFETCH=0) and with the gradients copied into the
 // unit's buffer instead of written there (MT_FSDP_ZERO_COPY=0), llama_fsdp with
-// per-parameter gathers (MT_FSDP_DBUFFER=0: the planner's RaggedShards through redistribute), and
+// per-parameter gathers (MT_FSDP_DBUFFER=0: the planner's RaggedShards through redistribute),
+// llama_fsdp and llama_hsdp (even worlds) with each unit's reduction waited for before its
+// backward returns (MT_FSDP_ASYNC_REDUCE=0) and left in flight (the default), and
 // llama_zero3 (row-wise S(0) storage, per-parameter gathers). Per plan: steps/s and its ratio to
 // one process running the whole global batch, collectives per step (calls and MiB, rank 0), the
 // bytes the DBuffer copies outside collectives per step (0 + 0 on the steady path: the gradients

@@ -7,7 +7,8 @@
 # under mpirun on one GPU (host-staged collectives), llama_dp and llama_tp (np 2), llama_dp_tp and
 # mixtral_ep_tp (np 4), mixtral_ep (np 1: NCCL; np 2), the FSDP plans llama_fsdp, llama_zero3 (np 2),
 # llama_fsdp_tp and llama_hsdp (np 4) and mixtral_fsdp_ep (np 2) training like the single-device run,
-# llama_pp (np 2, 1F1B) passing `meshtrain parity` on the GPU, and sharded
+# 8-bit AdamW with blocks shared between ranks under llama_fsdp and llama_fsdp_tp (np 2) against the
+# CPU, llama_pp (np 2, 1F1B) passing `meshtrain parity` on the GPU, and sharded
 # checkpoints saved on one device kind and resumed on the other under another plan. Without a GPU:
 # `--device cuda` fails with one line naming the flag (checked everywhere), then the script exits 77
 # (meson: SKIP).
@@ -110,6 +111,19 @@ if [ -n "$MPIRUN" ]; then
       && pass "$plan np $np on one GPU vs one CPU device: $r" || fail "$plan np $np cuda: $r"
   done
   grep -q "staged through host memory" "$WORK/err" && pass "one-line host-staging notice" || fail "no staging notice: $(head -n 3 "$WORK/err")"
+  # 8-bit AdamW with blocks shared between ranks (llama_fsdp's 1-row granularity cuts them, and
+  # llama_fsdp_tp's columns): the CUDA kernel's two phases (kMax, then kApply after the absmax
+  # all-reduce) under the plan on the GPU, against the same plan on the CPU.
+  for plan in llama_fsdp llama_fsdp_tp; do
+    mpi 2 "$BIN" $TRAIN --config llama-tiny --optimizer adamw8bit --plan "$PLANS/$plan.plan" \
+      --metrics "$WORK/q8_$plan.cpu.jsonl" >/dev/null 2>"$WORK/err" || fail "adamw8bit $plan cpu: $(tail -n 1 "$WORK/err")"
+    mpi 2 "$BIN" $TRAIN --config llama-tiny --optimizer adamw8bit --plan "$PLANS/$plan.plan" --device cuda \
+      --metrics "$WORK/q8_$plan.cuda.jsonl" >/dev/null 2>"$WORK/err" \
+      || fail "adamw8bit $plan cuda: $(grep -m 1 '\] error: ' "$WORK/err" || tail -n 3 "$WORK/err")"
+    r=$(python3 "$CMP" losses "$WORK/q8_$plan.cpu.jsonl" "$WORK/q8_$plan.cuda.jsonl" 1e-3 rel 2>&1) \
+      && pass "--optimizer adamw8bit under $plan np 2 (shared blocks) on one GPU vs the CPU: $r" \
+      || fail "adamw8bit $plan cuda vs cpu: $r"
+  done
   # Pipeline stages on the GPU (docs/pipeline.md): activations and gradients sent point to point
   # between the ranks (host-staged here); 1F1B over 2 micro-batches against the single-device run.
   if mpi 2 "$BIN" parity --plan "$PLANS/llama_pp.plan" --config llama-tiny --device cuda --accum 2 --steps 5 \

@@ -124,6 +124,11 @@ unfused=$(grep -o '[0-9]* grad collectives' "$WORK/nofuse.out" | tail -n 1 | cut
 [ -n "$fused" ] && [ -n "$unfused" ] && [ "$fused" -lt "$unfused" ] \
   && pass "llama_dp: $fused fused collectives per step < $unfused unfused" || fail "fusion counts: '$fused' vs '$unfused'"
 
+# FSDP's own reductions (one reduce-scatter per unit) count as grad collectives too.
+c=$(grep -o '[0-9]* grad collectives' "$WORK/t_llama_fsdp.out" | tail -n 1 | cut -d' ' -f1)
+[ -n "$c" ] && [ "$c" -gt 0 ] && pass "llama_fsdp: $c grad collectives per step (the units' reduce-scatters)" \
+  || fail "llama_fsdp grad collectives: '$c'"
+
 # ---- resume under a plan (sharded checkpoints) --------------------------------------------------------
 R="$TRAIN --dropout 0.1 --plan $PLANS/llama_zero3.plan"
 mpi 2 "$BIN" $R --metrics "$WORK/rf.jsonl" --checkpoint-dir "$WORK/rfull" >/dev/null 2>&1 || fail "train full (zero3) exit"

@@ -25,6 +25,7 @@
 #include "models/llama.h"
 #include "optim/adamw.h"
 #include "optim/master_weights.h"
+#include "plan/fsdp_buffer.h"
 #include "plan/grad_reducer.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
@@ -283,6 +284,7 @@ int run_train(int argc, char** argv) {
     std::optional<ProfileScope> profiled_step;
     if (profiler) profiled_step.emplace(ProfileEvent::Kind::kRegion, fmt::format("step {}", step + 1));
     auto t0 = std::chrono::steady_clock::now();
+    const FsdpCounters fsdp_before = fsdp_counters();
     StepResult r = trainer.gradients(step, [&] {
       TokenBatch b = loader.next();
       if (!device.is_cpu()) b = {b.inputs.to(device), b.targets.to(device)};
@@ -296,8 +298,12 @@ int run_train(int argc, char** argv) {
     double tok_s = static_cast<double>(batch * seq * accum) / secs;
     double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
     double mem = static_cast<double>(memory_stats(device).peak) / (1 << 20);
+    // The reducer's collectives and the FSDP units' reduce-scatters and HSDP all-reduces.
     const GradReducer* reducer = trainer.reducer();
-    const int64_t collectives = reducer ? reducer->stats().collectives : 0;
+    const FsdpCounters fsdp_after = fsdp_counters();
+    const int64_t collectives = (reducer ? reducer->stats().collectives : 0) +
+                                fsdp_after.reduce_scatters - fsdp_before.reduce_scatters +
+                                fsdp_after.replica_all_reduces - fsdp_before.replica_all_reduces;
     const std::optional<ExpertTokenRange> experts = expert_token_range(*model);  // MoE: routing balance
     if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
       fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",

@@ -111,7 +111,9 @@ struct FsdpUnitBuffer::State {
   std::map<int64_t, size_t> by_offset;            // full-buffer offset -> parameter (numel > 0)
   const Storage* registered = nullptr;            // full's storage, in the destination registry
   const Storage* lending = nullptr;               // grad_shard's storage, lending .grad views
+  const Storage* accumulating = nullptr;          // grad_full's storage, a gradient accumulator
   std::vector<Tensor> gathered;       // this forward's compute tensors (empty: not gathered yet)
+  std::vector<std::function<void()>> releases;  // slots handed back when the unit's forward ends
   bool reshard = false;               // free `full` after the forward, gather again for backward
   bool prefetchable = true;           // the unit before it may start its gathers (link_prefetch)
   bool resharded = false;             // `full`'s memory is freed
@@ -162,6 +164,8 @@ struct FsdpUnitBuffer::State {
     registered = nullptr;
     if (lending) set_grad_lender(lending, false);
     lending = nullptr;
+    if (accumulating) set_grad_accumulator(accumulating, false);
+    accumulating = nullptr;
   }
   // The gradient destination of compute tensor `w` (a view of `full`): its place in grad_full,
   // once per backward of the unit.
@@ -175,6 +179,11 @@ struct FsdpUnitBuffer::State {
     complete_own();  // an earlier reduction of this unit still reading grad_full
     poke_in_flight();
     ensure(grad_full, group * shard_size);
+    if (grad_full.impl()->storage.get() != accumulating) {  // a weight's second use adds in place
+      if (accumulating) set_grad_accumulator(accumulating, false);
+      accumulating = grad_full.impl()->storage.get();
+      set_grad_accumulator(accumulating, true);
+    }
     claimed[i] = 1;
     return grad_full.narrow(0, p.offset, p.numel).view(p.run_local);
   }
@@ -570,10 +579,23 @@ void FsdpUnitBuffer::set_zero_copy_gradients(bool on) { s_->zero_copy = on; }
 void FsdpUnitBuffer::set_prefetch(bool on) { s_->prefetchable = on; }
 void FsdpUnitBuffer::set_ordered_reduction(bool on) { s_->ordered = on; }
 void FsdpUnitBuffer::set_async_reduction(bool on) { s_->async_reduce = on; }
-void FsdpUnitBuffer::begin_forward() { s_->gathered.clear(); }
+void FsdpUnitBuffer::begin_forward() {
+  State& s = *s_;
+  s.gathered.clear();
+  std::vector<std::function<void()>> stale;  // left by a forward that threw
+  stale.swap(s.releases);
+  for (auto& release : stale) release();
+}
+
+void FsdpUnitBuffer::release_after_forward(std::function<void()> release) {
+  s_->releases.push_back(std::move(release));
+}
 
 void FsdpUnitBuffer::end_forward() {
   State& s = *s_;
+  std::vector<std::function<void()>> releases;
+  releases.swap(s.releases);
+  for (auto& release : releases) release();
   s.gathered.clear();
   // (A meta buffer of a checked plan may have no storage at all: nothing to free.)
   if (s.reshard && s.full.defined() && s.full.impl()->storage.get() && !s.resharded) {

@@ -282,11 +282,22 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
     }));
   if (!fwd.empty() || n_factories > 0)
     handles.push_back(m.register_forward_hook(
-        [fwd, stored, mesh, pm, check_index, n_factories](Module& mod, const std::vector<Tensor>&, std::vector<Tensor>& out) {
+        [fwd, stored, units, mesh, pm, check_index, n_factories](Module& mod, const std::vector<Tensor>&,
+                                                                 std::vector<Tensor>& out) {
           for (const HookRecord& r : fwd) {
             run_record(r, pm, [&] {
               if (r.action == HookAction::kRelease) {
-                mod.parameter_slot(r.tensor) = stored.at(r.tensor);
+                // A parameter of an FSDP unit above its module keeps its compute tensor until the
+                // unit's forward ends: a weight used again outside its module (tied embeddings: the
+                // head reads the embedding's weight) finds it gathered.
+                auto unit = units.find(r.tensor);
+                if (unit != units.end() && unit->second.first->module() != r.module) {
+                  Module* owner = &mod;
+                  unit->second.first->release_after_forward(
+                      [owner, name = r.tensor, t = stored.at(r.tensor)] { owner->parameter_slot(name) = t; });
+                } else {
+                  mod.parameter_slot(r.tensor) = stored.at(r.tensor);
+                }
               } else {
                 check_index(r, out.size());
                 out[r.io_index] = activation(out[r.io_index], r, mesh, pm);

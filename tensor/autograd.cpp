@@ -319,7 +319,7 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
     if (!g.defined()) return;
     if (!buf[slot].defined())
       buf[slot] = g;
-    else
+    else if (!accumulate_grad_in_place(buf[slot], g))  // (into a gradient destination: stays there)
       buf[slot] = add_grads(buf[slot], g);
   };
 

@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kernels/registry.h"
 #include "tensor/autograd.h"
 
 namespace mt {
@@ -15,8 +16,8 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::unordered_map<const Storage*, GradDestinationFn> destinations;
-  std::unordered_set<const Storage*> lenders;
-  std::atomic<size_t> n_destinations{0}, n_lenders{0};  // lock-free "none registered"
+  std::unordered_set<const Storage*> lenders, accumulators;
+  std::atomic<size_t> n_destinations{0}, n_lenders{0}, n_accumulators{0};  // lock-free "none registered"
 };
 
 Registry& registry() {
@@ -53,6 +54,37 @@ Tensor grad_destination(const Tensor& weight) {
       d.device() != weight.device())
     return Tensor();
   return d;
+}
+
+void set_grad_accumulator(const Storage* storage, bool on) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  if (on)
+    r.accumulators.insert(storage);
+  else
+    r.accumulators.erase(storage);
+  r.n_accumulators = r.accumulators.size();
+}
+
+bool accumulate_grad_in_place(const Tensor& into, const Tensor& g) {
+  Registry& r = registry();
+  if (r.n_accumulators.load(std::memory_order_relaxed) == 0 || GradMode::enabled()) return false;
+  if (!into.defined() || !g.defined() || !into.impl()->storage || !g.impl()->storage) return false;
+  const Storage* st = into.impl()->storage.get();
+  {
+    std::lock_guard lock(r.mu);
+    if (!r.accumulators.count(st)) return false;
+  }
+  const auto& da = into.impl()->dist;
+  const auto& db = g.impl()->dist;
+  if (into.local_shape() != g.local_shape() || into.dtype() != g.dtype() || into.device() != g.device() ||
+      !into.is_contiguous() || g.impl()->storage.get() == st || (da != db && (!da || !db || da->str() != db->str())))
+    return false;
+  // The local tensors, elementwise: what add() computes on them, written over `into`.
+  BinaryParams bp{BinaryOp::kAdd, into.view_info(), g.view_info(), into.view_info()};
+  MT_KERNEL(into.device().type, binary, bp);
+  bump_version(into);
+  return true;
 }
 
 void set_grad_lender(const Storage* storage, bool on) {

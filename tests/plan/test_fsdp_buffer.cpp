@@ -4,7 +4,8 @@
 // nothing outside collectives in forward and backward (zero-copy gradients); resharding
 // lowers the step's peak memory without changing a gradient; the gradients equal the single-device ones
 // and the per-parameter path's; a parameter whose storage was moved (as Module::to does) is
-// adopted again at the next gather; prefetching the next unit's gather changes no collective
+// adopted again at the next gather; a weight used twice (tied embeddings) sums in place;
+// prefetching the next unit's gather changes no collective
 // count and no gradient bit; each unit's reduction runs while the units before it compute, with
 // the bits of completing it at once; under HSDP (llama_hsdp) each unit's gradient shard is
 // all-reduced over dp once; over training steps the DBuffers make no new buffer after the first step, copy no byte,
@@ -250,6 +251,47 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
     CHECK(fsdp_counters().all_gathers == 0);
   }
   unsetenv("MT_FSDP_DBUFFER");
+}
+
+// Tied embeddings (llama-1b's layout on llama-tiny): the root unit's embedding is also the head, so
+// its gradient has two terms in one backward. The head's GEMM writes into the unit's gradient
+// buffer, the engine adds the lookup's term there in place: nothing is copied in, with the bits of
+// copying the engine's sum in (MT_FSDP_ZERO_COPY=0).
+TEST_CASE("fsdp buffer: a weight used twice (tied embeddings) sums in place", "[mpi][fsdp]") {
+  const int64_t n = world().size();
+  ModelConfig cfg = builtin_config("llama-tiny");
+  cfg.attention_dropout = cfg.residual_dropout = 0;
+  cfg.tie_word_embeddings = true;
+  const int64_t B = 2 * n + 1, T = 8;
+  auto ref = build(cfg, false);
+  const NamedTensors want = grads_of(*ref, nullptr, nullptr, B, T);
+
+  Plan plan = load_plan(plans_dir() + "/llama_fsdp.plan");
+  PlanMesh pm = plan.resolve_mesh(n);
+  DeviceMesh mesh(pm.shape, pm.names);
+  auto model = build(cfg, true);
+  Parallelized par = parallelize(*model, plan, mesh);
+  int64_t unit_params = 0;
+  for (const FsdpUnit& u : par.ir().fsdp_units) unit_params += static_cast<int64_t>(u.params.size());
+  reset_fsdp_counters();
+  const NamedTensors got = grads_of(*model, &par, &mesh, B, T);
+  CHECK(fsdp_counters().backward_bytes_copied == 0);
+  CHECK(fsdp_counters().zero_copy_grads == unit_params);
+  const double d = max_diff(got, want);
+  if (world().rank() == 0)
+    fmt::print("fsdp buffer np {}, tied embeddings: max |grad diff| vs one device {:.2e}, {} bytes copied in "
+               "backward\n", n, d, fsdp_counters().backward_bytes_copied);
+  CHECK(d <= 1e-5);
+
+  setenv("MT_FSDP_ZERO_COPY", "0", 1);
+  {
+    auto model2 = build(cfg, true);
+    Parallelized par2 = parallelize(*model2, plan, mesh);
+    reset_fsdp_counters();
+    CHECK(max_diff(grads_of(*model2, &par2, &mesh, B, T), got) == 0);
+    CHECK(fsdp_counters().backward_bytes_copied > 0);
+  }
+  unsetenv("MT_FSDP_ZERO_COPY");
 }
 
 TEST_CASE("hsdp: units sharded over fsdp, replicated over dp, one all-reduce per unit", "[mpi][fsdp]") {

@@ -112,12 +112,18 @@ int main(int argc, char** argv) {
     const char* dbuffer;   // MT_FSDP_DBUFFER
     const char* prefetch;  // MT_FSDP_PREFETCH
     const char* zero_copy = "1";  // MT_FSDP_ZERO_COPY
+    const char* async = "1";      // MT_FSDP_ASYNC_REDUCE
   };
   for (const Case& c : {Case{"llama_zero3", "llama_zero3", "1", "1"},
                         Case{"llama_fsdp, per-parameter gathers", "llama_fsdp", "0", "1"},
                         Case{"llama_fsdp, DBuffer, no prefetch", "llama_fsdp", "1", "0"},
                         Case{"llama_fsdp, DBuffer + prefetch, gradients copied in", "llama_fsdp", "1", "1", "0"},
-                        Case{"llama_fsdp, DBuffer + prefetch", "llama_fsdp", "1", "1"}}) {
+                        Case{"llama_fsdp, DBuffer + prefetch, each reduction waited for", "llama_fsdp", "1", "1", "1", "0"},
+                        Case{"llama_fsdp, DBuffer + prefetch", "llama_fsdp", "1", "1"},
+                        Case{"llama_hsdp, each reduction waited for", "llama_hsdp", "1", "1", "1", "0"},
+                        Case{"llama_hsdp", "llama_hsdp", "1", "1"}}) {
+    if (std::string(c.plan) == "llama_hsdp" && n % 2 != 0) continue;  // fsdp=2 inside dp
+    setenv("MT_FSDP_ASYNC_REDUCE", c.async, 1);
     setenv("MT_FSDP_ZERO_COPY", c.zero_copy, 1);
     setenv("MT_FSDP_DBUFFER", c.dbuffer, 1);
     setenv("MT_FSDP_PREFETCH", c.prefetch, 1);
@@ -131,7 +137,7 @@ int main(int argc, char** argv) {
       st = run(*model, &par, &mesh, steps, B, T);
     }
     if (root) {
-      const bool dbuf = std::string(c.dbuffer) == "1" && std::string(c.plan) == "llama_fsdp";
+      const bool dbuf = std::string(c.dbuffer) == "1" && std::string(c.plan) != "llama_zero3";
       fmt::print("| {} | {} | {:.2f} | {:.2f} | {} | {:.2f} | {} | {} | {:.2f} | {:.1f} |\n", c.label, n, 1 / st.seconds,
                  single.seconds / st.seconds, st.calls, static_cast<double>(st.bytes) / (1 << 20),
                  dbuf ? fmt::format("{} + {}", st.forward_copied, st.backward_copied)

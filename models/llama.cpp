@@ -245,6 +245,8 @@ CausalLM::CausalLM(const ModelConfig& c, DType dtype) : config_(c), dtype_(dtype
   if (!c.tie_word_embeddings)
     lm_head_ = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size, Bias::kNo,
                                                                    c.initializer_range, dtype));
+  else
+    declare_shared_use("model.embed_tokens.weight");  // the head (forward) reads it after the embedding
 }
 
 std::vector<std::pair<std::string, bool>> CausalLM::pipeline_units() const {

@@ -230,8 +230,13 @@ using Records = std::vector<HookRecord>;
 // Installs one hook per hook point of `m` carrying out `recs` (that module's records).
 using FsdpBuffers = std::map<std::string, std::shared_ptr<FsdpUnitBuffer>>;  // parameter path -> its unit
 
+// Slots handed back when a module's forward ends instead of their owner's: the parameters that
+// module declared it reads after their owner returned (Module::declare_shared_use).
+using Releases = std::vector<std::function<void()>>;
+using SharedUses = std::map<std::string, std::shared_ptr<Releases>>;  // parameter path -> its module's list
+
 void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanMesh& pm, const void* owner,
-             const FsdpBuffers& fsdp, std::vector<HookHandle>& handles) {
+             const FsdpBuffers& fsdp, const SharedUses& shared_uses, std::vector<HookHandle>& handles) {
   Records pre, fwd, bwd_pre, bwd;
   for (const auto& r : recs) {
     switch (r.hook) {
@@ -246,10 +251,13 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
   std::map<std::string, Tensor> stored;
   // Parameters of FSDP units: their unit and their path in it.
   std::map<std::string, std::pair<std::shared_ptr<FsdpUnitBuffer>, std::string>> units;
+  std::map<std::string, std::shared_ptr<Releases>> later;  // parameters another module reads later
   for (const auto& r : recs)
     if (r.action == HookAction::kGather) {
       stored[r.tensor] = m.get_parameter(r.tensor);
       std::string path = r.module.empty() ? r.tensor : r.module + "." + r.tensor;
+      auto shared = shared_uses.find(path);
+      if (shared != shared_uses.end()) later[r.tensor] = shared->second;
       auto it = fsdp.find(path);
       if (it != fsdp.end()) units[r.tensor] = {it->second, std::move(path)};
     }
@@ -282,22 +290,25 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
     }));
   if (!fwd.empty() || n_factories > 0)
     handles.push_back(m.register_forward_hook(
-        [fwd, stored, units, mesh, pm, check_index, n_factories](Module& mod, const std::vector<Tensor>&,
-                                                                 std::vector<Tensor>& out) {
+        [fwd, stored, units, later, mesh, pm, check_index, n_factories](Module& mod, const std::vector<Tensor>&,
+                                                                        std::vector<Tensor>& out) {
           for (const HookRecord& r : fwd) {
             run_record(r, pm, [&] {
               if (r.action == HookAction::kRelease) {
                 // A parameter of an FSDP unit above its module keeps its compute tensor until the
-                // unit's forward ends: a weight used again outside its module (tied embeddings: the
-                // head reads the embedding's weight) finds it gathered.
+                // unit's forward ends, and one that a module above declared it reads later until
+                // that module's forward ends: a weight used again outside its module (tied
+                // embeddings: the head reads the embedding's weight) finds it gathered.
+                Module* owner = &mod;
+                auto release = [owner, name = r.tensor, t = stored.at(r.tensor)] { owner->parameter_slot(name) = t; };
                 auto unit = units.find(r.tensor);
-                if (unit != units.end() && unit->second.first->module() != r.module) {
-                  Module* owner = &mod;
-                  unit->second.first->release_after_forward(
-                      [owner, name = r.tensor, t = stored.at(r.tensor)] { owner->parameter_slot(name) = t; });
-                } else {
-                  mod.parameter_slot(r.tensor) = stored.at(r.tensor);
-                }
+                auto shared = later.find(r.tensor);
+                if (unit != units.end() && unit->second.first->module() != r.module)
+                  unit->second.first->release_after_forward(release);
+                else if (shared != later.end())
+                  shared->second->push_back(release);
+                else
+                  release();
               } else {
                 check_index(r, out.size());
                 out[r.io_index] = activation(out[r.io_index], r, mesh, pm);
@@ -518,10 +529,27 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
     }
     *next_pass = FsdpUnitBuffer::link_prefetch(ordered);
   }
+  // Parameters read after their module returned (tied weights): each goes back to its slot when
+  // the outermost module that declared the use ends its forward (its stale releases, left by a
+  // forward that threw, run as its next forward begins).
+  SharedUses shared_uses;
+  for (const auto& [path, m] : model.named_modules()) {  // pre-order: outer modules first
+    if (m->shared_uses().empty()) continue;
+    auto releases = std::make_shared<Releases>();
+    auto flush = [releases] {
+      Releases now;
+      now.swap(*releases);
+      for (auto& release : now) release();
+    };
+    handles.push_back(m->register_forward_pre_hook([flush](Module&, std::vector<Tensor>&) { flush(); }));
+    handles.push_back(
+        m->register_forward_hook([flush](Module&, const std::vector<Tensor>&, std::vector<Tensor>&) { flush(); }));
+    for (const std::string& p : m->shared_uses()) shared_uses.emplace(path.empty() ? p : path + "." + p, releases);
+  }
   auto owner = std::make_shared<char>(0);  // identifies this call's factory scopes
   for (auto& [path, recs] : by_module) {
     std::shared_ptr<Module> m = path.empty() ? nullptr : model.get_module(path);
-    install(m ? *m : model, recs, mesh, ir.mesh, owner.get(), fsdp, handles);
+    install(m ? *m : model, recs, mesh, ir.mesh, owner.get(), fsdp, shared_uses, handles);
   }
   handles.emplace_back([owner] {
     std::erase_if(g_factories, [&](const OwnedScope& f) { return f.owner == owner.get(); });

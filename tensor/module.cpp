@@ -318,6 +318,11 @@ void Module::visit_slots(Self& self, const std::string& prefix, Slots which, Fn&
   }
 }
 
+void Module::declare_shared_use(const std::string& param) {
+  (void)get_parameter(param);  // names a parameter below this module, or throws naming it
+  shared_uses_.push_back(param);
+}
+
 void Module::declare_shard_unit(const std::string& param, int dim, int64_t size, std::string what) {
   MT_CHECK(size > 0 && dim >= 0, "declare_shard_unit({}, dim {}, size {}) on {}: dim must be >= 0 and size > 0",
            param, dim, size, where());

@@ -139,6 +139,14 @@ class Module : public std::enable_shared_from_this<Module> {
   void declare_shard_unit(const std::string& param, int dim, int64_t size, std::string what);
   std::vector<ShardUnit> shard_units() const;  // this module's and its children's, recursively
 
+  // ---- parameters read outside their module (declared by models, honoured by parallelize) ----
+  // This module's own forward reads `param` (a parameter path below it) after the module that
+  // owns it has returned: tied weights, e.g. a causal LM's head reading its embedding's weight.
+  // A plan that gathers that parameter for compute keeps it gathered until this module's
+  // forward ends instead of its owner's.
+  void declare_shared_use(const std::string& param);
+  const std::vector<std::string>& shared_uses() const { return shared_uses_; }
+
   // ---- traversal: dotted paths, registration order, pre-order (own tensors, then children) ----
   // Parameters and modules reachable twice (tied weights) are listed once, under the first path.
   NamedTensors named_parameters() const;
@@ -224,6 +232,7 @@ class Module : public std::enable_shared_from_this<Module> {
   std::deque<Slot> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<ShardUnit> shard_units_;
+  std::vector<std::string> shared_uses_;
   std::string path_;
   bool training_ = true;
   Recompute recompute_ = Recompute::kNo;

@@ -151,6 +151,17 @@ TEST_CASE("module: shard units are listed with paths from the module asked", "[c
                       Contains("size > 0") && Contains("layers.1.attn"));
 }
 
+TEST_CASE("module: a parameter read outside its module is declared by path", "[cpu]") {
+  manual_seed(1);
+  auto m = std::make_shared<Model>();
+  REQUIRE(m->shared_uses().empty());
+  m->declare_shared_use("embed");
+  m->declare_shared_use("layers.1.mlp.gate");
+  REQUIRE(m->shared_uses() == std::vector<std::string>{"embed", "layers.1.mlp.gate"});
+  REQUIRE_THROWS_WITH(m->declare_shared_use("layers.1.mlp.gat"), Contains("did you mean 'gate'"));
+  REQUIRE(m->shared_uses().size() == 2);
+}
+
 TEST_CASE("module: lookup and registration errors name the path and list nearby names", "[cpu]") {
   manual_seed(1);
   auto m = std::make_shared<Model>();

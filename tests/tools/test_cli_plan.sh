@@ -129,8 +129,9 @@ c=$(grep -o '[0-9]* grad collectives' "$WORK/t_llama_fsdp.out" | tail -n 1 | cut
 [ -n "$c" ] && [ "$c" -gt 0 ] && pass "llama_fsdp: $c grad collectives per step (the units' reduce-scatters)" \
   || fail "llama_fsdp grad collectives: '$c'"
 
-# Tied embeddings (llama-1b's layout) on llama-tiny under llama_fsdp: the head reads the root unit's
-# gathered embedding; the losses track one device.
+# Tied embeddings (llama-1b's layout) on llama-tiny under llama_fsdp (the head reads the root unit's
+# gathered embedding) and llama_zero3 (the embedding's slot stays gathered until the model's forward
+# ends: Module::declare_shared_use): the losses track one device.
 python3 - "$WORK/ck/config.json" "$WORK/tied.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
@@ -138,10 +139,12 @@ c["tie_word_embeddings"] = True
 json.dump(c, open(sys.argv[2], "w"))
 PY
 "$BIN" $TRAIN --config "$WORK/tied.json" --metrics "$WORK/tied1.jsonl" >/dev/null || fail "tied: one device"
-mpi 2 "$BIN" $TRAIN --config "$WORK/tied.json" --plan "$PLANS/llama_fsdp.plan" --metrics "$WORK/tied2.jsonl" \
-  >/dev/null 2>"$WORK/err" || fail "tied under llama_fsdp: $(grep -m 1 '\] error: ' "$WORK/err")"
-r=$(losses_close "$WORK/tied1.jsonl" "$WORK/tied2.jsonl" 2>&1) && pass "tied embeddings under llama_fsdp np 2: $r" \
-  || fail "tied embeddings under llama_fsdp: $r"
+for p in llama_fsdp llama_zero3; do
+  mpi 2 "$BIN" $TRAIN --config "$WORK/tied.json" --plan "$PLANS/$p.plan" --metrics "$WORK/tied_$p.jsonl" \
+    >/dev/null 2>"$WORK/err" || fail "tied under $p: $(grep -m 1 '\] error: ' "$WORK/err")"
+  r=$(losses_close "$WORK/tied1.jsonl" "$WORK/tied_$p.jsonl" 2>&1) && pass "tied embeddings under $p np 2: $r" \
+    || fail "tied embeddings under $p: $r"
+done
 
 # ---- resume under a plan (sharded checkpoints) --------------------------------------------------------
 R="$TRAIN --dropout 0.1 --plan $PLANS/llama_zero3.plan"

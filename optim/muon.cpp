@@ -134,14 +134,7 @@ Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& opts)
   MT_CHECK(opts.beta1 >= 0 && opts.beta1 < 1 && opts.beta2 >= 0 && opts.beta2 < 1,
            "Muon: AdamW betas ({}, {}) must be in [0, 1)", opts.beta1, opts.beta2);
   MT_CHECK(std::isfinite(opts.eps) && opts.eps >= 0, "Muon: eps {} must be finite and >= 0", opts.eps);
-  // Split matrices: (flops, name, group size) for the root assignment.
-  struct Job {
-    double flops;
-    std::string name;
-    int64_t group;
-    std::string key;  // the group's mesh dims
-  };
-  std::vector<Job> jobs;
+  NamedTensors matrices;  // the Muon matrices, for the root assignment
   for (const ParamGroup& g : param_groups())
     for (const auto& [name, p] : g.params) {
       MT_CHECK(p.dtype() == DType::kF32 && local_view(p).is_contiguous(),
@@ -152,18 +145,7 @@ Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& opts)
       s.param = p;
       if (s.muon) {
         s.buf = zeros_like(p);
-        if (p.is_distributed()) {
-          const int dim = split_dim_of(name, p);
-          const double flops = ns_flops(p.shape()[0], p.shape()[1], opts.ns_steps);
-          const DeviceMesh& mesh = dtensor_spec(p, "Muon").mesh();
-          if (dim == kGeneral) {
-            general_.insert(name);
-            const GeneralSplit gs = general_split(p);
-            jobs.push_back({flops, name, gs.group, gs.key});
-          } else if (dim >= 0) {
-            jobs.push_back({flops, name, mesh.shape()[dim], mesh.names()[static_cast<size_t>(dim)]});
-          }
-        }
+        matrices.emplace_back(name, p);
       } else {
         s.m = zeros_like(p);
         s.v = zeros_like(p);
@@ -171,6 +153,34 @@ Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& opts)
       names_.push_back(name);
       state_.emplace(name, std::move(s));
     }
+  RootPlan plan = plan_roots(matrices, opts.ns_steps);
+  roots_ = std::move(plan.roots);
+  general_ = std::move(plan.general);
+}
+
+Muon::RootPlan Muon::plan_roots(const NamedTensors& matrices, int ns_steps) {
+  // Split matrices: (flops, name, group size) for the root assignment.
+  struct Job {
+    double flops;
+    std::string name;
+    int64_t group;
+    std::string key;  // the group's mesh dims
+  };
+  std::vector<Job> jobs;
+  RootPlan plan;
+  for (const auto& [name, p] : matrices) {
+    if (!p.is_distributed()) continue;
+    const int dim = split_dim_of(name, p);
+    const double flops = ns_flops(p.shape()[0], p.shape()[1], ns_steps);
+    const DeviceMesh& mesh = dtensor_spec(p, "Muon").mesh();
+    if (dim == kGeneral) {
+      plan.general.insert(name);
+      const GeneralSplit gs = general_split(p);
+      jobs.push_back({flops, name, gs.group, gs.key});
+    } else if (dim >= 0) {
+      jobs.push_back({flops, name, mesh.shape()[dim], mesh.names()[static_cast<size_t>(dim)]});
+    }
+  }
   // Greedy load balancing: the costliest matrix first, each to the least loaded rank (ties: the
   // lowest rank). The same on every rank (a function of the shapes and names only).
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.flops > b.flops; });
@@ -180,8 +190,47 @@ Muon::Muon(std::vector<ParamGroup> groups, const MuonOptions& opts)
     if (l.empty()) l.assign(static_cast<size_t>(j.group), 0.0);
     const auto it = std::min_element(l.begin(), l.end());
     *it += j.flops;
-    roots_[j.name] = it - l.begin();
+    plan.roots[j.name] = it - l.begin();
   }
+  return plan;
+}
+
+double Muon::rank_newton_schulz_flops(const NamedTensors& matrices, const RootPlan& plan, int ns_steps) {
+  double flops = 0;
+  for (const auto& [name, p] : matrices) {
+    const double f = ns_flops(p.shape()[0], p.shape()[1], ns_steps);
+    auto root = plan.roots.find(name);
+    if (root == plan.roots.end()) {  // whole here: iterated on every rank
+      flops += f;
+      continue;
+    }
+    // This rank's index in the matrix's group, as finish_step's communicator numbers it.
+    const DTensorSpec& spec = dtensor_spec(p, "Muon");
+    int64_t me = 0;
+    if (plan.general.count(name)) {
+      for (size_t j = 0; j < spec.placements().size(); ++j)
+        if (!spec.placements()[j].is_replicate())
+          me = me * spec.mesh().shape()[static_cast<int>(j)] + spec.mesh().coordinate(static_cast<int>(j));
+    } else {
+      me = spec.mesh().coordinate(split_dim_of(name, p));
+    }
+    if (me == root->second) flops += f;
+  }
+  return flops;
+}
+
+double Muon::step_newton_schulz_flops() const {
+  NamedTensors matrices;
+  for (const std::string& name : names_)
+    if (state_.at(name).muon) matrices.emplace_back(name, state_.at(name).param);
+  return rank_newton_schulz_flops(matrices, {roots_, general_}, opts_.ns_steps);
+}
+
+double Muon::planned_newton_schulz_flops(const NamedTensors& params, int ns_steps) {
+  NamedTensors matrices;
+  for (const auto& [name, p] : params)
+    if (uses_muon(name, p.shape())) matrices.emplace_back(name, p);
+  return rank_newton_schulz_flops(matrices, plan_roots(matrices, ns_steps), ns_steps);
 }
 
 void Muon::update(Slot& slot, const Tensor& grad_in, double lr, double weight_decay) {

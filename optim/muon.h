@@ -69,6 +69,12 @@ class Muon : public Optimizer {
   // matrix and step, m <= n its sides): each matrix is iterated once per step on one rank of its
   // group, so the ranks' sum equals one device's.
   double newton_schulz_flops() const { return ns_flops_done_; }
+  // The Newton-Schulz flops one step will add to it on this rank, from the shapes and the roots
+  // alone: the matrices this rank is the root of, and every matrix that is whole here.
+  double step_newton_schulz_flops() const;
+  // The same for a Muon over `params` (all of them: the rule picks the matrices) with `ns_steps`
+  // iterations, without making one: works on meta parameters (the estimate, plan/estimate.h).
+  static double planned_newton_schulz_flops(const NamedTensors& params, int ns_steps);
 
  protected:
   void update(Slot& slot, const Tensor& grad, double lr, double weight_decay) override;
@@ -97,6 +103,13 @@ class Muon : public Optimizer {
   std::unordered_map<std::string, int64_t> roots_;
   double ns_flops_done_ = 0;
   std::unordered_set<std::string> general_;  // split otherwise (TP's S(1), two mesh dims): blocks to a root
+  // The root assignment (greedy load balancing over the split matrices) and the generally split ones.
+  struct RootPlan {
+    std::unordered_map<std::string, int64_t> roots;
+    std::unordered_set<std::string> general;
+  };
+  static RootPlan plan_roots(const NamedTensors& matrices, int ns_steps);
+  static double rank_newton_schulz_flops(const NamedTensors& matrices, const RootPlan& plan, int ns_steps);
 };
 
 }  // namespace mt

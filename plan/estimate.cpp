@@ -156,6 +156,8 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
   MetaMemoryScope bytes;
 
   Parallelized par = parallelize(*model, stage_plan, sim, Device::meta());  // local shards, counted
+  // (before the parameters become 16-bit: the optimizer works on the f32 masters)
+  if (muon && em.optimizer_matmul_flops) est.optimizer_matmul_flops = em.optimizer_matmul_flops(*model);
   const bool master = o.precision != DType::kF32;
   std::vector<Tensor> state;  // master weights and optimizer moments: alive across steps
   for (auto& [name, p] : model->named_parameters()) {
@@ -352,11 +354,13 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
   // 16-bit model adds the gradient cast and the master-to-model rounding).
   const double n = static_cast<double>(est.local_params);
   // 8-bit AdamW reads p, g (f32) and two u8 codes, writes p and the codes: 14 bytes, not 28.
-  // Muon's matrices: p, g and the momentum read, p and the momentum written (20 bytes; the
-  // Newton-Schulz GEMMs are not modelled), AdamW for the rest.
+  // Muon's matrices: p, g and the momentum read, p and the momentum written (20 bytes), and the
+  // Newton-Schulz GEMMs of the matrices this rank iterates (at the full GEMM rate; their gathers
+  // to the roots are not counted); AdamW for the rest.
   const double adam_n = n - static_cast<double>(muon_elements);
   est.cost.optimizer_bytes += (eight_bit ? 14 : 7 * 4) * adam_n + 5 * 4 * static_cast<double>(muon_elements) +
                           (master ? n * (2 + 4) + n * (4 + 2) : 0);
+  est.cost.matmul_flops += est.optimizer_matmul_flops;
   est.peak_bytes = meta_memory_stats().peak;
   est.activation_bytes = est.peak_bytes - est.persistent_bytes;
   return est;

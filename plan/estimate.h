@@ -56,6 +56,11 @@ struct EstimateModel {
   std::function<Tensor(const Tensor& logits, const Tensor& targets)> logits_loss;
   int64_t hidden = 0;
   bool tied_embeddings = false;
+  // The optimizer's matrix work on this rank per step (flops) from the parallelized model's f32
+  // parameters (meta tensors): Muon's Newton-Schulz iterations (optim/muon.h,
+  // step_newton_schulz_flops: the matrices this rank is the root of), which plan/ does not see.
+  // Called under --optimizer muon; empty: not modelled.
+  std::function<double(Module& model)> optimizer_matmul_flops;
 };
 
 struct RankEstimate {
@@ -73,7 +78,8 @@ struct RankEstimate {
   int64_t peak_bytes = 0;        // the step's peak
   int64_t activation_bytes = 0;  // peak - persistent: saved activations, gradients, buckets, temporaries
   CollectiveCounts comm;         // per optimizer step
-  KernelCost cost;               // per optimizer step
+  KernelCost cost;               // per optimizer step (matmul_flops includes the optimizer's below)
+  double optimizer_matmul_flops = 0;  // Muon's Newton-Schulz on this rank (EstimateModel), else 0
   // What decides the figures: every parameter's global shape and INIT placements, and the input's
   // (see same_local_shapes).
   std::vector<std::pair<Shape, Placements>> layouts;

@@ -381,6 +381,66 @@ TEST_CASE("estimate: --optimizer muon sizes the state as optim/muon.h keeps it, 
   CHECK(one.optimizer_bytes < adam.optimizer_bytes);
 }
 
+// Muon's Newton-Schulz GEMMs in the step's matmul work: each rank's figure is what its Muon counts
+// in a real step (the matrices it is the root of), and the ranks' figures add up to one device's.
+TEST_CASE("estimate: --optimizer muon counts this rank's Newton-Schulz flops", "[mpi]") {
+  const int64_t n = world().size();
+  const ModelConfig cfg = builtin_config("llama-tiny");
+  EstimateModel em;
+  em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
+  em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+  em.optimizer_matmul_flops = [](Module& m) {
+    return Muon::planned_newton_schulz_flops(m.named_parameters(), MuonOptions{}.ns_steps);
+  };
+  EstimateOptions o;
+  o.batch = 2 * n;
+  o.seq = 8;
+  o.optimizer = "muon";
+  // One device: every hidden matrix, and the matmul flops grow by exactly that.
+  Plan dp = load_plan(plans_dir() + "/llama_dp.plan");
+  const RankEstimate one = estimate_rank(em, dp, dp.resolve_mesh(1), {0}, o);
+  manual_seed(1);
+  std::shared_ptr<CausalLM> whole = build_causal_lm(cfg);
+  Muon whole_opt(make_param_groups(whole->named_parameters(), 0.1), MuonOptions{});
+  CHECK(one.optimizer_matmul_flops == whole_opt.step_newton_schulz_flops());
+  CHECK(one.optimizer_matmul_flops > 0);
+  o.optimizer = "adamw";
+  CHECK(estimate_rank(em, dp, dp.resolve_mesh(1), {0}, o).cost.matmul_flops ==
+        Approx(one.cost.matmul_flops - one.optimizer_matmul_flops));
+  o.optimizer = "muon";
+  // Under llama_fsdp and llama_fsdp_tp: this rank's estimate equals what its Muon counts after a
+  // real step, and the ranks' estimates sum to one device's (llama_fsdp) or to the matrices' work.
+  for (const char* name : {"llama_fsdp", "llama_fsdp_tp"}) {
+    Plan plan = load_plan(plans_dir() + "/" + name + ".plan");
+    PlanMesh pm;
+    try {
+      pm = plan.resolve_mesh(n);
+    } catch (const Error&) {
+      continue;  // tp=2 on one rank
+    }
+    const RankEstimate est = estimate_rank(em, plan, pm, pm.coordinate_of(world().rank()), o);
+    DeviceMesh mesh(pm.shape, pm.names);
+    manual_seed(1);
+    std::shared_ptr<CausalLM> model = build_causal_lm(cfg);
+    Parallelized par = parallelize(*model, plan, mesh);
+    Muon opt(make_param_groups(model->named_parameters(), 0.0), MuonOptions{});
+    for (auto& [pname, p] : model->named_parameters()) p.set_grad(zeros_like(p));
+    opt.step();
+    INFO(name << " np " << n << " rank " << world().rank());
+    CHECK(est.optimizer_matmul_flops == opt.newton_schulz_flops());
+    double sum = est.optimizer_matmul_flops;
+    if (n > 1) {
+      Tensor t = from_vector<double>({sum});
+      mesh.flatten(mesh.names()).comm().all_reduce(t, CommReduceOp::kSum);
+      sum = t.item();
+    }
+    if (std::string(name) == "llama_fsdp") CHECK(sum == Approx(one.optimizer_matmul_flops));
+    if (world().rank() == 0)
+      fmt::print("estimate: Muon Newton-Schulz under {} np {}: rank 0 {:.3g} flops, all ranks {:.3g}, one device {:.3g}\n",
+                 name, n, est.optimizer_matmul_flops, sum, one.optimizer_matmul_flops);
+  }
+}
+
 TEST_CASE("roofline: links by node span, the alpha-beta formulas, profile errors name the field", "[mpi]") {
   if (world().size() != 1) return;
   PlanMesh m;

@@ -14,6 +14,7 @@
 #include "models/hf_config.h"
 #include "models/llama.h"
 #include "models/recompute.h"
+#include "optim/muon.h"
 #include "plan/estimate.h"
 #include "plan/roofline.h"
 #include "runtime/error.h"
@@ -90,6 +91,10 @@ EstimateModel model_of(const ModelConfig& cfg, RecomputeMode recompute) {
   em.logits_loss = [](const Tensor& logits, const Tensor& targets) { return cross_entropy(logits, targets); };
   em.hidden = cfg.hidden_size;
   em.tied_embeddings = cfg.tie_word_embeddings;
+  // Muon's Newton-Schulz work on this rank: the trainer's Muon (default options) on the shards.
+  em.optimizer_matmul_flops = [](Module& m) {
+    return Muon::planned_newton_schulz_flops(m.named_parameters(), MuonOptions{}.ns_steps);
+  };
   return em;
 }
 
@@ -183,9 +188,12 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
                                  ? fmt::format("; x {:.2f} for thin dims, the profile's GEMM efficiency",
                                                t.matmul_s / t.matmul_full_rate_s)
                                  : std::string();
-    fmt::print("  {:<28} {:>14}  {}  ({} matmul/attention kernels{}) -> {} {}\n", "matmul FLOPs",
-               fmt::format("{:.4g}", e.cost.matmul_flops), kShapes, e.cost.matmuls, thin, seconds_str(t.matmul_s),
-               kModel);
+    const std::string ns = e.optimizer_matmul_flops > 0
+                               ? fmt::format("; {:.4g} of them Muon's Newton-Schulz", e.optimizer_matmul_flops)
+                               : std::string();
+    fmt::print("  {:<28} {:>14}  {}  ({} matmul/attention kernels{}{}) -> {} {}\n", "matmul FLOPs",
+               fmt::format("{:.4g}", e.cost.matmul_flops), kShapes, e.cost.matmuls, ns, thin,
+               seconds_str(t.matmul_s), kModel);
     fmt::print("  {:<28} {:>14}  {}  ({} kernels) -> {} {}\n", "memory-bound bytes", human(e.cost.other_bytes), kShapes,
                e.cost.kernels - e.cost.matmuls, seconds_str(t.memory_s - t.optimizer_s), kModel);
     fmt::print("  {:<28} {:>14}  {}  (its reads and writes per element) -> {} {}\n", "optimizer bytes",
@@ -244,6 +252,7 @@ nlohmann::ordered_json rank_json(const RankEstimate& e, const StepTime& t, const
                          {"group_size", c.tally.group_size}, {"link", c.inter_node ? "inter" : "intra"},
                          {"seconds", c.seconds}, {"bytes_source", kShapes}, {"seconds_source", kModel}});
   j["matmul_flops"] = e.cost.matmul_flops;
+  j["optimizer_matmul_flops"] = e.optimizer_matmul_flops;
   j["memory_bound_bytes"] = e.cost.other_bytes;
   j["optimizer_bytes_moved"] = e.cost.optimizer_bytes;
   j["kernels"] = e.cost.kernels;

@@ -124,6 +124,22 @@ if [ -n "$MPIRUN" ]; then
       && pass "--optimizer adamw8bit under $plan np 2 (shared blocks) on one GPU vs the CPU: $r" \
       || fail "adamw8bit $plan cuda vs cpu: $r"
   done
+  # Tied embeddings (llama-1b's layout) on llama-tiny under llama_fsdp on the GPU: the head's and the
+  # lookup's gradients summed in place in the root unit's gradient buffer (a CUDA binary kernel),
+  # against one CPU device.
+  python3 - "$WORK/llama-tiny.cpu/config.json" "$WORK/tied.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["tie_word_embeddings"] = True
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  "$BIN" $TRAIN --config "$WORK/tied.json" --metrics "$WORK/tied.cpu.jsonl" >/dev/null 2>"$WORK/err" \
+    || fail "tied cpu: $(tail -n 1 "$WORK/err")"
+  mpi 2 "$BIN" $TRAIN --config "$WORK/tied.json" --plan "$PLANS/llama_fsdp.plan" --device cuda \
+    --metrics "$WORK/tied.cuda.jsonl" >/dev/null 2>"$WORK/err" \
+    || fail "tied llama_fsdp cuda: $(grep -m 1 '\] error: ' "$WORK/err" || tail -n 3 "$WORK/err")"
+  r=$(python3 "$CMP" losses "$WORK/tied.cpu.jsonl" "$WORK/tied.cuda.jsonl" 1e-5 rel 2>&1) \
+    && pass "tied embeddings under llama_fsdp np 2 on one GPU vs one CPU device: $r" || fail "tied llama_fsdp cuda: $r"
   # Pipeline stages on the GPU (docs/pipeline.md): activations and gradients sent point to point
   # between the ranks (host-staged here); 1F1B over 2 micro-batches against the single-device run.
   if mpi 2 "$BIN" parity --plan "$PLANS/llama_pp.plan" --config llama-tiny --device cuda --accum 2 --steps 5 \

@@ -193,6 +193,19 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
       est.optimizer_bytes += 2 * bytes_of(local, DType::kF32);
     }
   }
+  // FSDP: each unit's shard on this rank (the parameters' storage, and the shard of gradients)
+  // also holds the layout's padding: the elements of the shard no parameter covers.
+  for (const FsdpUnit& u : par.ir().fsdp_units) {
+    const int64_t rank = sim.coordinate(u.mesh_dim);
+    int64_t held = 0;
+    for (const PlacedTensor& t : u.layout.tensors)
+      held += t.blocks_on(rank) * u.tensors[static_cast<size_t>(t.index)].block_numel();
+    const DType dt = master ? o.precision : model->get_parameter(u.params.front()).dtype();
+    const int64_t pad = (u.layout.shard_size - held) * static_cast<int64_t>(dtype_size(dt));
+    est.fsdp_padding_bytes += pad;
+    est.param_bytes += pad;
+    est.grad_bytes += pad;
+  }
   for (auto& [name, p] : model->named_parameters())
     est.layouts.emplace_back(p.shape(), dtensor_spec(p, "estimate").placements());
   GradReducerOptions ro;

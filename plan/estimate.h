@@ -68,7 +68,8 @@ struct RankEstimate {
   int64_t rank = 0;
   // From the local shapes (measured from shapes).
   int64_t local_params = 0;     // elements this rank stores
-  int64_t param_bytes = 0;      // in the compute precision
+  int64_t param_bytes = 0;      // in the compute precision, FSDP shards' padding included
+  int64_t fsdp_padding_bytes = 0;  // of those, this rank's padding in its FSDP units' shards
   int64_t grad_bytes = 0;       // reduced gradients (the parameters' placements)
   int64_t optimizer_bytes = 0;  // AdamW: two f32 moments; adamw8bit: two u8 codes + per-row absmax;
                                 // muon: one f32 momentum per hidden matrix, two f32 moments elsewhere

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <optional>
+#include <set>
 
 #include "kernels/cost.h"
 #include "kernels/registry.h"
@@ -379,6 +380,41 @@ TEST_CASE("estimate: --optimizer muon sizes the state as optim/muon.h keeps it, 
   WARN("llama-tiny optimizer state: AdamW " << adam.optimizer_bytes << " bytes, Muon " << one.optimizer_bytes << " ("
                                             << static_cast<double>(one.optimizer_bytes) / adam.optimizer_bytes << "x)");
   CHECK(one.optimizer_bytes < adam.optimizer_bytes);
+}
+
+// FSDP: the parameter bytes are what the rank's parameter storages hold, the units' shard buffers
+// with their padding included.
+TEST_CASE("estimate: FSDP parameter bytes include the shards' padding", "[mpi]") {
+  const int64_t n = world().size();
+  const ModelConfig cfg = builtin_config("llama-tiny");
+  EstimateModel em;
+  em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
+  em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+  EstimateOptions o;
+  o.batch = 2 * n;
+  o.seq = 8;
+  for (const char* name : {"llama_fsdp", "llama_fsdp_8bit"}) {
+    Plan plan = load_plan(plans_dir() + "/" + name + ".plan");
+    const PlanMesh pm = plan.resolve_mesh(n);
+    const RankEstimate est = estimate_rank(em, plan, pm, pm.coordinate_of(world().rank()), o);
+    DeviceMesh mesh(pm.shape, pm.names);
+    manual_seed(1);
+    std::shared_ptr<CausalLM> model = build_causal_lm(cfg);
+    Parallelized par = parallelize(*model, plan, mesh);
+    std::set<const Storage*> seen;
+    int64_t held = 0;
+    for (auto& [pname, p] : model->named_parameters()) {
+      const Storage* st = p.impl()->storage.get();
+      if (st && seen.insert(st).second) held += static_cast<int64_t>(st->nbytes());
+    }
+    INFO(name << " np " << n << " rank " << world().rank());
+    CHECK(est.param_bytes == held);
+    CHECK(est.param_bytes == est.local_params * 4 + est.fsdp_padding_bytes);
+    CHECK(est.fsdp_padding_bytes >= 0);
+    if (world().rank() == 0)
+      fmt::print("estimate: {} np {}: rank 0 parameters {} B, of them FSDP padding {} B\n", name, n, est.param_bytes,
+                 est.fsdp_padding_bytes);
+  }
 }
 
 // Muon's Newton-Schulz GEMMs in the step's matmul work: each rank's figure is what its Muon counts

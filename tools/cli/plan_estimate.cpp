@@ -167,8 +167,11 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
     const RankEstimate& e = r.ranks[i];
     const StepTime& t = r.times[i];
     fmt::print("rank {} {}\n", e.rank, coord_str(r.mesh, e.coord));
-    fmt::print("  {:<28} {:>14}  {}  ({} local elements, {})\n", "parameters", human(static_cast<double>(e.param_bytes)),
-               kShapes, e.local_params, dtype_name(o.precision));
+    const std::string padding = e.fsdp_padding_bytes > 0
+                                    ? fmt::format("; FSDP padding {}", human(static_cast<double>(e.fsdp_padding_bytes)))
+                                    : std::string();
+    fmt::print("  {:<28} {:>14}  {}  ({} local elements, {}{})\n", "parameters", human(static_cast<double>(e.param_bytes)),
+               kShapes, e.local_params, dtype_name(o.precision), padding);
     fmt::print("  {:<28} {:>14}  {}\n", "gradients", human(static_cast<double>(e.grad_bytes)), kShapes);
     fmt::print("  {:<28} {:>14}  {}  ({}: {})\n", "optimizer state", human(static_cast<double>(e.optimizer_bytes)),
                kShapes, o.optimizer,
@@ -240,6 +243,7 @@ nlohmann::ordered_json rank_json(const RankEstimate& e, const StepTime& t, const
   j["mesh"] = mesh.names;
   j["local_params"] = e.local_params;
   j["param_bytes"] = e.param_bytes;
+  j["fsdp_padding_bytes"] = e.fsdp_padding_bytes;
   j["grad_bytes"] = e.grad_bytes;
   j["optimizer_bytes"] = e.optimizer_bytes;
   j["master_bytes"] = e.master_bytes;

@@ -25,6 +25,16 @@ Registry& registry() {
   return r;
 }
 
+// Adds (on) or removes `storage` from one of the registry's sets; the caller holds the lock.
+void set_member(std::unordered_set<const Storage*>& set, std::atomic<size_t>& count, const Storage* storage,
+                bool on) {
+  if (on)
+    set.insert(storage);
+  else
+    set.erase(storage);
+  count = set.size();
+}
+
 }  // namespace
 
 void set_grad_destination(const Storage* storage, GradDestinationFn fn) {
@@ -59,11 +69,7 @@ Tensor grad_destination(const Tensor& weight) {
 void set_grad_accumulator(const Storage* storage, bool on) {
   Registry& r = registry();
   std::lock_guard lock(r.mu);
-  if (on)
-    r.accumulators.insert(storage);
-  else
-    r.accumulators.erase(storage);
-  r.n_accumulators = r.accumulators.size();
+  set_member(r.accumulators, r.n_accumulators, storage, on);
 }
 
 bool accumulate_grad_in_place(const Tensor& into, const Tensor& g) {
@@ -90,11 +96,7 @@ bool accumulate_grad_in_place(const Tensor& into, const Tensor& g) {
 void set_grad_lender(const Storage* storage, bool on) {
   Registry& r = registry();
   std::lock_guard lock(r.mu);
-  if (on)
-    r.lenders.insert(storage);
-  else
-    r.lenders.erase(storage);
-  r.n_lenders = r.lenders.size();
+  set_member(r.lenders, r.n_lenders, storage, on);
 }
 
 bool lends_grad_views(const Storage* storage) {

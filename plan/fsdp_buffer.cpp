@@ -113,7 +113,6 @@ struct FsdpUnitBuffer::State {
   const Storage* lending = nullptr;               // grad_shard's storage, lending .grad views
   const Storage* accumulating = nullptr;          // grad_full's storage, a gradient accumulator
   std::vector<Tensor> gathered;       // this forward's compute tensors (empty: not gathered yet)
-  std::vector<std::function<void()>> releases;  // slots handed back when the unit's forward ends
   bool reshard = false;               // free `full` after the forward, gather again for backward
   bool prefetchable = true;           // the unit before it may start its gathers (link_prefetch)
   bool resharded = false;             // `full`'s memory is freed
@@ -579,23 +578,10 @@ void FsdpUnitBuffer::set_zero_copy_gradients(bool on) { s_->zero_copy = on; }
 void FsdpUnitBuffer::set_prefetch(bool on) { s_->prefetchable = on; }
 void FsdpUnitBuffer::set_ordered_reduction(bool on) { s_->ordered = on; }
 void FsdpUnitBuffer::set_async_reduction(bool on) { s_->async_reduce = on; }
-void FsdpUnitBuffer::begin_forward() {
-  State& s = *s_;
-  s.gathered.clear();
-  std::vector<std::function<void()>> stale;  // left by a forward that threw
-  stale.swap(s.releases);
-  for (auto& release : stale) release();
-}
-
-void FsdpUnitBuffer::release_after_forward(std::function<void()> release) {
-  s_->releases.push_back(std::move(release));
-}
+void FsdpUnitBuffer::begin_forward() { s_->gathered.clear(); }
 
 void FsdpUnitBuffer::end_forward() {
   State& s = *s_;
-  std::vector<std::function<void()>> releases;
-  releases.swap(s.releases);
-  for (auto& release : releases) release();
   s.gathered.clear();
   // (A meta buffer of a checked plan may have no storage at all: nothing to free.)
   if (s.reshard && s.full.defined() && s.full.impl()->storage.get() && !s.resharded) {

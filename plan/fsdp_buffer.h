@@ -95,9 +95,6 @@ class FsdpUnitBuffer {
   // gathered() after begin_forward() gathers anew.
   void begin_forward();
   void end_forward();
-  // `release` runs when the unit's forward ends (first thing in end_forward): a parameter's
-  // module hands its slot back then, not when that module's own forward ends.
-  void release_after_forward(std::function<void()> release);
   void begin_backward();
   // Parameter `path`'s compute (RUN) tensor: a view of the gathered full buffer. The first call
   // after begin_forward() all-gathers the unit and records one autograd node for all of it.

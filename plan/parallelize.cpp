@@ -233,7 +233,11 @@ using FsdpBuffers = std::map<std::string, std::shared_ptr<FsdpUnitBuffer>>;  // 
 // Slots handed back when a module's forward ends instead of their owner's: the parameters that
 // module declared it reads after their owner returned (Module::declare_shared_use).
 using Releases = std::vector<std::function<void()>>;
-using SharedUses = std::map<std::string, std::shared_ptr<Releases>>;  // parameter path -> its module's list
+struct SharedUse {
+  std::string module;                  // the declaring module's path
+  std::shared_ptr<Releases> releases;  // run when its forward ends
+};
+using SharedUses = std::map<std::string, SharedUse>;  // parameter path -> its outermost declaring module
 
 void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanMesh& pm, const void* owner,
              const FsdpBuffers& fsdp, const SharedUses& shared_uses, std::vector<HookHandle>& handles) {
@@ -257,7 +261,7 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
       stored[r.tensor] = m.get_parameter(r.tensor);
       std::string path = r.module.empty() ? r.tensor : r.module + "." + r.tensor;
       auto shared = shared_uses.find(path);
-      if (shared != shared_uses.end()) later[r.tensor] = shared->second;
+      if (shared != shared_uses.end()) later[r.tensor] = shared->second.releases;
       auto it = fsdp.find(path);
       if (it != fsdp.end()) units[r.tensor] = {it->second, std::move(path)};
     }
@@ -290,25 +294,22 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
     }));
   if (!fwd.empty() || n_factories > 0)
     handles.push_back(m.register_forward_hook(
-        [fwd, stored, units, later, mesh, pm, check_index, n_factories](Module& mod, const std::vector<Tensor>&,
-                                                                        std::vector<Tensor>& out) {
+        [fwd, stored, later, mesh, pm, check_index, n_factories](Module& mod, const std::vector<Tensor>&,
+                                                                 std::vector<Tensor>& out) {
           for (const HookRecord& r : fwd) {
             run_record(r, pm, [&] {
               if (r.action == HookAction::kRelease) {
-                // A parameter of an FSDP unit above its module keeps its compute tensor until the
-                // unit's forward ends, and one that a module above declared it reads later until
-                // that module's forward ends: a weight used again outside its module (tied
+                // A parameter that a module above declared it reads later keeps its compute tensor
+                // until that module's forward ends: a weight used again outside its module (tied
                 // embeddings: the head reads the embedding's weight) finds it gathered.
-                Module* owner = &mod;
-                auto release = [owner, name = r.tensor, t = stored.at(r.tensor)] { owner->parameter_slot(name) = t; };
-                auto unit = units.find(r.tensor);
                 auto shared = later.find(r.tensor);
-                if (unit != units.end() && unit->second.first->module() != r.module)
-                  unit->second.first->release_after_forward(release);
-                else if (shared != later.end())
-                  shared->second->push_back(release);
-                else
-                  release();
+                if (shared != later.end()) {
+                  Module* owner = &mod;
+                  shared->second->push_back(
+                      [owner, name = r.tensor, t = stored.at(r.tensor)] { owner->parameter_slot(name) = t; });
+                } else {
+                  mod.parameter_slot(r.tensor) = stored.at(r.tensor);
+                }
               } else {
                 check_index(r, out.size());
                 out[r.io_index] = activation(out[r.io_index], r, mesh, pm);
@@ -500,12 +501,39 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
     handles.push_back(model.register_forward_pre_hook([next_pass](Module&, std::vector<Tensor>&) {
       if (*next_pass) (*next_pass)();
     }));
+  // Parameters read after their module returned (tied weights): each goes back to its slot when
+  // the outermost module that declared the use ends its forward (its stale releases, left by a
+  // forward that threw, run as its next forward begins).
+  SharedUses shared_uses;
+  for (const auto& [path, m] : model.named_modules()) {  // pre-order: outer modules first
+    if (m->shared_uses().empty()) continue;
+    auto releases = std::make_shared<Releases>();
+    auto flush = [releases] {
+      Releases now;
+      now.swap(*releases);
+      for (auto& release : now) release();
+    };
+    handles.push_back(m->register_forward_pre_hook([flush](Module&, std::vector<Tensor>&) { flush(); }));
+    handles.push_back(
+        m->register_forward_hook([flush](Module&, const std::vector<Tensor>&, std::vector<Tensor>&) { flush(); }));
+    for (const std::string& p : m->shared_uses())
+      shared_uses.emplace(path.empty() ? p : path + "." + p, SharedUse{path, releases});
+  }
   if (!per_parameter)
     for (const FsdpUnit& u : ir.fsdp_units) {
       auto buffer = std::make_shared<FsdpUnitBuffer>(u, ir, model, mesh);
       unit_of_module[u.module] = buffer;
-      // Reshard after forward except the root unit, whose backward starts as its forward ends.
-      buffer->set_reshard_after_forward(!u.module.empty() && !keep_gathered && u.reshard_after_forward);
+      // Reshard after forward except the root unit, whose backward starts as its forward ends, and
+      // a unit with a parameter that a module outside it reads after the unit's forward (a tied
+      // embedding in a unit of its own: the head reads it after the unit has ended).
+      const bool read_later = std::any_of(u.params.begin(), u.params.end(), [&](const std::string& p) {
+        auto it = shared_uses.find(p);
+        if (it == shared_uses.end()) return false;
+        const std::string& reader = it->second.module;  // inside the unit: done before the unit ends
+        return !u.module.empty() && reader != u.module && reader.rfind(u.module + ".", 0) != 0;
+      });
+      buffer->set_reshard_after_forward(!u.module.empty() && !keep_gathered && u.reshard_after_forward &&
+                                        !read_later);
       buffer->set_prefetch(u.prefetch);
       buffer->set_zero_copy_gradients(zero_copy);
       buffer->set_ordered_reduction(ordered_reduce);
@@ -528,23 +556,6 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
       if (it != unit_of_module.end()) ordered.push_back(it->second);
     }
     *next_pass = FsdpUnitBuffer::link_prefetch(ordered);
-  }
-  // Parameters read after their module returned (tied weights): each goes back to its slot when
-  // the outermost module that declared the use ends its forward (its stale releases, left by a
-  // forward that threw, run as its next forward begins).
-  SharedUses shared_uses;
-  for (const auto& [path, m] : model.named_modules()) {  // pre-order: outer modules first
-    if (m->shared_uses().empty()) continue;
-    auto releases = std::make_shared<Releases>();
-    auto flush = [releases] {
-      Releases now;
-      now.swap(*releases);
-      for (auto& release : now) release();
-    };
-    handles.push_back(m->register_forward_pre_hook([flush](Module&, std::vector<Tensor>&) { flush(); }));
-    handles.push_back(
-        m->register_forward_hook([flush](Module&, const std::vector<Tensor>&, std::vector<Tensor>&) { flush(); }));
-    for (const std::string& p : m->shared_uses()) shared_uses.emplace(path.empty() ? p : path + "." + p, releases);
   }
   auto owner = std::make_shared<char>(0);  // identifies this call's factory scopes
   for (auto& [path, recs] : by_module) {

@@ -292,6 +292,27 @@ TEST_CASE("fsdp buffer: a weight used twice (tied embeddings) sums in place", "[
     CHECK(fsdp_counters().backward_bytes_copied > 0);
   }
   unsetenv("MT_FSDP_ZERO_COPY");
+
+  // The embedding in a unit of its own: the head reads it after that unit's forward has ended, so
+  // the unit keeps its gathered buffer until its backward (no reshard: one all-gather, not two)
+  // and the gradients are the single-device ones. (Before, its memory was freed under the head.)
+  Plan own = parse_plan("mesh dp=*\n"
+                        "fsdp () .* dp=rows\n"
+                        "fsdp model\\.embed_tokens .* dp=rows\n"
+                        "fsdp model\\.layers\\.\\d+ .* dp=rows\n"
+                        "place model <in>:0 dp=S(0)\n"
+                        "factory model rope dp=R\n",
+                        "own.plan");
+  auto model3 = build(cfg, true);
+  Parallelized par3 = parallelize(*model3, own, mesh);
+  const int64_t units = static_cast<int64_t>(par3.ir().fsdp_units.size());
+  REQUIRE(units == cfg.num_hidden_layers + 2);
+  reset_fsdp_counters();
+  const double d3 = max_diff(grads_of(*model3, &par3, &mesh, B, T), want);
+  if (world().rank() == 0) fmt::print("fsdp buffer np {}, tied embedding in its own unit: {:.2e}\n", n, d3);
+  CHECK(d3 <= 1e-5);
+  CHECK(fsdp_counters().all_gathers == 2 * units - 2);  // the root and the embedding gather once
+  CHECK(fsdp_counters().backward_bytes_copied == 0);
 }
 
 TEST_CASE("hsdp: units sharded over fsdp, replicated over dp, one all-reduce per unit", "[mpi][fsdp]") {

@@ -58,8 +58,8 @@ struct EstimateModel {
   bool tied_embeddings = false;
   // The optimizer's matrix work on this rank per step (flops) from the parallelized model's f32
   // parameters (meta tensors): Muon's Newton-Schulz iterations (optim/muon.h,
-  // step_newton_schulz_flops: the matrices this rank is the root of), which plan/ does not see.
-  // Called under --optimizer muon; empty: not modelled.
+  // planned_newton_schulz_flops: the matrices this rank is the root of), which plan/ does not
+  // see. Called under --optimizer muon; empty: not modelled.
   std::function<double(Module& model)> optimizer_matmul_flops;
 };
 
@@ -70,7 +70,7 @@ struct RankEstimate {
   int64_t local_params = 0;     // elements this rank stores
   int64_t param_bytes = 0;      // in the compute precision, FSDP shards' padding included
   int64_t fsdp_padding_bytes = 0;  // of those, this rank's padding in its FSDP units' shards
-  int64_t grad_bytes = 0;       // reduced gradients (the parameters' placements)
+  int64_t grad_bytes = 0;       // reduced gradients (the parameters' placements; FSDP padding included)
   int64_t optimizer_bytes = 0;  // AdamW: two f32 moments; adamw8bit: two u8 codes + per-row absmax;
                                 // muon: one f32 momentum per hidden matrix, two f32 moments elsewhere
   int64_t master_bytes = 0;     // f32 master weights for 16-bit parameters, else 0

@@ -71,6 +71,20 @@ std::shared_ptr<CausalLM> build(const ModelConfig& c, RecomputeMode recompute = 
   return m;
 }
 
+// The estimate's model: `c` built on meta with `recompute`, its loss; with Muon's Newton-Schulz
+// work (what tools/cli/plan_estimate.cpp hands the estimate) when `muon_flops`.
+EstimateModel estimate_model(const ModelConfig& c, RecomputeMode recompute = RecomputeMode::kNone,
+                             bool muon_flops = false) {
+  EstimateModel em;
+  em.build_meta = [c, recompute] { return std::static_pointer_cast<Module>(build(c, recompute)); };
+  em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+  if (muon_flops)
+    em.optimizer_matmul_flops = [](Module& m) {
+      return Muon::planned_newton_schulz_flops(m.named_parameters(), MuonOptions{}.ns_steps);
+    };
+  return em;
+}
+
 struct Measured {
   int64_t persistent = 0, peak = 0;
   CollectiveCounts comm;
@@ -185,9 +199,7 @@ TEST_CASE("estimate: predicted peak memory and collective bytes match a real ste
     }
     if (skip) continue;  // the mesh does not fit this world (e.g. tp=2 on one rank)
     const std::vector<int64_t> coord = pm.coordinate_of(world().rank());
-    EstimateModel em;
-    em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
-    em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+    const EstimateModel em = estimate_model(cfg);
     RankEstimate est;
     std::string why;
     try {
@@ -251,9 +263,7 @@ TEST_CASE("estimate: predicted peak memory and collective bytes match a real ste
 TEST_CASE("estimate: 16-bit precision adds f32 master weights; memory scales down with the mesh", "[mpi]") {
   if (world().size() != 1) return;  // shapes only: one process is enough
   const ModelConfig cfg = builtin_config("llama-tiny");
-  EstimateModel em;
-  em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
-  em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+  const EstimateModel em = estimate_model(cfg);
   EstimateOptions o;
   o.batch = 8;
   o.seq = 16;
@@ -286,9 +296,7 @@ TEST_CASE("estimate: 16-bit precision adds f32 master weights; memory scales dow
 TEST_CASE("estimate: --optimizer adamw8bit sizes the state as optim/adamw8bit.h keeps it", "[mpi]") {
   if (world().size() != 1) return;
   const ModelConfig cfg = builtin_config("llama-tiny");
-  EstimateModel em;
-  em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
-  em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+  const EstimateModel em = estimate_model(cfg);
   EstimateOptions o;
   o.batch = 2;
   o.seq = 8;
@@ -324,9 +332,7 @@ TEST_CASE("estimate: --recompute full / selective: the dry run keeps what the re
     int64_t none_measured = 0;
     for (RecomputeMode mode : {RecomputeMode::kNone, RecomputeMode::kSelective, RecomputeMode::kFull}) {
       INFO(name << " np " << np << " --recompute " << recompute_name(mode));
-      EstimateModel em;
-      em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg, mode)); };
-      em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+      const EstimateModel em = estimate_model(cfg, mode);
       const RankEstimate est = estimate_rank(em, plan, pm, coord, o);
       const Measured m = run_real(cfg, plan, pm, o, mode);
       const double err = static_cast<double>(est.peak_bytes - m.peak) / static_cast<double>(m.peak);
@@ -353,9 +359,7 @@ TEST_CASE("estimate: --recompute full / selective: the dry run keeps what the re
 TEST_CASE("estimate: --optimizer muon sizes the state as optim/muon.h keeps it, also under FSDP", "[mpi]") {
   if (world().size() != 1) return;
   const ModelConfig cfg = builtin_config("llama-tiny");
-  EstimateModel em;
-  em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
-  em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+  const EstimateModel em = estimate_model(cfg);
   EstimateOptions o;
   o.batch = 2;
   o.seq = 8;
@@ -387,9 +391,7 @@ TEST_CASE("estimate: --optimizer muon sizes the state as optim/muon.h keeps it, 
 TEST_CASE("estimate: FSDP parameter bytes include the shards' padding", "[mpi]") {
   const int64_t n = world().size();
   const ModelConfig cfg = builtin_config("llama-tiny");
-  EstimateModel em;
-  em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
-  em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
+  const EstimateModel em = estimate_model(cfg);
   EstimateOptions o;
   o.batch = 2 * n;
   o.seq = 8;
@@ -422,12 +424,7 @@ TEST_CASE("estimate: FSDP parameter bytes include the shards' padding", "[mpi]")
 TEST_CASE("estimate: --optimizer muon counts this rank's Newton-Schulz flops", "[mpi]") {
   const int64_t n = world().size();
   const ModelConfig cfg = builtin_config("llama-tiny");
-  EstimateModel em;
-  em.build_meta = [&] { return std::static_pointer_cast<Module>(build(cfg)); };
-  em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
-  em.optimizer_matmul_flops = [](Module& m) {
-    return Muon::planned_newton_schulz_flops(m.named_parameters(), MuonOptions{}.ns_steps);
-  };
+  const EstimateModel em = estimate_model(cfg, RecomputeMode::kNone, /*muon_flops=*/true);
   EstimateOptions o;
   o.batch = 2 * n;
   o.seq = 8;

@@ -106,6 +106,19 @@ struct FsdpUnitBuffer::State {
   // time (each micro-batch's backward is one autograd run): `claimed` is per backward, reset by
   // the node that ran it, and destinations are handed out while any node is pending.
   int64_t nodes_pending = 0;
+  // Activation recomputation (tensor/checkpoint.h) runs a module's forward again inside the
+  // backward, where no forward hook fires. From begin_backward() until the unit's gradients are
+  // reduced, `full` holds the gathered parameters, so a gather then (a recomputation) takes views
+  // of it and no all-gather. Its node is a *partial* one when the forward recorded a node too
+  // (selective recomputation: the recomputed submodule's gradients land in grad_full, the forward's
+  // node reduces them with the rest); otherwise (the unit recomputed whole, whose forward ran
+  // without grad) it is the unit's only node and reduces. `gathered` belongs to the node that made
+  // it (`gathered_node`) and is dropped when that node's backward runs, so a later recomputation
+  // (the next micro-batch's, or another submodule's) never reads views of a spent node.
+  bool in_backward = false;
+  std::vector<int> partial_replicas;  // the HSDP dims of the partial nodes' gradients
+  std::vector<char> contributed;      // per parameter: a partial node put its gradient in grad_full
+  uint64_t nodes_made = 0, gathered_node = 0;
   bool zero_copy = true;              // hand out gradient destinations
   std::vector<std::pair<int64_t, int64_t>> gaps;  // [begin, end) of grad_full no parameter covers
   std::map<int64_t, size_t> by_offset;            // full-buffer offset -> parameter (numel > 0)
@@ -336,18 +349,19 @@ struct FsdpUnitBuffer::State {
            local.offset() == grad_full.offset() + p.offset && local.is_contiguous() && local.numel() == p.numel;
   }
 
-  std::vector<Tensor> backward(const std::vector<Tensor>& grads) {
-    NoGradGuard ng;
-    complete_own();  // (a unit's second backward in one pass: its first reduction is done first)
+  // Puts this backward's gradients into grad_full: each at its parameter's offset (in place
+  // already when its formula wrote there; otherwise copied, or added where a partial node of this
+  // backward put a gradient of the same parameter before). The final node zeroes what nothing
+  // wrote (unused parameters, the padding).
+  void collect(const std::vector<Tensor>& grads, const std::vector<int>& replicas, bool partial) {
     const DType dt = shard.dtype();
-    const std::vector<int> replicas = replica_dims(grads);
     ensure(grad_full, group * shard_size);
     for (size_t i = 0; i < params.size(); ++i) {
       const Param& p = params[i];
       Tensor g = grads[i];
       if (p.numel == 0) continue;
       if (!g.defined()) {  // no gradient flowed (an unused parameter): zeros, not a copy
-        grad_full.narrow(0, p.offset, p.numel).zero_();
+        if (!partial && !contributed[i]) grad_full.narrow(0, p.offset, p.numel).zero_();
         continue;
       }
       Placements want = p.run;
@@ -364,19 +378,53 @@ struct FsdpUnitBuffer::State {
       }
       MT_CHECK(local.numel() == p.numel, "FSDP unit {}: gradient of {} has {} elements, its compute tensor {}",
                module, p.path, local.numel(), p.numel);
-      if (in_place(i, local)) {  // written there by its backward formula: nothing to move
+      const bool added = contributed[i];
+      if (partial) contributed[i] = 1;
+      if (!added && in_place(i, local)) {  // written there by its backward formula: nothing to move
         ++g_zero_copy_grads;
         continue;
       }
       // Otherwise (a weight used twice, a gradient redistributed or cast, a formula without a
-      // destination) it is copied in: counted.
-      grad_full.narrow(0, p.offset, p.numel)
-          .copy_((local.dtype() == dt ? local : local.to(dt)).reshape(Shape{p.numel}));
+      // destination) it is copied in, or added to a recomputation's share: counted.
+      Tensor dst = grad_full.narrow(0, p.offset, p.numel);
+      Tensor src = (local.dtype() == dt ? local : local.to(dt)).reshape(Shape{p.numel});
+      if (added) {
+        dst.add_(src);
+      } else {
+        dst.copy_(src);
+      }
       g_backward_bytes += p.numel * dtype_size(dt);
     }
+    if (partial) return;
     for (const auto& [b, e] : gaps) grad_full.narrow(0, b, e - b).zero_();  // padding: zeros
     std::fill(claimed.begin(), claimed.end(), 0);
+  }
+
+  // The backward of gather node `node`: a partial node (a recomputation inside the unit's
+  // backward, beside the forward's node) leaves its gradients in grad_full; the unit's last node
+  // of this backward reduces them all.
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads, uint64_t node, bool partial) {
+    NoGradGuard ng;
+    if (node == gathered_node) gathered.clear();  // its views are spent
     if (nodes_pending > 0) --nodes_pending;
+    std::vector<int> replicas = replica_dims(grads);
+    if (partial) {
+      complete_own();  // (an earlier reduction of this unit may still read grad_full)
+      if (std::any_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); }))
+        partial_replicas = replicas;
+      collect(grads, replicas, true);
+      return std::vector<Tensor>(params.size());
+    }
+    complete_own();  // (a unit's second backward in one pass: its first reduction is done first)
+    const bool shared = std::any_of(contributed.begin(), contributed.end(), [](char c) { return c != 0; });
+    const bool any = std::any_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); });
+    if (shared && !any) replicas = partial_replicas;
+    MT_CHECK(!shared || replicas == partial_replicas,
+             "FSDP unit {}: a recomputed part's gradients and the rest's are summed over different mesh dims",
+             module.empty() ? "(root)" : module);
+    collect(grads, replicas, false);
+    in_backward = false;
+    std::fill(contributed.begin(), contributed.end(), 0);
     // The shard of gradients: grad_shard, unless a .grad still views it (gradients accumulated
     // over several backwards), then grad_scratch, which AccumulateGrad adds into .grad.
     bool busy = false;
@@ -397,7 +445,7 @@ struct FsdpUnitBuffer::State {
     settle_in_flight();
     Reduction r{self.lock(), Work(), Work(), replicas, out, false};
     if (shard.is_meta())  // a plan checked or estimated on meta tensors: shapes and counts only
-      count_collective("reduce_scatter", mesh.dim_label(dim), group, grad_full.numel() * dtype_size(dt));
+      count_collective("reduce_scatter", mesh.dim_label(dim), group, grad_full.numel() * dtype_size(shard.dtype()));
     else if (ordered && group > 1)
       ordered_reduce(out);
     else
@@ -446,19 +494,26 @@ struct FsdpUnitBuffer::State {
 
   void gather(const std::shared_ptr<State>& self) {
     const bool record = GradMode::enabled();
-    if (!adopted()) {  // moved parameters (Module::to): a prefetch read the old buffer
-      take_prefetch(false);
-      adopt();
+    // A recomputation inside this unit's backward: `full` holds the parameters (begin_backward).
+    const bool recompute = in_backward && !resharded && adopted();
+    if (!recompute) {
+      if (!adopted()) {  // moved parameters (Module::to): a prefetch read the old buffer
+        take_prefetch(false);
+        adopt();
+      }
+      NoGradGuard ng;
+      if (!take_prefetch(false)) {
+        ensure_full();
+        resharded = false;
+        all_gather_into_full();
+      }
+      gathered_pass = pass();
+      // (not from a recomputation in a backward: the forward pass's order is not this)
+      if (auto next = next_forward.lock(); next && !backward_running()) next->prefetch_forward();
     }
     NoGradGuard ng;
-    if (!take_prefetch(false)) {
-      ensure_full();
-      resharded = false;
-      all_gather_into_full();
-    }
-    gathered_pass = pass();
-    if (auto next = next_forward.lock()) next->prefetch_forward();
     gathered.clear();
+    gathered_node = 0;
     std::vector<Tensor*> outs;
     for (const Param& p : params)
       gathered.push_back(from_local(full.narrow(0, p.offset, p.numel).view(p.run_local), mesh, p.run, p.global_shape));
@@ -471,12 +526,15 @@ struct FsdpUnitBuffer::State {
     if (!record || !any_grad) return;
     // (claimed stays: a pending node's backward may have claimed nothing yet, and a fresh gather
     // adds a node; the flags are reset when a backward of the unit completes.)
+    const bool partial = recompute && nodes_pending > 0;  // the forward's node reduces
     ++nodes_pending;
-    // The node keeps the state alive while a graph needs it; end_forward() drops the gathered
-    // tensors that point back at the node.
-    auto node = std::make_shared<FunctionNode>("FsdpUnitGather", [self](const std::vector<Tensor>& g) {
-      return self->backward(g);
+    const uint64_t id = gathered_node = ++nodes_made;
+    // The node keeps the state alive while a graph needs it; end_forward() (or the node's own
+    // backward) drops the gathered tensors that point back at the node.
+    auto node = std::make_shared<FunctionNode>("FsdpUnitGather", [self, id, partial](const std::vector<Tensor>& g) {
+      return self->backward(g, id, partial);
     });
+    node->materialize_grads = false;  // an unused parameter is no gradient, not zeros to copy
     for (Tensor& t : gathered) outs.push_back(&t);
     set_history(node, inputs, outs);
   }
@@ -559,6 +617,7 @@ FsdpUnitBuffer::FsdpUnitBuffer(const FsdpUnit& unit, const HookIR& ir, Module& m
     if (s.params[i].numel > 0) s.by_offset[s.params[i].offset] = i;
   }
   s.claimed.assign(s.params.size(), 0);
+  s.contributed.assign(s.params.size(), 0);
   int64_t end = 0;  // the padding: what no parameter covers (by_offset is sorted)
   for (const auto& [offset, i] : s.by_offset) {
     if (offset > end) s.gaps.emplace_back(end, offset);
@@ -578,7 +637,10 @@ void FsdpUnitBuffer::set_zero_copy_gradients(bool on) { s_->zero_copy = on; }
 void FsdpUnitBuffer::set_prefetch(bool on) { s_->prefetchable = on; }
 void FsdpUnitBuffer::set_ordered_reduction(bool on) { s_->ordered = on; }
 void FsdpUnitBuffer::set_async_reduction(bool on) { s_->async_reduce = on; }
-void FsdpUnitBuffer::begin_forward() { s_->gathered.clear(); }
+void FsdpUnitBuffer::begin_forward() {
+  s_->gathered.clear();
+  s_->in_backward = false;  // (a backward that never reached the unit's node)
+}
 
 void FsdpUnitBuffer::end_forward() {
   State& s = *s_;
@@ -594,6 +656,7 @@ void FsdpUnitBuffer::end_forward() {
 
 void FsdpUnitBuffer::begin_backward() {
   State& s = *s_;
+  s.in_backward = true;
   if (!s.resharded) {
     // A forward prefetch may be in flight into `full` (under a pipeline schedule, or interleaved
     // chunks, a unit's backward can come before the forward pass that prefetched it): it gathers

@@ -23,6 +23,10 @@
 // backwards: they share the gathered buffer (the parameters are fixed within a step), each
 // backward claims the gradient destinations anew and reduce-scatters into the gradient shard
 // (accumulated), and a backward first completes a prefetch in flight into the buffer.
+// Activation recomputation: a gather inside the unit's backward (a recomputed forward) takes views
+// of the buffer the backward regathered, with no all-gather; when the unit's forward recorded a
+// node too (a recomputed submodule), the replay's node only leaves its gradients in the gradient
+// buffer and the forward's node reduces the whole unit once.
 // parallelize() builds one per unit and gathers the unit's parameters through it instead of one
 // redistribute per parameter. If something re-points a parameter's storage (Module::to), the next
 // gather adopts the parameters again (one copy, counted).

@@ -374,6 +374,11 @@ struct GradReducer::State {
       for (size_t i = 0; i < params.size(); ++i)
         if (params[i].p.grad().defined()) pack(static_cast<int>(i));
     }
+    // A gradient accumulated in an earlier micro-batch (set_sync(false)) of a parameter that got
+    // none in this one (an expert no token of the last micro-batch was routed to): no hook fired
+    // for it in this pass, so it is packed now (its bucket waited for it: not launched yet).
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!params[i].arrived && params[i].p.grad().defined()) pack(static_cast<int>(i));
     // Parameters whose gradient never arrived contribute zeros (the buffer starts zeroed).
     for (auto& P : params)
       if (!P.arrived) ++cur.unused;

@@ -68,6 +68,8 @@ void queue_backward_callback(std::function<void()> fn) {
   g_backward_callbacks.push_back(std::move(fn));
 }
 
+bool backward_running() { return g_engine_depth > 0; }
+
 bool GradMode::enabled() { return g_grad_enabled; }
 void GradMode::set(bool on) { g_grad_enabled = on; }
 
@@ -354,9 +356,11 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
     if (any) {
       for (size_t k = 0; k < grads.size(); ++k) {
         const auto& meta = n->outputs[k];
-        if (!grads[k].defined())
+        if (!grads[k].defined()) {
+          if (!n->materialize_grads) continue;
           grads[k] = filled_like({meta.shape, meta.dtype, meta.device,
                                   meta.dist ? meta.dist->grad_spec() : nullptr}, 0.0);
+        }
         for (auto& hook : n->output_hooks[k].snapshot()) {
           Tensor r = hook(grads[k]);
           if (r.defined()) grads[k] = r;

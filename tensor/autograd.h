@@ -24,8 +24,8 @@ class Node : public std::enable_shared_from_this<Node> {
   Node();
   virtual ~Node() = default;
   virtual std::string name() const = 0;
-  // grads: one per output (all defined: the engine fills zeros where only some are).
-  // Returns one gradient per next edge (undefined where none flows).
+  // grads: one per output (all defined: the engine fills zeros where only some are, unless
+  // materialize_grads is off). Returns one gradient per next edge (undefined where none flows).
   virtual std::vector<Tensor> apply(std::vector<Tensor>& grads) = 0;
   // Frees saved tensors after a backward without retain_graph.
   virtual void release() {}
@@ -33,6 +33,10 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<Edge> next;
   uint64_t seq = 0;
   bool released = false;
+  // Off: outputs that got no gradient stay undefined in apply() (and their output hooks do not
+  // run), so the node can tell an unused output from a zero gradient (an FSDP unit's gather
+  // node: plan/fsdp_buffer.cpp).
+  bool materialize_grads = true;
   // Metadata of each output, for zero-filling undefined gradients.
   struct OutputMeta {
     Shape shape;  // local shape
@@ -128,6 +132,9 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 // once. Callbacks run in the order they were queued. FSDP completes the gradient reductions it
 // left in flight this way (plan/fsdp_buffer.cpp), like PyTorch's queue_callback.
 void queue_backward_callback(std::function<void()> fn);
+// Whether a backward pass (backward() or grad()) is running on this thread: a forward now is a
+// recomputation (tensor/checkpoint.h) or a hook's.
+bool backward_running();
 
 // Sum `g` down to `shape` (the inverse of broadcasting), for backward formulas.
 Tensor sum_to(const Tensor& g, const Shape& shape);

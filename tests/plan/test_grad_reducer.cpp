@@ -308,6 +308,42 @@ TEST_CASE("grad reducer: no_sync accumulates micro-batches locally, the last one
   }
 }
 
+// A parameter whose gradient was accumulated in an earlier micro-batch but that the last
+// (synchronized) micro-batch does not use (an expert that no token of the last micro-batch was
+// routed to) fires no hook in that pass: finish() still reduces it and keeps it, bucketed (u,
+// Partial) or passed through (w, a sharded gradient). Until 2026-11-28 both were dropped as unused
+// everywhere, so the optimizer skipped them on every rank (mixtral_ep with --accum 2 left one
+// device after step 3).
+TEST_CASE("grad reducer: a gradient from an earlier micro-batch only is reduced and kept", "[mpi]") {
+  const DeviceMesh& mesh = mesh_1d();
+  Tensor a = distribute_tensor(testing::rand({5}, DType::kF64, 1), mesh, P("R")).requires_grad_();
+  Tensor u = distribute_tensor(testing::rand({3}, DType::kF64, 2), mesh, P("R")).requires_grad_();
+  Tensor w = distribute_tensor(testing::rand({8}, DType::kF64, 3), mesh, P("S(0)")).requires_grad_();
+  Tensor xa = distribute_tensor(testing::rand({8, 5}, DType::kF64, 4), mesh, P("S(0)"));
+  Tensor xu = distribute_tensor(testing::rand({8, 3}, DType::kF64, 5), mesh, P("S(0)"));
+  Tensor xw = distribute_tensor(testing::rand({8}, DType::kF64, 6), mesh, P("S(0)"));
+  GradReducerOptions o;
+  o.bucket_bytes = 8;  // one bucket each
+  GradReducer red({{"a", a}, {"u", u}, {"w", w}}, mesh, o);
+  const Tensor want_u = sum(full_tensor(xu), {0});
+  for (int step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    for (Tensor* t : {&a, &u, &w}) t->set_grad(Tensor());
+    red.set_sync(false);
+    full_tensor(add(add(sum(mul(xa, a)), sum(mul(xu, u))), sum(mul(xw, w)))).backward();
+    red.finish();
+    red.set_sync(true);
+    full_tensor(sum(mul(xa, a))).backward();  // u and w unused in the last micro-batch
+    red.finish();
+    REQUIRE(u.grad().defined());
+    REQUIRE(w.grad().defined());
+    REQUIRE(red.stats().unused_everywhere == 0);
+    REQUIRE_CLOSE(full_tensor(u.grad()), want_u, 1e-12, 1e-12);
+    REQUIRE_CLOSE(full_tensor(w.grad()), full_tensor(xw), 1e-12, 1e-12);
+    REQUIRE_CLOSE(full_tensor(a.grad()), mul(sum(full_tensor(xa), {0}), 2.0), 1e-12, 1e-12);
+  }
+}
+
 TEST_CASE("grad reducer: ZeRO-2 style S(0) gradients by reduce_scatter (uneven rows)", "[mpi]") {
   const DeviceMesh& mesh = mesh_1d();
   Case c = case_1d(DType::kF64, false);  // row counts 6, 7, 5, 3, 4: uneven and empty shards at np 4

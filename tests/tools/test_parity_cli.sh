@@ -109,6 +109,23 @@ if [ "$MODE" = fast ]; then
     r=$(report_within "$WORK/mx_aux.json" 1e-5 5e-2 2>&1) && pass "$tag: $r" || fail "$tag: $r"
   fi
 fi
+if [ "$MODE" = fast ]; then
+  # Gradient accumulation with an expert that the last micro-batch leaves without tokens (step 3
+  # here; the GradReducer dropped its earlier micro-batch's gradient until 2026-11-28), and
+  # activation recomputation under pipeline x FSDP (a second micro-batch's replay read the first's
+  # spent gather: docs/fsdp.md, "Activation recomputation").
+  for spec in "mixtral_ep|mixtral-tiny|--accum 2 --steps 3" \
+              "llama_pp_fsdp|llama-tiny|--accum 2 --steps 2 --recompute full --dropout 0.1" \
+              "llama_pp_fsdp|llama-tiny|--accum 2 --steps 2 --recompute selective"; do
+    IFS='|' read -r plan model extra <<<"$spec"
+    tag="$plan np 2 ($model, $extra)"
+    # shellcheck disable=SC2086
+    if expect_rc "$tag: parity" 0 mpi 2 "$BIN" parity --plan "$PLANS/$plan.plan" --config "$model" \
+        $extra --json "$WORK/acc.json"; then
+      r=$(report_within "$WORK/acc.json" 1e-5 5e-2 2>&1) && pass "$tag: $r" || fail "$tag: $r"
+    fi
+  done
+fi
 if [ "$MODE" = slow ]; then
   # ---- --per-module: no module differs; its table lists the decoder layers -----------------------------
   if expect_rc "llama_tp --per-module" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL --per-module \

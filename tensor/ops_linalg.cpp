@@ -103,6 +103,20 @@ void gemm_into(Tensor a, Tensor b, const Tensor& out) {
   MT_KERNEL(out.device().type, matmul, p);
 }
 
+// out[j] = sum over i of g[i, j] for a 2-D g, written into `out` ([cols], contiguous, g's dtype,
+// f32 or f64): a bias's gradient into its grad_destination, with the bits of sum(g, {0}) (the same
+// reduce kernel and order). No autograd.
+void column_sums_into(const Tensor& g, const Tensor& out) {
+  ReduceParams p;
+  p.op = ReduceOp::kSum;
+  p.in = g.view_info();
+  p.in.sizes = {g.size(1), g.size(0)};
+  p.in.strides = {g.strides()[1], g.strides()[0]};
+  p.out = out.view_info();
+  p.n_reduce = 1;
+  if (out.numel() > 0) MT_KERNEL(out.device().type, reduce, p);
+}
+
 // Differentiable product of operands with rank >= 2 that share a dtype (f32 or f64).
 Tensor matmul_nd(const Tensor& a, const Tensor& b, const char* op) {
   Tensor out;
@@ -218,7 +232,7 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
   }
   if (needs_grad({&x2, &w, &bias})) {
     const bool bias_grad = has_bias && bias.requires_grad();
-    record("LinearBackward", {x2, w, bias}, out, [x2, w, bias_grad, widen_w](const auto& g) {
+    record("LinearBackward", {x2, w, bias}, out, [x2, w, bias, bias_grad, widen_w](const auto& g) {
       Tensor gx;
       if (x2.requires_grad()) {
         if (widen_w && !GradMode::enabled()) {  // g @ w with w widened in the kernel
@@ -238,7 +252,17 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
         else
           gw = widen_w ? matmul(mT(g[0]), x2).to(w.dtype()) : matmul(mT(g[0]), x2);
       }
-      Tensor gb = bias_grad ? sum(g[0], {0}) : Tensor();
+      Tensor gb;
+      if (bias_grad) {
+        gb = grad_destination(bias);  // zero-copy FSDP gradients, as for the weight
+        const DType dt = g[0].dtype();
+        if (gb.defined() && gb.dtype() == dt && (dt == DType::kF32 || dt == DType::kF64) && g[0].dim() == 2)
+          column_sums_into(g[0], gb);
+        else if (gb.defined())
+          gb.copy_(sum(g[0], {0}));
+        else
+          gb = sum(g[0], {0});
+      }
       return std::vector<Tensor>{gx, gw, gb};
     });
   }

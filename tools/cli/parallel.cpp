@@ -77,9 +77,11 @@ Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {
     for (const PlanEntry& e : ctx.plan.entries()) has_fsdp |= e.kind == PlanEntryKind::kFsdp;
     if (has_fsdp) {
       const HookIR whole = lower(ctx.plan, model, *ctx.mesh);
-      // Tied embeddings: the last stage's lm_head reads the embedding weight outside its module,
-      // where no unit gathers it (the same holds for llama_fsdp without stages); refused here
-      // with the unit's plan line rather than as a shape error inside the forward.
+      // Tied embeddings: the last stage's lm_head reads the embedding weight, but the stage never
+      // runs the embedding module whose unit would gather it (without stages the head reads it
+      // after the embedding ran: Module::declare_shared_use), and the two stages' units would lay
+      // it out differently; refused here with the unit's plan line rather than as a shape error
+      // inside the forward.
       for (const FsdpUnit& u : whole.fsdp_units)
         for (const std::string& p : u.params)
           MT_CHECK(!(cfg.tie_word_embeddings && p == "model.embed_tokens.weight"),

@@ -2,9 +2,9 @@
 //
 // A buffer of parameters (an FSDP unit's gathered buffer) can say where the gradients of the
 // tensors that view it go: a backward formula that computes the whole gradient of such a weight
-// (linear's weight and bias, rms_norm, embedding) asks grad_destination(weight) and, when it gets a tensor (the
-// weight's shape, contiguous, its dtype and device), writes the gradient into it and returns it
-// instead of a fresh tensor. Each destination is handed out at most once per backward of its unit
+// (linear's weight and bias, rms_norm, embedding) asks grad_destination(weight) and, when it gets
+// a tensor (the weight's shape, contiguous, its dtype and device), writes the gradient into it and
+// returns it instead of a fresh tensor. Each destination is handed out at most once per backward of its unit
 // (a second use of the weight gets a fresh tensor and the engine adds the two), never while a
 // backward records a graph (create_graph), and only for the registered storage.
 //

@@ -498,7 +498,7 @@ TEST_CASE("fsdp buffer: micro-batches in flight (pipeline orders) give the seque
 // unit) the recomputed part's gradients join the forward node's in one reduce-scatter per unit.
 // One after the other and in pipeline orders (two forwards before their backwards), full and
 // selective recomputation give the gradient bits of keeping every activation, with the same
-// collectives and every gradient written in place. (Until 2026-11-28 selective recomputation
+// collectives and every gradient written in place. (Until 2026-11-27 selective recomputation
 // under llama_fsdp crashed, and full recomputation under a pipeline stopped with "backward
 // through FsdpUnitGather a second time".)
 TEST_CASE("fsdp buffer: activation recomputation gathers nothing more and gives the same gradients",
@@ -566,7 +566,7 @@ TEST_CASE("fsdp buffer: activation recomputation gathers nothing more and gives 
 
 // Biases (a config with attention_bias and mlp_bias, as Qwen2-style checkpoints have) are written
 // in place too: linear's backward sums the bias gradient straight into the unit's gradient buffer
-// (before 2026-11-28 each bias gradient was copied in). The gradients match one device's.
+// (until 2026-11-27 each bias gradient was copied in). The gradients match one device's.
 TEST_CASE("fsdp buffer: bias gradients are written in place", "[mpi][fsdp]") {
   const int64_t n = world().size();
   ModelConfig cfg = builtin_config("llama-tiny");

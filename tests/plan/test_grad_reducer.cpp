@@ -311,7 +311,7 @@ TEST_CASE("grad reducer: no_sync accumulates micro-batches locally, the last one
 // A parameter whose gradient was accumulated in an earlier micro-batch but that the last
 // (synchronized) micro-batch does not use (an expert that no token of the last micro-batch was
 // routed to) fires no hook in that pass: finish() still reduces it and keeps it, bucketed (u,
-// Partial) or passed through (w, a sharded gradient). Until 2026-11-28 both were dropped as unused
+// Partial) or passed through (w, a sharded gradient). Until 2026-11-27 both were dropped as unused
 // everywhere, so the optimizer skipped them on every rank (mixtral_ep with --accum 2 left one
 // device after step 3).
 TEST_CASE("grad reducer: a gradient from an earlier micro-batch only is reduced and kept", "[mpi]") {

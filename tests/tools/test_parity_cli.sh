@@ -111,7 +111,7 @@ if [ "$MODE" = fast ]; then
 fi
 if [ "$MODE" = fast ]; then
   # Gradient accumulation with an expert that the last micro-batch leaves without tokens (step 3
-  # here; the GradReducer dropped its earlier micro-batch's gradient until 2026-11-28), and
+  # here; the GradReducer dropped its earlier micro-batch's gradient until 2026-11-27), and
   # activation recomputation under pipeline x FSDP (a second micro-batch's replay read the first's
   # spent gather: docs/fsdp.md, "Activation recomputation").
   for spec in "mixtral_ep|mixtral-tiny|--accum 2 --steps 3" \

@@ -15,6 +15,7 @@
 #include "mesh/shard_layout.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
+#include "tensor/checkpoint.h"
 #include "tensor/grad_destination.h"
 
 namespace mt {
@@ -119,6 +120,7 @@ struct FsdpUnitBuffer::State {
   std::vector<int> partial_replicas;  // the HSDP dims of the partial nodes' gradients
   std::vector<char> contributed;      // per parameter: a partial node put its gradient in grad_full
   uint64_t nodes_made = 0, gathered_node = 0;
+  uint64_t gathered_replay = 0;       // the recomputation `gathered` was made in (0: a forward)
   bool zero_copy = true;              // hand out gradient destinations
   std::vector<std::pair<int64_t, int64_t>> gaps;  // [begin, end) of grad_full no parameter covers
   std::map<int64_t, size_t> by_offset;            // full-buffer offset -> parameter (numel > 0)
@@ -514,6 +516,7 @@ struct FsdpUnitBuffer::State {
     NoGradGuard ng;
     gathered.clear();
     gathered_node = 0;
+    gathered_replay = current_recompute();
     std::vector<Tensor*> outs;
     for (const Param& p : params)
       gathered.push_back(from_local(full.narrow(0, p.offset, p.numel).view(p.run_local), mesh, p.run, p.global_shape));
@@ -690,7 +693,9 @@ std::function<void()> FsdpUnitBuffer::link_prefetch(const std::vector<std::share
 Tensor FsdpUnitBuffer::gathered(const std::string& path) {
   auto it = s_->index.find(path);
   MT_CHECK(it != s_->index.end(), "FSDP unit {}: {} is not one of its parameters", s_->module, path);
-  if (s_->gathered.empty()) s_->gather(s_);
+  // Views are made once per forward pass, and once per recomputation: a nested one (a checkpointed
+  // submodule of a recomputed module, replayed in the outer replay's backward) gets its own.
+  if (s_->gathered.empty() || s_->gathered_replay != current_recompute()) s_->gather(s_);
   return s_->gathered[it->second];
 }
 

@@ -26,7 +26,8 @@
 // Activation recomputation: a gather inside the unit's backward (a recomputed forward) takes views
 // of the buffer the backward regathered, with no all-gather; when the unit's forward recorded a
 // node too (a recomputed submodule), the replay's node only leaves its gradients in the gradient
-// buffer and the forward's node reduces the whole unit once.
+// buffer and the forward's node reduces the whole unit once. Views are cached per forward pass and
+// per recomputation (tensor/checkpoint.h, current_recompute), never across them.
 // parallelize() builds one per unit and gathers the unit's parameters through it instead of one
 // redistribute per parameter. If something re-points a parameter's storage (Module::to), the next
 // gather adopts the parameters again (one copy, counted).

@@ -35,6 +35,20 @@ class GeneratorStateGuard {
   uint64_t seed_, offset_;
 };
 
+thread_local uint64_t g_recompute = 0, g_recomputes = 0;
+
+// Marks the recomputed forward as the current one for its lifetime (current_recompute()).
+class RecomputeScope {
+ public:
+  RecomputeScope() : outer_(g_recompute) { g_recompute = ++g_recomputes; }
+  ~RecomputeScope() { g_recompute = outer_; }
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+ private:
+  uint64_t outer_;
+};
+
 uint32_t storage_version(const Tensor& t) {
   return t.defined() && t.impl()->storage ? t.impl()->storage->version : 0;
 }
@@ -78,6 +92,7 @@ class CheckpointNode : public Node {
     {
       GeneratorStateGuard rng(seed_, offset_);
       GradModeGuard grad_on(true);
+      RecomputeScope replay;
       outs = fn_(detached);
     }
     MT_CHECK(outs.size() == n_fn_outputs,
@@ -110,6 +125,8 @@ class CheckpointNode : public Node {
 };
 
 }  // namespace
+
+uint64_t current_recompute() { return g_recompute; }
 
 std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs) {
   MT_CHECK(fn != nullptr, "checkpoint: empty function");

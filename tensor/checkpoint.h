@@ -22,4 +22,10 @@ using CheckpointFn = std::function<std::vector<Tensor>(const std::vector<Tensor>
 // parameters. Inputs must not be modified in place before backward (checked).
 std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs);
 
+// The recomputed forward running on this thread now (the innermost one, when a recomputation's
+// backward recomputes a nested checkpoint): a number unique to it, or 0 outside any. Something
+// that caches tensors per forward pass (an FSDP unit's gathered views) tells the passes apart
+// with it.
+uint64_t current_recompute();
+
 }  // namespace mt

@@ -202,3 +202,38 @@ TEST_CASE("Module::set_recompute runs forward through checkpoint", "[cpu]") {
     REQUIRE(bit_equal(plain[i], re[i]));
   }
 }
+
+// current_recompute(): 0 in the first (no-grad) run and outside, a fresh number in each replay,
+// and a nested checkpoint's replay (in the outer replay's backward) gets its own, after which the
+// outer number is back. (FSDP units key their cached parameter views on it.)
+TEST_CASE("checkpoint: current_recompute tells the replays apart", "[cpu]") {
+  Tensor w = rand({4}, DType::kF64, 3).requires_grad_();
+  Tensor x = rand({4}, DType::kF64, 4);
+  std::vector<uint64_t> outer_seen, inner_seen;
+  CheckpointFn inner = [&](const std::vector<Tensor>& in) {
+    inner_seen.push_back(current_recompute());
+    return std::vector<Tensor>{tanh(mul(in[0], w))};
+  };
+  CheckpointFn outer = [&](const std::vector<Tensor>& in) {
+    outer_seen.push_back(current_recompute());
+    Tensor h = checkpoint(inner, {mul(in[0], w)})[0];
+    outer_seen.push_back(current_recompute());
+    return std::vector<Tensor>{h};
+  };
+  CHECK(current_recompute() == 0);
+  sum(checkpoint(outer, {x})[0]).backward();
+  CHECK(current_recompute() == 0);
+  // outer: first run (0, 0), replay (r, r); inner: in the first run and in the outer replay it
+  // runs directly (0 and r), then its own replay in the outer replay's backward (a third number).
+  REQUIRE(outer_seen.size() == 4);
+  CHECK(outer_seen[0] == 0);
+  CHECK(outer_seen[1] == 0);
+  CHECK(outer_seen[2] != 0);
+  CHECK(outer_seen[3] == outer_seen[2]);
+  REQUIRE(inner_seen.size() == 3);
+  CHECK(inner_seen[0] == 0);
+  CHECK(inner_seen[1] == outer_seen[2]);
+  CHECK(inner_seen[2] != 0);
+  CHECK(inner_seen[2] != outer_seen[2]);
+  CHECK(w.grad().defined());
+}

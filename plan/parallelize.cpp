@@ -277,6 +277,20 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
       if (n_factories > 0)  // left by a forward of this module that threw
         std::erase_if(g_factories,
                       [&](const OwnedScope& f) { return f.owner == owner && f.scope.module == pre[0].module; });
+      // A module that recomputes its activations replays only its forward in backward, without
+      // its own hooks: a parameter it owns would be the stored shard there, not the gathered
+      // tensor. Refused, naming the module and the plan line (its children's hooks do run in the
+      // replay, so marking a module above it works).
+      if (mod.recompute() == Recompute::kYes)
+        for (const HookRecord& r : pre)
+          if (r.action == HookAction::kGather)
+            run_record(r, pm, [&] {
+              MT_FAIL("module '{}' recomputes its activations (set_recompute) and owns parameter '{}', which the "
+                      "plan gathers before each of its forwards; the recomputation in backward runs without the "
+                      "module's own hooks and would read the stored shard: mark a module that contains it instead "
+                      "(its parent)",
+                      mod.path().empty() ? "(root)" : mod.path(), r.tensor);
+            });
       for (const HookRecord& r : pre) {
         run_record(r, pm, [&] {
           if (r.action == HookAction::kGather) {

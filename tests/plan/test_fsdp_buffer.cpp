@@ -568,7 +568,14 @@ TEST_CASE("fsdp buffer: activation recomputation gathers nothing more and gives 
                    c.reduce_scatters, c.backward_bytes_copied);
     }
   }
+  // A module that owns a gathered parameter itself (a Linear) replays without its own hooks: refused
+  // at its forward, naming it and the plan line, before anything runs.
+  model->get_module("model.layers.1.mlp.down_proj")->set_recompute(Recompute::kYes);
+  CHECK_THROWS_WITH(model->loss(ids[0], tg[0]),
+                    Catch::Contains("module 'model.layers.1.mlp.down_proj' recomputes its activations") &&
+                        Catch::Contains("owns parameter 'weight'") && Catch::Contains("llama_fsdp.plan:"));
   apply_recompute(*model, RecomputeMode::kNone);
+  model->get_module("model.layers.1.mlp.down_proj")->set_recompute(Recompute::kNo);
 }
 
 // Biases (a config with attention_bias and mlp_bias, as Qwen2-style checkpoints have) are written

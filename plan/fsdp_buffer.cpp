@@ -631,7 +631,9 @@ FsdpUnitBuffer::FsdpUnitBuffer(const FsdpUnit& unit, const HookIR& ir, Module& m
   s.adopt();
 }
 
-FsdpUnitBuffer::~FsdpUnitBuffer() = default;
+// The gathered views point back at the state through their gather node: a forward that threw
+// before the unit's end_forward() leaves them there, a cycle that only this breaks.
+FsdpUnitBuffer::~FsdpUnitBuffer() { s_->gathered.clear(); }
 
 const std::string& FsdpUnitBuffer::module() const { return s_->module; }
 const std::vector<std::string>& FsdpUnitBuffer::params() const { return s_->paths; }

@@ -79,6 +79,53 @@ double max_diff(const NamedTensors& a, const NamedTensors& b) {
   return worst;
 }
 
+// The parameters of all the plan's FSDP units.
+int64_t unit_param_count(const HookIR& ir) {
+  int64_t n = 0;
+  for (const FsdpUnit& u : ir.fsdp_units) n += static_cast<int64_t>(u.params.size());
+  return n;
+}
+
+// M micro-batches of B x T random tokens (inputs and targets), placed as the plan places the
+// model's input.
+struct MicroBatches {
+  std::vector<Tensor> ids, tg;
+};
+MicroBatches micro_batches(const Parallelized& par, const DeviceMesh& mesh, int64_t vocab, int64_t M, int64_t B,
+                           int64_t T, uint64_t seed) {
+  Generator g(seed);
+  Placements ps = par.input_placements("model");
+  MicroBatches mb;
+  for (int64_t m = 0; m < M; ++m) {
+    Tensor t = randint(0, vocab, {B, T + 1}, DType::kI64, &g);
+    mb.ids.push_back(distribute_tensor(t.narrow(1, 0, T).contiguous(), mesh, ps));
+    mb.tg.push_back(distribute_tensor(t.narrow(1, 1, T).contiguous(), mesh, ps));
+  }
+  return mb;
+}
+
+// Runs the micro-batches in `order` ('F' the next micro-batch's forward, 'B' the oldest pending
+// backward), each loss divided by their count; the gradients as full tensors (then cleared).
+NamedTensors run_order(CausalLM& model, const MicroBatches& mb, const std::string& order) {
+  const auto M = static_cast<double>(mb.ids.size());
+  std::vector<Tensor> losses;
+  size_t next_f = 0, next_b = 0;
+  for (char c : order) {
+    if (c == 'F') {
+      losses.push_back(div(model.loss(mb.ids[next_f], mb.tg[next_f]), M));
+      ++next_f;
+    } else {
+      losses[next_b++].backward();
+    }
+  }
+  NamedTensors out;
+  for (auto& [name, p] : model.named_parameters()) {
+    out.emplace_back(name, full_tensor(p.grad()));
+    p.set_grad(Tensor());
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-device gradients", "[mpi][fsdp]") {
@@ -131,8 +178,7 @@ TEST_CASE("fsdp buffer: one collective per unit, no forward copies, single-devic
   CHECK(c.adoption_bytes == 0);
   // Zero-copy gradients: every weight-gradient formula wrote straight into its unit's buffer.
   CHECK(c.backward_bytes_copied == 0);
-  int64_t unit_params = 0;
-  for (const FsdpUnit& u : ir.fsdp_units) unit_params += static_cast<int64_t>(u.params.size());
+  const int64_t unit_params = unit_param_count(ir);
   CHECK(c.zero_copy_grads == unit_params);
   // Prefetch: in the forward every layer's gather starts while the unit before it computes (the
   // root's is the first); in the backward every layer's but the last one's, and all are used.
@@ -274,8 +320,7 @@ TEST_CASE("fsdp buffer: a weight used twice (tied embeddings) sums in place", "[
   DeviceMesh mesh(pm.shape, pm.names);
   auto model = build(cfg, true);
   Parallelized par = parallelize(*model, plan, mesh);
-  int64_t unit_params = 0;
-  for (const FsdpUnit& u : par.ir().fsdp_units) unit_params += static_cast<int64_t>(u.params.size());
+  const int64_t unit_params = unit_param_count(par.ir());
   reset_fsdp_counters();
   const NamedTensors got = grads_of(*model, &par, &mesh, B, T);
   CHECK(fsdp_counters().backward_bytes_copied == 0);
@@ -374,17 +419,14 @@ TEST_CASE("fsdp buffer: zero-copy gradients, buffers made once, deterministic me
   auto model = build(cfg, true);
   Parallelized par = parallelize(*model, plan, mesh);
   const HookIR& ir = par.ir();
-  int64_t unit_params = 0;
-  for (const FsdpUnit& u : ir.fsdp_units) unit_params += static_cast<int64_t>(u.params.size());
+  const int64_t unit_params = unit_param_count(ir);
   GradReducer reducer(*model, mesh);
   AdamWOptions o;
   o.lr = 1e-3;
   AdamW opt(make_param_groups(model->named_parameters(), 0.1), o);
-  Generator g(11);
-  Tensor t = randint(0, cfg.vocab_size, {B, T + 1}, DType::kI64, &g);
-  Placements ps = par.input_placements("model");
-  Tensor ids = distribute_tensor(t.narrow(1, 0, T).contiguous(), mesh, ps);
-  Tensor tg = distribute_tensor(t.narrow(1, 1, T).contiguous(), mesh, ps);
+  const MicroBatches mb = micro_batches(par, mesh, cfg.vocab_size, 1, B, T, 11);
+  const Tensor& ids = mb.ids[0];
+  const Tensor& tg = mb.tg[0];
   std::vector<int64_t> made, live;
   for (int step = 0; step < 4; ++step) {
     reset_fsdp_counters();
@@ -446,36 +488,12 @@ TEST_CASE("fsdp buffer: micro-batches in flight (pipeline orders) give the seque
   auto model = build(cfg, true);
   Parallelized par = parallelize(*model, plan, mesh);
   const HookIR& ir = par.ir();
-  int64_t unit_params = 0;
-  for (const FsdpUnit& u : ir.fsdp_units) unit_params += static_cast<int64_t>(u.params.size());
+  const int64_t unit_params = unit_param_count(ir);
   const int64_t units = static_cast<int64_t>(ir.fsdp_units.size());
-  Generator g(13);
-  Placements ps = par.input_placements("model");
-  std::vector<Tensor> ids, tg;
-  for (int64_t m = 0; m < M; ++m) {
-    Tensor t = randint(0, cfg.vocab_size, {B, T + 1}, DType::kI64, &g);
-    ids.push_back(distribute_tensor(t.narrow(1, 0, T).contiguous(), mesh, ps));
-    tg.push_back(distribute_tensor(t.narrow(1, 1, T).contiguous(), mesh, ps));
-  }
-  // `order`: 'F' runs the next micro-batch's forward, 'B' the oldest pending backward.
+  const MicroBatches mb = micro_batches(par, mesh, cfg.vocab_size, M, B, T, 13);
   auto run = [&](const std::string& order) {
     reset_fsdp_counters();
-    std::vector<Tensor> losses;
-    size_t next_f = 0, next_b = 0;
-    for (char c : order) {
-      if (c == 'F') {
-        losses.push_back(div(model->loss(ids[next_f], tg[next_f]), static_cast<double>(M)));
-        ++next_f;
-      } else {
-        losses[next_b++].backward();
-      }
-    }
-    NamedTensors out;
-    for (auto& [name, p] : model->named_parameters()) {
-      out.emplace_back(name, full_tensor(p.grad()));
-      p.set_grad(Tensor());
-    }
-    return out;
+    return run_order(*model, mb, order);
   };
   const NamedTensors seq = run("FBFBFB");
   for (const std::string order : {"FFFBBB", "FFBFBB"}) {
@@ -513,17 +531,9 @@ TEST_CASE("fsdp buffer: activation recomputation gathers nothing more and gives 
   auto model = build(cfg, true);
   Parallelized par = parallelize(*model, plan, mesh);
   const HookIR& ir = par.ir();
-  int64_t unit_params = 0;
-  for (const FsdpUnit& u : ir.fsdp_units) unit_params += static_cast<int64_t>(u.params.size());
+  const int64_t unit_params = unit_param_count(ir);
   const int64_t units = static_cast<int64_t>(ir.fsdp_units.size());
-  Generator g(17);
-  Placements ps = par.input_placements("model");
-  std::vector<Tensor> ids, tg;
-  for (int64_t m = 0; m < M; ++m) {
-    Tensor t = randint(0, cfg.vocab_size, {B, T + 1}, DType::kI64, &g);
-    ids.push_back(distribute_tensor(t.narrow(1, 0, T).contiguous(), mesh, ps));
-    tg.push_back(distribute_tensor(t.narrow(1, 1, T).contiguous(), mesh, ps));
-  }
+  const MicroBatches mb = micro_batches(par, mesh, cfg.vocab_size, M, B, T, 17);
   // nested: every layer and, inside it, its MLP (the MLP is replayed within the layer's replay's
   // backward, with views of its own).
   auto run = [&](const std::string& order, RecomputeMode mode, bool nested = false) {
@@ -532,21 +542,7 @@ TEST_CASE("fsdp buffer: activation recomputation gathers nothing more and gives 
       for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
         model->get_module(fmt::format("model.layers.{}.mlp", l))->set_recompute(Recompute::kYes);
     reset_fsdp_counters();
-    std::vector<Tensor> losses;
-    size_t next_f = 0, next_b = 0;
-    for (char c : order) {
-      if (c == 'F') {
-        losses.push_back(div(model->loss(ids[next_f], tg[next_f]), static_cast<double>(M)));
-        ++next_f;
-      } else {
-        losses[next_b++].backward();
-      }
-    }
-    NamedTensors out;
-    for (auto& [name, p] : model->named_parameters()) {
-      out.emplace_back(name, full_tensor(p.grad()));
-      p.set_grad(Tensor());
-    }
+    NamedTensors out = run_order(*model, mb, order);
     return std::make_pair(out, fsdp_counters());
   };
   for (const std::string order : {"FBFB", "FFBB"}) {
@@ -571,7 +567,7 @@ TEST_CASE("fsdp buffer: activation recomputation gathers nothing more and gives 
   // A module that owns a gathered parameter itself (a Linear) replays without its own hooks: refused
   // at its forward, naming it and the plan line, before anything runs.
   model->get_module("model.layers.1.mlp.down_proj")->set_recompute(Recompute::kYes);
-  CHECK_THROWS_WITH(model->loss(ids[0], tg[0]),
+  CHECK_THROWS_WITH(model->loss(mb.ids[0], mb.tg[0]),
                     Catch::Contains("module 'model.layers.1.mlp.down_proj' recomputes its activations") &&
                         Catch::Contains("owns parameter 'weight'") && Catch::Contains("llama_fsdp.plan:"));
   apply_recompute(*model, RecomputeMode::kNone);

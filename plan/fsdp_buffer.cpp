@@ -113,13 +113,12 @@ struct FsdpUnitBuffer::State {
   // of it and no all-gather. Its node is a *partial* one when the forward recorded a node too
   // (selective recomputation: the recomputed submodule's gradients land in grad_full, the forward's
   // node reduces them with the rest); otherwise (the unit recomputed whole, whose forward ran
-  // without grad) it is the unit's only node and reduces. `gathered` belongs to the node that made
-  // it (`gathered_node`) and is dropped when that node's backward runs, so a later recomputation
-  // (the next micro-batch's, or another submodule's) never reads views of a spent node.
+  // without grad) it is the unit's only node and reduces. `gathered` is reused only within the pass
+  // that made it (`gathered_replay`), so a later recomputation (the next micro-batch's, another
+  // submodule's, a nested one) never reads views of another pass's node.
   bool in_backward = false;
   std::vector<int> partial_replicas;  // the HSDP dims of the partial nodes' gradients
   std::vector<char> contributed;      // per parameter: a partial node put its gradient in grad_full
-  uint64_t nodes_made = 0, gathered_node = 0;
   uint64_t gathered_replay = 0;       // the recomputation `gathered` was made in (0: a forward)
   bool zero_copy = true;              // hand out gradient destinations
   std::vector<std::pair<int64_t, int64_t>> gaps;  // [begin, end) of grad_full no parameter covers
@@ -402,12 +401,11 @@ struct FsdpUnitBuffer::State {
     std::fill(claimed.begin(), claimed.end(), 0);
   }
 
-  // The backward of gather node `node`: a partial node (a recomputation inside the unit's
+  // The backward of a gather node: a partial node (a recomputation inside the unit's
   // backward, beside the forward's node) leaves its gradients in grad_full; the unit's last node
   // of this backward reduces them all.
-  std::vector<Tensor> backward(const std::vector<Tensor>& grads, uint64_t node, bool partial) {
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads, bool partial) {
     NoGradGuard ng;
-    if (node == gathered_node) gathered.clear();  // its views are spent
     if (nodes_pending > 0) --nodes_pending;
     std::vector<int> replicas = replica_dims(grads);
     if (partial) {
@@ -515,7 +513,6 @@ struct FsdpUnitBuffer::State {
     }
     NoGradGuard ng;
     gathered.clear();
-    gathered_node = 0;
     gathered_replay = current_recompute();
     std::vector<Tensor*> outs;
     for (const Param& p : params)
@@ -531,11 +528,10 @@ struct FsdpUnitBuffer::State {
     // adds a node; the flags are reset when a backward of the unit completes.)
     const bool partial = recompute && nodes_pending > 0;  // the forward's node reduces
     ++nodes_pending;
-    const uint64_t id = gathered_node = ++nodes_made;
-    // The node keeps the state alive while a graph needs it; end_forward() (or the node's own
-    // backward) drops the gathered tensors that point back at the node.
-    auto node = std::make_shared<FunctionNode>("FsdpUnitGather", [self, id, partial](const std::vector<Tensor>& g) {
-      return self->backward(g, id, partial);
+    // The node keeps the state alive while a graph needs it; end_forward() (or the next gather)
+    // drops the gathered tensors that point back at the node.
+    auto node = std::make_shared<FunctionNode>("FsdpUnitGather", [self, partial](const std::vector<Tensor>& g) {
+      return self->backward(g, partial);
     });
     node->materialize_grads = false;  // an unused parameter is no gradient, not zeros to copy
     for (Tensor& t : gathered) outs.push_back(&t);

@@ -544,7 +544,7 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
         auto it = shared_uses.find(p);
         if (it == shared_uses.end()) return false;
         const std::string& reader = it->second.module;  // inside the unit: done before the unit ends
-        return !u.module.empty() && reader != u.module && reader.rfind(u.module + ".", 0) != 0;
+        return !u.module.empty() && reader != u.module && !reader.starts_with(u.module + ".");
       });
       buffer->set_reshard_after_forward(!u.module.empty() && !keep_gathered && u.reshard_after_forward &&
                                         !read_later);

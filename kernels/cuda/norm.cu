@@ -8,6 +8,8 @@
 // allocator (StreamScratch, common.cuh).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/block_reduce.cuh"
@@ -32,6 +34,19 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p, int64_t k) {
 template <class T, int N>
 __device__ __forceinline__ void store_vec(T* p, int64_t k, const Vec<T, N>& v) {
   reinterpret_cast<Vec<T, N>*>(p)[k] = v;
+}
+
+// Keeps v in registers as it is (packed 16-bit pairs) and makes the compiler forget the values it
+// already converted from it: without this, nvcc keeps a row's converted f32 copies alive from the
+// first use to the second, twice the registers (168 instead of about 100 for rms_norm_bwd_warp_rows
+// at 8 vectors of bf16).
+template <class T, int N>
+__device__ __forceinline__ void forget_derived(Vec<T, N>& v) {
+  if constexpr (sizeof(v) % 4 == 0) {
+    uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+    for (size_t i = 0; i < sizeof(v) / 4; ++i) asm volatile("" : "+r"(w[i]));
+  }
 }
 
 struct RowGeom {
@@ -305,6 +320,85 @@ __global__ void __launch_bounds__(512) rms_norm_bwd_rows_reg(const T* __restrict
   }
 }
 
+// Rows of at most 32 * V vectors (H <= 2048 for 16-bit types, 1024 for f32 at V = 8): one warp
+// per row. The lane holds its V vectors of x and gy in registers, all loads issued together, and
+// the row's dot product is a warp shuffle sum, so no block barrier orders the rows and a
+// multiprocessor keeps about 4x as many rows in flight as rms_norm_bwd_rows_reg (ncu on that one:
+// 23% warps active, stalled on loads). Each warp adds its rows' weight-gradient terms into its own
+// slice of shared memory, laid out [N][nv] so that a warp's lanes hit distinct banks; at the
+// chunk's end the block adds the slices in warp order. Same chunks as the other kernels: the
+// summation order depends only on (rows, H).
+constexpr int kRowWarps = 4;
+template <class T, int N, int V>
+__global__ void __launch_bounds__(32 * kRowWarps, 4) rms_norm_bwd_warp_rows(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
+                                       const acc_t<T>* __restrict__ rstd, T* __restrict__ gx, acc_t<T>* partial,
+                                       int64_t rows, int64_t h, int64_t per) {
+  using A = acc_t<T>;
+  extern __shared__ unsigned char smem_raw[];
+  A* const slices = reinterpret_cast<A*>(smem_raw);  // [kRowWarps][N][nv] when partial
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nv = static_cast<int>(h / N);
+  const int64_t r0 = blockIdx.x * per, r1 = min(rows, r0 + per);
+  A* const mine = slices + warp * h;
+  if (partial)
+    for (int i = lane; i < h; i += 32) mine[i] = A(0);
+  for (int64_t row = r0 + warp; row < r1; row += kRowWarps) {
+    Vec<T, N> xa[V], ga[V];
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const int k = lane + 32 * u;
+      if (k < nv) {
+        xa[u] = load_vec<T, N>(x + row * h, k);
+        ga[u] = load_vec<T, N>(gy + row * h, k);
+      }
+    }
+    const A r = rstd[row];
+    A dot = 0;
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const int k = lane + 32 * u;
+      if (k >= nv) continue;
+      Vec<T, N> b;
+      if (w) b = load_vec<T, N>(w, k);
+#pragma unroll
+      for (int e = 0; e < N; ++e) dot += to_acc(ga[u].v[e]) * (w ? to_acc(b.v[e]) : A(1)) * to_acc(xa[u].v[e]);
+    }
+    dot = warp_sum(dot);
+    const A c = h ? r * r * r * dot / static_cast<A>(h) : A(0);
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      forget_derived(xa[u]);
+      forget_derived(ga[u]);
+    }
+    const T* w2 = w;  // the weights again from L1, not held in registers since the first pass
+    asm volatile("" : "+l"(w2));
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const int k = lane + 32 * u;
+      if (k >= nv) continue;
+      Vec<T, N> b, o;
+      if (w) b = load_vec<T, N>(w2, k);
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const A xv = to_acc(xa[u].v[e]), gv = to_acc(ga[u].v[e]);
+        o.v[e] = from_acc<T>(r * gv * (w ? to_acc(b.v[e]) : A(1)) - xv * c);
+        if (partial) mine[e * nv + k] += gv * xv * r;
+      }
+      store_vec<T, N>(gx + row * h, k, o);
+    }
+  }
+  if (partial) {
+    __syncthreads();
+    A* dst = partial + blockIdx.x * h;
+    for (int i = threadIdx.x; i < h; i += blockDim.x) {
+      const int k = i / N, e = i - k * N;  // column i is element e of vector k
+      A s = slices[e * nv + k];
+      for (int q = 1; q < kRowWarps; ++q) s += slices[q * h + e * nv + k];
+      dst[i] = s;
+    }
+  }
+}
+
 template <class T, int N>
 void rms_norm_launch(const RmsNormParams& p, int64_t rows, int64_t h) {
   cudaStream_t st = cuda::current_stream();
@@ -325,6 +419,16 @@ void rms_norm_typed(const RmsNormParams& p) {
     rms_norm_launch<T, 1>(p, rows, h);
 }
 
+// MT_RMS_NORM_BWD=block keeps rows of up to 256 vectors on the block-per-row kernels (for A/B
+// runs of bench_cuda; docs/cuda_kernels.md). Read once.
+bool rms_norm_bwd_warp_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MT_RMS_NORM_BWD");
+    return v == nullptr || std::string_view(v) != "block";
+  }();
+  return on;
+}
+
 template <class T, int N>
 void rms_norm_bwd_launch(const RmsNormBwdParams& p, int64_t rows, int64_t h) {
   using A = acc_t<T>;
@@ -343,7 +447,27 @@ void rms_norm_bwd_launch(const RmsNormBwdParams& p, int64_t rows, int64_t h) {
           p.gy.ptr<const T>(), p.x.ptr<const T>(), w, p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows,
           h, ch.per);
     };
-    if (per_thread <= 1)
+    // A warp per row (see the kernel); without weight gradients, 16 rows per block.
+    auto warp_rows = [&](auto v) {
+      const int64_t per = want_gw ? ch.per : 4 * kRowWarps;
+      const int64_t blocks = want_gw ? ch.n : ceil_div(rows, per);
+      MT_CHECK(blocks < (int64_t{1} << 31), "rms_norm backward: {} rows are too many for one launch", rows);
+      const size_t slices = want_gw ? static_cast<size_t>(kRowWarps * h) * sizeof(A) : 0;
+      rms_norm_bwd_warp_rows<T, N, decltype(v)::value><<<static_cast<unsigned>(blocks), 32 * kRowWarps, slices, st>>>(
+          p.gy.ptr<const T>(), p.x.ptr<const T>(), w, p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows,
+          h, per);
+    };
+    const int64_t nv = h / N;
+    if (rms_norm_bwd_warp_enabled() && nv <= 32 * 8) {
+      if (nv <= 32)
+        warp_rows(std::integral_constant<int, 1>{});
+      else if (nv <= 64)
+        warp_rows(std::integral_constant<int, 2>{});
+      else if (nv <= 128)
+        warp_rows(std::integral_constant<int, 4>{});
+      else
+        warp_rows(std::integral_constant<int, 8>{});
+    } else if (per_thread <= 1)
       reg(std::integral_constant<int, 1>{});
     else if (per_thread <= 2)
       reg(std::integral_constant<int, 2>{});

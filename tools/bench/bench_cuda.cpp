@@ -3,7 +3,7 @@
 // end vs bare cuBLASLt with its top heuristic algorithm (goal: 95%); achieved GB/s of elementwise
 // add, RMSNorm and cross-entropy vs a device-to-device copy (goal: 80%); causal attention forward
 // and backward TFLOP/s at seq 2048, head dim 128, bf16 (goal: 150). Without a GPU it says
-// that it cannot run and exits 0. Usage: bench_cuda [reps=20]
+// that it cannot run and exits 0. Usage: bench_cuda [reps=20] [attention|memory]
 #include <cublasLt.h>
 
 #include <cmath>
@@ -210,7 +210,9 @@ void bench_backward_kernels(double copy_gbs) {
 
 int main(int argc, char** argv) {
   if (argc > 1) g_reps = std::max(1, std::atoi(argv[1]));
-  const std::string only = argc > 2 ? argv[2] : "";  // "attention": the attention figures alone
+  // "attention": the attention figures alone; "memory": the memory-bound kernels alone (the copy
+  // baseline and every GB/s figure), e.g. for A/B runs of a kernel's variants.
+  const std::string only = argc > 2 ? argv[2] : "";
   if (cuda::device_count() == 0) {
     fmt::print("bench_cuda: cannot run: no CUDA device ({})\n", cuda::unavailable_reason());
     return 0;
@@ -225,17 +227,19 @@ int main(int argc, char** argv) {
       bench_attention(4, 32, 8, 2048, 64);
       return 0;
     }
-    bench_gemm(4096);
-    bench_gemm(8192);
-    // llama-1b (Llama 3.2 1B) at batch 4 x 2048 = 8192 tokens: [tokens, in] @ [in, out].
-    const int64_t tok = 8192;
-    bench_gemm(tok, 2048, 2048, "llama-1b q/o proj 8192x2048x2048");
-    bench_gemm(tok, 512, 2048, "llama-1b k/v proj 8192x512x2048");
-    bench_gemm(tok, 8192, 2048, "llama-1b gate/up 8192x8192x2048");
-    bench_gemm(tok, 2048, 8192, "llama-1b down 8192x2048x8192");
-    bench_gemm(tok, 128256, 2048, "llama-1b lm_head 8192x128256x2048");
-    bench_attention(4, 16, 8, 2048, 128);
-    bench_attention(4, 32, 8, 2048, 64);
+    if (only != "memory") {
+      bench_gemm(4096);
+      bench_gemm(8192);
+      // llama-1b (Llama 3.2 1B) at batch 4 x 2048 = 8192 tokens: [tokens, in] @ [in, out].
+      const int64_t tok = 8192;
+      bench_gemm(tok, 2048, 2048, "llama-1b q/o proj 8192x2048x2048");
+      bench_gemm(tok, 512, 2048, "llama-1b k/v proj 8192x512x2048");
+      bench_gemm(tok, 8192, 2048, "llama-1b gate/up 8192x8192x2048");
+      bench_gemm(tok, 2048, 8192, "llama-1b down 8192x2048x8192");
+      bench_gemm(tok, 128256, 2048, "llama-1b lm_head 8192x128256x2048");
+      bench_attention(4, 16, 8, 2048, 128);
+      bench_attention(4, 32, 8, 2048, 64);
+    }
 
     const Device gpu = Device::cuda(0);
     const int64_t rows = 8192, hidden = 4096, vocab = 32768, tokens = 4096;

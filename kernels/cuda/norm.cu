@@ -340,8 +340,10 @@ __global__ void __launch_bounds__(32 * kRowWarps, 4) rms_norm_bwd_warp_rows(cons
   const int nv = static_cast<int>(h / N);
   const int64_t r0 = blockIdx.x * per, r1 = min(rows, r0 + per);
   A* const mine = slices + warp * h;
-  if (partial)
+  if (partial) {
     for (int i = lane; i < h; i += 32) mine[i] = A(0);
+    __syncwarp();  // a lane zeroes entries that other lanes of its warp add to
+  }
   for (int64_t row = r0 + warp; row < r1; row += kRowWarps) {
     Vec<T, N> xa[V], ga[V];
 #pragma unroll

@@ -6,8 +6,6 @@
 // Sums in acc_t (float for f32/bf16/f16, double for f64); rows whose target is ignore_index get
 // loss 0 (forward) and zero gradient (backward).
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/common.cuh"
@@ -32,7 +30,7 @@ __device__ __forceinline__ int64_t target_at(const void* t, bool i64, int64_t st
 }
 
 constexpr int kThreads = 512;
-constexpr int kLoads = 8;  // vectors a thread loads before using them (a 32k-vocabulary bf16 row: all)
+constexpr int kLoads = 8;  // backward: vectors a thread loads before using them
 
 // exp of a logit's offset in the accumulation type. 16-bit logits take the hardware exp2
 // (__expf: a few float ulps, far below their own rounding, and about 4x fewer instructions,
@@ -44,11 +42,14 @@ __device__ __forceinline__ A logit_exp(A x) {
   else return exp(x);
 }
 
-// L vectors in flight per thread. L = 8 holds a whole 32k-vocabulary bf16 row in registers (53
-// registers, 2 blocks per multiprocessor); L = 4 fits 3 blocks (40 registers), so one block's
-// loads overlap the others' folds and reductions. The fold order, and so the result, is the same.
-template <class T, int N, int L>
-__global__ void __launch_bounds__(kThreads, L <= 4 ? 3 : 1) ce_fwd(const T* __restrict__ logits, const void* target, bool tgt_i64,
+// kFwdLoads vectors in flight per thread. 4 rather than 8 (a whole 32k-vocabulary bf16 row): 38
+// registers instead of 53, so 3 blocks fit a multiprocessor instead of 2 and one block's loads
+// overlap the others' folds and block reductions (H100, [4096, 32768] bf16: 0.81 of a copy's
+// bandwidth against 0.77; f64 keeps its registers). The fold order, and so the result, does not
+// depend on it.
+constexpr int kFwdLoads = 4;
+template <class T, int N>
+__global__ void __launch_bounds__(kThreads, sizeof(T) <= 4 ? 3 : 1) ce_fwd(const T* __restrict__ logits, const void* target, bool tgt_i64,
                                                    int64_t tgt_stride, loss_t<T>* loss, int64_t loss_stride,
                                                    loss_t<T>* lse_out, int64_t lse_stride, int64_t rows, int64_t V,
                                                    int64_t ignore_index) {
@@ -74,14 +75,14 @@ __global__ void __launch_bounds__(kThreads, L <= 4 ? 3 : 1) ce_fwd(const T* __re
         m = vm;
       }
     };
-    // L vectors in flight per thread, folded in the same order as one at a time.
+    // kFwdLoads vectors in flight per thread, folded in the same order as one at a time.
     int64_t k = threadIdx.x;
-    for (; k + (L - 1) * int64_t{blockDim.x} < nv; k += L * int64_t{blockDim.x}) {
-      Vec<T, N> a[L];
+    for (; k + (kFwdLoads - 1) * int64_t{blockDim.x} < nv; k += kFwdLoads * int64_t{blockDim.x}) {
+      Vec<T, N> a[kFwdLoads];
 #pragma unroll
-      for (int u = 0; u < L; ++u) a[u] = rv[k + u * int64_t{blockDim.x}];
+      for (int u = 0; u < kFwdLoads; ++u) a[u] = rv[k + u * int64_t{blockDim.x}];
 #pragma unroll
-      for (int u = 0; u < L; ++u) fold(a[u]);
+      for (int u = 0; u < kFwdLoads; ++u) fold(a[u]);
     }
     for (; k < nv; k += blockDim.x) fold(rv[k]);
     block_max_sum(m, s, shm, shs);
@@ -134,16 +135,6 @@ __global__ void __launch_bounds__(kThreads) ce_bwd(const T* __restrict__ logits,
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// MT_CE_FWD_LOADS=4 runs the forward with 4 vectors in flight per thread instead of 8 (A/B runs of
-// bench_cuda; docs/cuda_kernels.md). Read once.
-int ce_fwd_loads() {
-  static const int loads = [] {
-    const char* v = std::getenv("MT_CE_FWD_LOADS");
-    return v != nullptr && std::string_view(v) == "4" ? 4 : kLoads;
-  }();
-  return loads;
-}
-
 template <class T>
 void cross_entropy_typed(const CrossEntropyParams& p) {
   const int64_t N = p.logits.sizes[0], V = p.logits.sizes[1];
@@ -153,15 +144,9 @@ void cross_entropy_typed(const CrossEntropyParams& p) {
   const bool i64 = p.target.dtype == DType::kI64;
   auto go = [&](auto vec) {
     constexpr int NV = decltype(vec)::value;
-    auto launch = [&](auto loads) {
-      ce_fwd<T, NV, decltype(loads)::value><<<grid, kThreads, 0, st>>>(
-          p.logits.ptr<const T>(), p.target.data, i64, p.target.strides[0], p.loss.ptr<loss_t<T>>(),
-          p.loss.strides[0], p.lse.ptr<loss_t<T>>(), p.lse.strides[0], N, V, p.ignore_index);
-    };
-    if (ce_fwd_loads() == 4)
-      launch(std::integral_constant<int, 4>{});
-    else
-      launch(std::integral_constant<int, kLoads>{});
+    ce_fwd<T, NV><<<grid, kThreads, 0, st>>>(p.logits.ptr<const T>(), p.target.data, i64, p.target.strides[0],
+                                              p.loss.ptr<loss_t<T>>(), p.loss.strides[0], p.lse.ptr<loss_t<T>>(),
+                                              p.lse.strides[0], N, V, p.ignore_index);
   };
   if (V % kVec<T> == 0 && aligned16(p.logits.data))
     go(std::integral_constant<int, kVec<T>>{});

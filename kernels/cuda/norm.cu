@@ -325,17 +325,28 @@ __global__ void __launch_bounds__(512) rms_norm_bwd_rows_reg(const T* __restrict
 // the row's dot product is a warp shuffle sum, so no block barrier orders the rows and a
 // multiprocessor keeps about 4x as many rows in flight as rms_norm_bwd_rows_reg (ncu on that one:
 // 23% warps active, stalled on loads). Each warp adds its rows' weight-gradient terms into its own
-// slice of shared memory, laid out [N][nv] so that a warp's lanes hit distinct banks; at the
-// chunk's end the block adds the slices in warp order. Same chunks as the other kernels: the
-// summation order depends only on (rows, H).
+// slice of shared memory, 16 bytes per access: the slice is [N / G][nv][G] with G accumulators in
+// 16 bytes, so a warp's lanes read and write consecutive 16-byte slots (no bank conflicts, a
+// quarter of the shared-memory instructions of one access per term). At the chunk's end the block
+// adds the slices in warp order. Same chunks as the other kernels: the summation order depends
+// only on (rows, H).
 constexpr int kRowWarps = 4;
+template <class A, int N>
+constexpr int kSlotGroup = N % (16 / sizeof(A)) == 0 ? static_cast<int>(16 / sizeof(A)) : 1;
+// Index of vector k's element e in a slice of rms_norm_bwd_warp_rows.
+template <class A, int N>
+__device__ __forceinline__ int slot(int k, int e, int nv) {
+  constexpr int G = kSlotGroup<A, N>;
+  return ((e / G) * nv + k) * G + e % G;
+}
 template <class T, int N, int V>
 __global__ void __launch_bounds__(32 * kRowWarps, 4) rms_norm_bwd_warp_rows(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
                                        const acc_t<T>* __restrict__ rstd, T* __restrict__ gx, acc_t<T>* partial,
                                        int64_t rows, int64_t h, int64_t per) {
   using A = acc_t<T>;
   extern __shared__ unsigned char smem_raw[];
-  A* const slices = reinterpret_cast<A*>(smem_raw);  // [kRowWarps][N][nv] when partial
+  constexpr int G = kSlotGroup<A, N>;
+  A* const slices = reinterpret_cast<A*>(smem_raw);  // [kRowWarps][N / G][nv][G] when partial
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nv = static_cast<int>(h / N);
   const int64_t r0 = blockIdx.x * per, r1 = min(rows, r0 + per);
@@ -380,13 +391,24 @@ __global__ void __launch_bounds__(32 * kRowWarps, 4) rms_norm_bwd_warp_rows(cons
       if (k >= nv) continue;
       Vec<T, N> b, o;
       if (w) b = load_vec<T, N>(w2, k);
+      A t[N];
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const A xv = to_acc(xa[u].v[e]), gv = to_acc(ga[u].v[e]);
         o.v[e] = from_acc<T>(r * gv * (w ? to_acc(b.v[e]) : A(1)) - xv * c);
-        if (partial) mine[e * nv + k] += gv * xv * r;
+        t[e] = gv * xv * r;
       }
       store_vec<T, N>(gx + row * h, k, o);
+      if (partial) {
+#pragma unroll
+        for (int g = 0; g < N / G; ++g) {
+          Vec<A, G>* sp = reinterpret_cast<Vec<A, G>*>(mine) + (g * nv + k);
+          Vec<A, G> acc = *sp;
+#pragma unroll
+          for (int i = 0; i < G; ++i) acc.v[i] += t[g * G + i];
+          *sp = acc;
+        }
+      }
     }
   }
   if (partial) {
@@ -394,8 +416,9 @@ __global__ void __launch_bounds__(32 * kRowWarps, 4) rms_norm_bwd_warp_rows(cons
     A* dst = partial + blockIdx.x * h;
     for (int i = threadIdx.x; i < h; i += blockDim.x) {
       const int k = i / N, e = i - k * N;  // column i is element e of vector k
-      A s = slices[e * nv + k];
-      for (int q = 1; q < kRowWarps; ++q) s += slices[q * h + e * nv + k];
+      const int at = slot<A, N>(k, e, nv);
+      A s = slices[at];
+      for (int q = 1; q < kRowWarps; ++q) s += slices[q * h + at];
       dst[i] = s;
     }
   }

@@ -266,6 +266,15 @@ int main(int argc, char** argv) {
     Tensor r;
     bench_bandwidth("rms_norm bf16 [8192, 4096]", 2.0 * static_cast<double>(rows * hidden) * 2, copy_gbs,
                     [&] { r = rms_norm(x, w); });
+    {
+      // LLaMA's rope on llama-1b's q at batch 4 x 2048: x [4, 2048, 32, 64] bf16, f32 tables
+      // [2048, 1, 32] (zero stride over heads); the backward is the same kernel, inverse.
+      auto [c, sn] = rope_tables(2048, 64, 500000.0, DType::kF32);
+      Tensor c3 = c.to(gpu).unsqueeze(1), s3 = sn.to(gpu).unsqueeze(1);
+      Tensor q = uniform({4, 2048, 32, 64}, -1, 1, TensorOptions(DType::kBF16).with_device(gpu)), qr;
+      bench_bandwidth("rope bf16 [4, 2048, 32, 64]", 2.0 * static_cast<double>(q.numel()) * 2, copy_gbs,
+                      [&] { qr = rotary_embedding(q, c3, s3, RopeStyle::kHalf); });
+    }
     bench_backward_kernels(copy_gbs);
     Tensor logits = uniform({tokens, vocab}, -4, 4, TensorOptions(DType::kBF16).with_device(gpu));
     Tensor target = randint(0, vocab, {tokens}, TensorOptions(DType::kI64).with_device(gpu));

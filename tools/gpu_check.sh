@@ -21,7 +21,10 @@ T0=$(date +%s)
 say() { echo "$*" | tee -a "$SUMMARY"; }
 elapsed() { echo "$(( $(date +%s) - T0 )) s"; }
 
-say "meshtrain GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+# The commit, and whether the files checked differ from it (a copied working tree may carry an
+# older .git than its files: then the label says so rather than name the wrong code).
+tree=$(git diff --quiet HEAD -- 2>/dev/null && echo "" || echo " + uncommitted changes or a stale .git")
+say "meshtrain GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$tree"
 source tools/gpu_env.sh
 say "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi failed')"
 say "nvcc: $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo missing); g++: $(g++ -dumpversion 2>/dev/null || echo missing); meson: $(meson --version 2>/dev/null || echo missing)"

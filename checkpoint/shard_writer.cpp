@@ -32,7 +32,8 @@ Tensor host_copy(const Tensor& view) {
 std::string chunk_list_name(const std::string& shard_file) { return shard_file + ".chunks.json"; }
 
 ShardSnapshot snapshot_shard(const std::vector<TensorGroup>& groups, int64_t rank, int64_t world,
-                             const std::string& mesh) {
+                             const std::string& mesh, const SnapshotScope& scope) {
+  const bool staged = scope.plain_size > 0;
   NoGradGuard no_grad;
   ShardSnapshot s;
   s.file = shard_file_name(rank, world);
@@ -57,9 +58,11 @@ ShardSnapshot snapshot_shard(const std::vector<TensorGroup>& groups, int64_t ran
       it.name = name;
       it.dtype = t.dtype();
       const uint64_t h = stable_hash(g.group + "/" + name);
+      const bool elsewhere = scope.written_elsewhere.count(g.group + "/" + name) > 0;
       if (!t.is_distributed()) {
         it.shape = t.shape();
-        if (static_cast<int64_t>(h % static_cast<uint64_t>(world)) == rank)
+        const uint64_t holders = static_cast<uint64_t>(staged ? scope.plain_size : world);
+        if (!elsewhere && static_cast<int64_t>(h % holders) == (staged ? scope.plain_index : rank))
           add_chunk(it, Shape(std::vector<int64_t>(static_cast<size_t>(t.dim()), 0)), t.detach());
         s.part.tensors.push_back(std::move(it));
         continue;
@@ -68,7 +71,7 @@ ShardSnapshot snapshot_shard(const std::vector<TensorGroup>& groups, int64_t ran
       const DeviceMesh& m = spec.mesh();
       it.shape = spec.global_shape();
       it.placements = placements_str(spec.placements());
-      MT_CHECK(m.size() == world,
+      MT_CHECK(staged || m.size() == world,
                "checkpoint save: tensor '{}' lives on {}, a mesh of {} of the {} ranks; sharded checkpoints need "
                "every DTensor on the whole world", name, m.str(), m.size(), world);
       const std::vector<int64_t> coords = m.coordinates();
@@ -82,7 +85,7 @@ ShardSnapshot snapshot_shard(const std::vector<TensorGroup>& groups, int64_t ran
         replica = replica * mshape[d] + coords[d];
         replicas *= mshape[d];
       }
-      if (static_cast<int64_t>(h % static_cast<uint64_t>(replicas)) == replica) {
+      if (!elsewhere && static_cast<int64_t>(h % static_cast<uint64_t>(replicas)) == replica) {
         const LocalLayout layout = local_layout(spec.global_shape(), spec.placements(), mshape, Shape(coords));
         const Tensor local = to_local(t).detach();
         for (const ShardPiece& p : layout.pieces)

@@ -131,6 +131,55 @@ TEST_CASE("sharded checkpoint: replicated chunks are written once, spread over t
   CHECK(writers.size() == 4);
 }
 
+TEST_CASE("sharded checkpoint: pipeline stages write their own tensors, a shared one once", "[cpu]") {
+  // World [pp=2, dp=2]: stage s is world ranks 2s, 2s+1, its mesh [dp=2]. Each stage holds its
+  // layer (a DTensor sharded over dp) and its norm (plain, replicated over the stage); both hold
+  // the optimizer's step (plain) and a tied weight (replicated DTensor), which stage 0 writes.
+  const Tensor layer0 = arange(0.0, 6.0 * 4, 1.0, DType::kF32).reshape({6, 4});
+  const Tensor layer1 = add(layer0, 100.0), norm0 = arange(0.0, 4.0, 1.0, DType::kF32), norm1 = add(norm0, 10.0);
+  const Tensor tied = arange(0.0, 5.0 * 2, 1.0, DType::kF32).reshape({5, 2});
+  const Tensor step = scalar_tensor(7, DType::kI64);
+  mt::testing::TempDir dir;
+  std::vector<ShardedIndex> parts;
+  int64_t chunks_written = 0;
+  for (int64_t r = 0; r < 4; ++r) {
+    const int64_t stage = r / 2, dp = r % 2;
+    DeviceMesh m = DeviceMesh::simulated({2}, {"dp"}, {dp});
+    const Tensor& layer = stage == 0 ? layer0 : layer1;
+    Tensor w = from_local(local_shard(layer, {Placement::shard(0)}, {2}, Shape{dp}), m, {Placement::shard(0)},
+                          layer.shape());
+    Tensor t = from_local(tied, m, {Placement::replicate()}, tied.shape());
+    const std::string ln = fmt::format("layers.{}.w", stage), nn = fmt::format("norm.{}", stage);
+    SnapshotScope scope;
+    scope.plain_index = dp;
+    scope.plain_size = 2;
+    if (stage == 1) scope.written_elsewhere = {"model/tied", "optimizer/step"};
+    ShardSnapshot s = snapshot_shard({{"model", {{ln, w}, {nn, stage == 0 ? norm0 : norm1}, {"tied", t}}},
+                                      {"optimizer", {{"step", step}}}},
+                                     r, 4, "[pp=2, dp=2]", scope);
+    chunks_written += static_cast<int64_t>(s.chunks.size());
+    write_shard(s, dir.path.string());
+    parts.push_back(read_sharded_index((dir.path / chunk_list_name(s.file)).string(), false));
+  }
+  // Every box once: 2 layers x 2 dp shards, 2 norms, the tied weight and the step.
+  CHECK(chunks_written == 8);
+  const ShardedIndex ix = merge_indexes(parts, dir.path.string());  // checks that every tensor is tiled
+  const std::string text = index_to_json(ix);
+  write_file_atomically((dir.path / kShardedIndexFile).string(), [&](std::ostream& o) { o << text; });
+  ShardedCheckpointReader reader(dir.path.string());
+  CHECK(same_bits(reader.read_full(*ix.find("model", "layers.0.w")), layer0));
+  CHECK(same_bits(reader.read_full(*ix.find("model", "layers.1.w")), layer1));
+  CHECK(same_bits(reader.read_full(*ix.find("model", "norm.0")), norm0));
+  CHECK(same_bits(reader.read_full(*ix.find("model", "norm.1")), norm1));
+  CHECK(same_bits(reader.read_full(*ix.find("model", "tied")), tied));
+  CHECK(reader.read_full(*ix.find("optimizer", "step")).item() == 7);
+  // Without a scope a DTensor on part of the world is refused, naming it.
+  DeviceMesh m = DeviceMesh::simulated({2}, {"dp"}, {0});
+  CHECK_THROWS_WITH(snapshot_shard({{"model", {{"tied", from_local(tied, m, {Placement::replicate()}, tied.shape())}}}},
+                                   0, 4, "[dp=2]"),
+                    Contains("'tied'") && Contains("whole world"));
+}
+
 TEST_CASE("sharded checkpoint: bad indexes name the file and the tensor", "[cpu]") {
   IndexedTensor t;
   t.name = "w";

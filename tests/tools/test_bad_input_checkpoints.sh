@@ -89,6 +89,10 @@ copy_ck noseed; python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p))
   "$WORK/noseed/step-00000004/trainer_state.json"
 bad_case "missing seed" --watch "$WORK/noseed" "trainer_state.json: field 'seed' is missing" -- \
   "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/noseed"
+copy_ck noweights; rm "$WORK/noweights/step-00000004/model.safetensors"
+bad_case "step directory without its weights" --watch "$WORK/noweights" \
+  "$WORK/noweights/step-00000004 holds neither index.json" "the step directory is incomplete" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/noweights"
 
 # ---- under mpirun: an error on one rank ends every rank within seconds ---------------------------
 if [ -n "$MPIRUN" ]; then

@@ -4,9 +4,10 @@
 #   parity: the stock pipeline plans train like one device (every loss, grad norm, weight and
 #           gradient in the --json report within 1e-5 relative), with dropout 0.1, under 1F1B
 #           GPipe and interleaved 1F1B; tied word embeddings (the gradient summed over the first and last stage);
-#   checkpoints: a run saved under pp 2 resumes under no plan, pp 4 and pp 2 x dp 2 with the
-#           losses of the uninterrupted single-device run; a sharded checkpoint of llama_tp
-#           resumes under pp 2;
+#   checkpoints: a run saved under pp 2 (a sharded checkpoint: each stage writes its own
+#           tensors) resumes under no plan, pp 4 and pp 2 x dp 2 with the losses of the
+#           uninterrupted single-device run; sharded checkpoints of llama_tp and of pp 2 x FSDP
+#           resume under pp 2 (and the latter without a plan);
 #   pp x FSDP (llama_pp_fsdp, pp 2 x dp 2): plan prints each stage's units; parity under 1F1B,
 #           GPipe and interleaved 1F1B; tied embeddings in a unit refused, left out they train;
 #   bad input (exit 2, naming the flag or plan line): --accum below the stage count under 1F1B,
@@ -92,6 +93,11 @@ PY
   want=$(grep -E '^step +[34]/4' "$WORK/ref.txt" | sed 's/.*| loss \([0-9.]*\) | grad norm \([0-9.]*\).*/\1 \2/')
   mpi 2 "$BIN" train --plan "$PLANS/llama_pp.plan" $F --stop-at 2 --checkpoint-dir "$WORK/pp2" > "$WORK/t.txt" 2>&1 \
     || fail "train under llama_pp np 2: $(tail -n 2 "$WORK/t.txt")"
+  # Sharded: each stage wrote its own tensors (docs/pipeline.md, "Checkpoints"), nobody gathered.
+  s2="$WORK/pp2/step-00000002"
+  [ -f "$s2/index.json" ] && [ "$(ls "$s2" | grep -c '^shard-.*-of-00002.safetensors$')" = 2 ] && [ ! -e "$s2/model.safetensors" ] \
+    && pass "a pp 2 save is a sharded checkpoint (index.json, one shard file per rank)" \
+    || fail "a pp 2 save is not sharded: $(ls "$s2" | tr '\n' ' ')"
   resume() {  # TAG NP [--plan P]
     local tag=$1 np=$2; shift 2
     rm -rf "$WORK/ck" && cp -r "$WORK/pp2" "$WORK/ck"
@@ -110,6 +116,12 @@ PY
     || fail "train under llama_tp: $(tail -n 2 "$WORK/t.txt")"
   rm -rf "$WORK/pp2" && cp -r "$WORK/tp" "$WORK/pp2"
   resume "from a sharded llama_tp checkpoint under pp 2" 2 --plan "$PLANS/llama_pp.plan"
+  # Saved under pp 2 x FSDP dp 2: each rank writes its stage's FSDP shards.
+  mpi 4 "$BIN" train --plan "$PLANS/llama_pp_fsdp.plan" $F --stop-at 2 --checkpoint-dir "$WORK/ppf" > "$WORK/t.txt" 2>&1 \
+    || fail "train under llama_pp_fsdp: $(tail -n 2 "$WORK/t.txt")"
+  rm -rf "$WORK/pp2" && cp -r "$WORK/ppf" "$WORK/pp2"
+  resume "from a sharded llama_pp_fsdp checkpoint without a plan" 1
+  resume "from a sharded llama_pp_fsdp checkpoint under pp 2" 2 --plan "$PLANS/llama_pp.plan"
 
   # ---- bad input --------------------------------------------------------------------------------
   expect_error "1F1B with --accum below the stage count" "--accum 1" "fewer micro-batches than the 2 pipeline stages" \

@@ -109,7 +109,40 @@ std::string describe(const NamedTensors& t) {
   return s;
 }
 
+// `text` of group rank `root`, on every rank of `comm` (collective).
+std::string broadcast_text(Communicator& comm, int root, const std::string& text) {
+  Tensor len = from_vector<int64_t>({static_cast<int64_t>(text.size())}, Shape{1});
+  comm.broadcast(len, root);
+  const int64_t n = len.to_vector<int64_t>()[0];
+  std::vector<int64_t> chars(text.begin(), text.end());
+  Tensor bytes = root == comm.rank() ? from_vector<int64_t>(chars, Shape{n}) : empty(Shape{n}, DType::kI64);
+  if (n > 0) comm.broadcast(bytes, root);
+  std::string got;
+  for (int64_t c : bytes.to_vector<int64_t>()) got += static_cast<char>(c);
+  return got;
+}
+
 }  // namespace
+
+std::vector<std::vector<int64_t>> stages_holding(const PlanContext& ctx, const std::vector<std::string>& keys) {
+  if (!ctx.is_pipeline()) return std::vector<std::vector<int64_t>>(keys.size(), std::vector<int64_t>{0});
+  Communicator comm = ctx.world_mesh->comm(ctx.full_plan.pipeline_dim());
+  std::string mine;
+  for (const std::string& k : keys) mine += k + "\n";
+  std::vector<std::set<std::string>> held(static_cast<size_t>(comm.size()));
+  for (int s = 0; s < comm.size(); ++s) {
+    std::istringstream lines(broadcast_text(comm, s, s == comm.rank() ? mine : ""));
+    for (std::string line; std::getline(lines, line);) held[static_cast<size_t>(s)].insert(line);
+  }
+  std::vector<std::vector<int64_t>> out;
+  for (const std::string& k : keys) {
+    std::vector<int64_t> stages;
+    for (int s = 0; s < comm.size(); ++s)
+      if (held[static_cast<size_t>(s)].count(k)) stages.push_back(s);
+    out.push_back(std::move(stages));
+  }
+  return out;
+}
 
 NamedTensors gather_stages(const PlanContext& ctx, const NamedTensors& tensors) {
   NamedTensors mine = mt::full_tensors(tensors);
@@ -119,15 +152,7 @@ NamedTensors gather_stages(const PlanContext& ctx, const NamedTensors& tensors) 
   NamedTensors out;
   std::set<std::string> seen;
   for (int s = 0; s < comm.size(); ++s) {
-    const std::string text = s == comm.rank() ? describe(mine) : "";
-    Tensor len = from_vector<int64_t>({static_cast<int64_t>(text.size())}, Shape{1});
-    comm.broadcast(len, s);
-    const int64_t n = len.to_vector<int64_t>()[0];
-    std::vector<int64_t> chars(text.begin(), text.end());
-    Tensor bytes = s == comm.rank() ? from_vector<int64_t>(chars, Shape{n}) : empty(Shape{n}, DType::kI64);
-    if (n > 0) comm.broadcast(bytes, s);
-    std::string got;
-    for (int64_t c : bytes.to_vector<int64_t>()) got += static_cast<char>(c);
+    const std::string got = broadcast_text(comm, s, s == comm.rank() ? describe(mine) : "");
     size_t i = 0;
     std::istringstream lines(got);
     std::string line;

@@ -52,6 +52,11 @@ struct PlanContext {
 // full tensors (full_tensors below).
 NamedTensors gather_stages(const PlanContext& ctx, const NamedTensors& tensors);
 
+// Pipeline plans: for each of this rank's `keys` (e.g. "group/name"), the pipeline stages whose
+// ranks hold that key too, ascending (collective over the pipeline dim: every rank passes its
+// own keys). Other plans: {0} for every key.
+std::vector<std::vector<int64_t>> stages_holding(const PlanContext& ctx, const std::vector<std::string>& keys);
+
 // Reads the plan file and resolves its mesh for world().size(). Errors name the file (and the
 // line for a malformed plan or a mesh the world does not fit).
 PlanContext load_plan_context(const std::string& path);

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -26,10 +27,15 @@ struct ShardedSaver::Pending {
 
 namespace {
 
+// Every rank of the job (under a pipeline plan `mesh` is only this rank's stage).
+Communicator world_comm(const PlanContext& plan) {
+  return plan.is_pipeline() ? plan.world_mesh->comm() : plan.mesh->comm();
+}
+
 // Rank 0's value, given to every rank.
 int64_t broadcast_value(const PlanContext& plan, int64_t value) {
   Tensor t = from_vector<int64_t>({value});
-  plan.mesh->comm().broadcast(t, 0);
+  world_comm(plan).broadcast(t, 0);
   return static_cast<const int64_t*>(t.data_ptr())[0];
 }
 
@@ -38,12 +44,12 @@ int64_t broadcast_value(const PlanContext& plan, int64_t value) {
 // when one rank's output is cut short (mpirun stops the others once one exits), the cause still shows.
 std::string agreed_error(const PlanContext& plan, const std::string& mine) {
   Tensor who = from_vector<int64_t>({mine.empty() ? plan.world : plan.rank});
-  plan.mesh->comm().all_reduce(who, CommReduceOp::kMin);
+  world_comm(plan).all_reduce(who, CommReduceOp::kMin);
   const int64_t failed = static_cast<const int64_t*>(who.data_ptr())[0];
   if (failed == plan.world) return "";
   std::vector<int64_t> text;
   if (failed == plan.rank) text.assign(mine.begin(), mine.end());
-  Tensor gathered = plan.mesh->comm().all_gather_uneven(from_vector<int64_t>(text, Shape{static_cast<int64_t>(text.size())}));
+  Tensor gathered = world_comm(plan).all_gather_uneven(from_vector<int64_t>(text, Shape{static_cast<int64_t>(text.size())}));
   const auto* c = static_cast<const int64_t*>(gathered.data_ptr());
   std::string message(static_cast<size_t>(gathered.numel()), ' ');
   for (size_t i = 0; i < message.size(); ++i) message[i] = static_cast<char>(c[i]);
@@ -84,8 +90,25 @@ void ShardedSaver::save(const TrainState& state, const NamedTensors& model, cons
   auto p = std::make_unique<Pending>();
   p->state = state;
   p->tmp = (fs::path(opt_.dir) / fmt::format("{}.tmp.{}", step_dir_name(state.step), root_pid)).string();
-  p->snapshot = snapshot_shard({{"model", model}, {"optimizer", optimizer}}, plan_.rank, plan_.world,
-                               plan_.mesh->str());
+  const std::vector<TensorGroup> groups{{"model", model}, {"optimizer", optimizer}};
+  SnapshotScope scope;
+  std::string mesh = plan_.mesh->str();
+  if (plan_.is_pipeline()) {
+    // This rank holds its stage's tensors only: plain ones are replicated over the stage's ranks,
+    // and a tensor that several stages hold (the optimizer's step, a tied embedding) is written by
+    // the first of them.
+    const std::vector<int> members = plan_.mesh->world_ranks();
+    scope.plain_size = static_cast<int64_t>(members.size());
+    scope.plain_index = std::find(members.begin(), members.end(), plan_.rank) - members.begin();
+    std::vector<std::string> keys;
+    for (const auto& g : groups)
+      for (const auto& [name, t] : g.tensors) keys.push_back(g.group + "/" + name);
+    const std::vector<std::vector<int64_t>> holders = stages_holding(plan_, keys);
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (holders[i].front() != plan_.stage) scope.written_elsewhere.insert(keys[i]);
+    mesh = plan_.world_mesh->str();
+  }
+  p->snapshot = snapshot_shard(groups, plan_.rank, plan_.world, mesh, scope);
   Pending* raw = p.get();
   auto write = [raw] {
     try {

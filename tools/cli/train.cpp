@@ -233,13 +233,13 @@ int run_train(int argc, char** argv) {
                args.flag("no-fuse") ? "unfused" : "fused buckets");
   if (plan && plan->is_pipeline())
     fmt::print("pipeline: {} stages over {} of mesh {}, schedule {}, {} micro-batches (--accum); rank 0 is stage 0 "
-               "with {} parameters; checkpoints are saved as gathered full tensors\n",
+               "with {} parameters\n",
                plan->pipeline->size(), plan->pipeline->dim, plan->full_mesh.str(),
                schedule_name(plan->pipeline->schedule), accum, plan->pipeline->stages[0].params);
 
   std::unique_ptr<ShardedSaver> saver;
-  // Pipeline plans save gathered full tensors (docs/pipeline.md, "Checkpoints").
-  if (plan && !ckpt_dir.empty() && !args.flag("gather-save") && !plan->is_pipeline())
+  // Under a pipeline plan too: each stage writes its own tensors (docs/pipeline.md, "Checkpoints").
+  if (plan && !ckpt_dir.empty() && !args.flag("gather-save"))
     saver = std::make_unique<ShardedSaver>(
         ShardedSaveOptions{ckpt_dir, overwrite, !args.flag("sync-save"), args.integer("keep")}, *plan, cfg);
   double gather_save_s = 0;  // --gather-save: the time spent in saves

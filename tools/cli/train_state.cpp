@@ -349,6 +349,12 @@ LoadedCheckpoint load_latest_checkpoint(const std::string& dir, bool full) {
       (t.group == "model" ? out.model : out.optimizer).emplace_back(t.name, reader.read_full(t));
     return out;
   }
+  // Neither layout's index: say what is missing for each, rather than only the single-process one.
+  MT_CHECK(fs::exists(latest.path / "model.safetensors", ec) || fs::exists(latest.path / "model.safetensors.index.json", ec),
+           "--resume: {} holds neither {} (a sharded checkpoint's index) nor model.safetensors or "
+           "model.safetensors.index.json (a single-process or --gather-save checkpoint): the step directory is "
+           "incomplete; point {} at an earlier step directory that is whole",
+           latest.path.string(), kShardedIndexFile, (fs::path(dir) / kLatest).string());
   HfCheckpoint ck = read_hf_checkpoint(out.path);
   out.config = ck.config;
   out.model = std::move(ck.tensors);

@@ -170,9 +170,11 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   // The weighted terms per token, experts in index order (as one device adds them).
   Tensor flat_w = w.reshape(Shape{n * k});
   Tensor out = zeros(Shape{n, H}, x.options().with_grad(false));
+  bool used_w = false;
   for (int64_t e = 0; e < E; ++e) {
     const auto& tok = l.tokens[static_cast<size_t>(e)];
     if (tok.empty()) continue;
+    used_w = true;
     Tensor cur = back.narrow(0, send_offset[static_cast<size_t>(e)], static_cast<int64_t>(tok.size()));
     out = add_expert_terms(out, cur, expert_index(tok, dev), expert_index(l.slots[static_cast<size_t>(e)], dev),
                            flat_w);
@@ -180,6 +182,11 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   // Likewise a rank whose tokens picked no expert (it had no tokens): its output still depends on
   // what came back, so that its backward joins the exchanges.
   if (!out.requires_grad() && back.requires_grad()) out = add(out, mul(sum(back), 0.0));
+  // And its routing weights (no tokens, or every row dropped by the capacity): the router then gets
+  // a zero gradient here as on the other ranks, not none. Without it, a rank with no tokens (an
+  // uneven batch: 6 sequences over 4 ranks are 2, 2, 2, 0) left the router's gradient undefined
+  // while the others held a Partial one, and `meshtrain grad`'s reduction of it hung or failed.
+  if (!used_w && w.requires_grad()) out = add(out, mul(sum(flat_w), 0.0));
   const Shape local_in = xs.local_shape();
   MT_CHECK(local_in.numel() == out.numel(), "{}: the layer input's local shard {} does not hold the {} x {} tokens "
            "routed here", where, local_in, n, H);

@@ -15,6 +15,7 @@
 #include "models/moe.h"
 #include "plan/expert_dispatch.h"
 #include "plan/grad_reducer.h"
+#include "plan/grad_sync.h"
 #include "plan/parallelize.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
@@ -155,6 +156,31 @@ TEST_CASE("all_to_all dispatch: one MoE block gives the single-device output and
       if (to_local(gp[i].second).numel() > 0) REQUIRE(max_abs_diff(to_local(g), wp[i].second.grad()) <= 1e-12);
     }
   }
+}
+
+TEST_CASE("all_to_all dispatch: a rank without tokens gives the router a zero gradient", "[mpi]") {
+  // `meshtrain grad` reduces gradients without a GradReducer (sync_gradients): every rank must hold
+  // the router's Partial gradient, the rank without tokens too (B = 2P + 1 over P ranks: the last
+  // holds none at np 4), or the reduction pairs different collectives across ranks.
+  const int64_t P = world().size();
+  DeviceMesh mesh({P}, {"ep"});
+  Plan plan;
+  plan.mesh({{"ep", -1}}).dispatch("moe", "ep=all_to_all").place("()", "<in>:0", "ep=S(0)");
+  const int64_t B = 2 * P + 1;
+  Generator gen(6);
+  Tensor x = abs(normal({B, 3, 16}, 0, 1, DType::kF64, &gen));
+  auto ref = build(false);
+  Tensor xr = x.clone().requires_grad_();
+  sum((*ref)(std::vector<Tensor>{xr})[0]).backward();
+  auto model = build(true);
+  Parallelized par = parallelize(*model, plan, mesh);
+  Tensor xd = distribute_tensor(x, mesh, {Placement::shard(0)}).requires_grad_();
+  sum((*model)(std::vector<Tensor>{xd})[0]).backward();
+  Tensor router = model->moe->named_parameters()[0].second;
+  INFO(model->moe->named_parameters()[0].first << " on rank " << world().rank() << " of " << P);
+  REQUIRE(router.grad().defined());
+  sync_gradients(*model);  // collective: every rank the same reductions
+  REQUIRE(max_abs_diff(to_local(router.grad()), ref->moe->named_parameters()[0].second.grad()) <= 1e-12);
 }
 
 TEST_CASE("all_to_all dispatch: plan errors name the line", "[mpi]") {

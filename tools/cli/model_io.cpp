@@ -121,10 +121,13 @@ int run_grad(int argc, char** argv) {
   if (parallel) sync_gradients(*model);
   // The model's own parameters (not hf_state's detached export views, which carry no grad).
   // Their paths are the HF names; tied models have no lm_head parameter. A parameter that got no
-  // gradient (an expert no token was routed to) contributes zeros, as in transformers.
+  // gradient (an expert no token was routed to) contributes zeros, as in transformers: zeros with
+  // the parameter's placements, so that every rank gathers the same DTensors below (under expert
+  // parallelism only an expert's owner computes its gradient; a plain zero tensor on the other
+  // ranks made them skip that gather and pair the next one with it).
   std::vector<std::pair<std::string, Tensor>> grads;
   for (auto& [name, p] : model->named_parameters()) {
-    Tensor g = p.grad().defined() ? p.grad() : zeros(p.shape(), p.options());
+    Tensor g = p.grad().defined() ? p.grad() : zeros_like(p.detach());
     grads.emplace_back(name, g);
   }
   if (parallel) grads = full_tensors(grads);  // collective: every rank

@@ -5,7 +5,8 @@
 # changed), and a disk that fills during an asynchronous save. Each must fail naming the file and
 # the tensor, and leave the checkpoint directory unchanged (bad_input_lib.sh); the full disk must
 # leave the previous checkpoint loadable.
-# Mode `slow` adds ranks killed (-9) at random moments of a run saving every step.
+# Mode `slow` adds ranks killed (-9) at random moments of a run saving every step (llama_tp and
+# llama_pp).
 # usage: test_bad_input_sharded.sh MESHTRAIN_BINARY MPIRUN PLANS_DIR [fast|slow]
 set -u
 BIN=$1
@@ -92,33 +93,40 @@ else
 fi
 # A rank killed (-9) at random moments of an np 2 run that saves asynchronously every step: each
 # time, `latest` names a complete checkpoint that --resume (same plan) loads, and the temporaries
-# the killed save left are gone after that resume's save.
+# the killed save left are gone after that resume's save. Under llama_tp, and under llama_pp, where
+# each stage writes its own tensors (docs/pipeline.md, "Checkpoints").
 if [ "$MODE" = slow ]; then
 ls_temps() { find "$1" -maxdepth 1 \( -name '*.tmp.*' -o -name '*.old.*' \) | sort; }
-K=("$BIN" train --batch 2 --seq 32 --warmup 1 --metrics "" --steps 1000 --checkpoint-every 1 "${P[@]}" --checkpoint-dir "$WORK/kill")
-"${MP[@]}" -np 2 "${K[@]}" --stop-at 1 >/dev/null 2>&1 || fail "kill -9: first run"
-loaded=0 broken=0 midsave=0
-for i in $(seq 1 6); do
-  timeout 60 "${MP[@]}" -np 2 "${K[@]}" --resume --overwrite >/dev/null 2>&1 &
-  pid=$!
-  sleep "$(python3 -c 'import random; print(round(random.uniform(1.0, 3.0), 2))')"
-  ranks=$(pgrep -P "$(pgrep -P "$pid" | head -n 1)")  # timeout -> mpirun -> the ranks
-  victim=$(shuf -n 1 <<<"$ranks")
-  [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
-  wait "$pid" 2>/dev/null
-  # mpirun may exit before its ranks are gone (one finishing an fsync): a temporary of a live
-  # process is kept by design (docs/checkpoints.md), so wait for every rank to be gone.
-  for r in $ranks; do for _ in $(seq 1 100); do kill -0 "$r" 2>/dev/null || break; sleep 0.1; done; done
-  [ -n "$(ls_temps "$WORK/kill")" ] && midsave=$((midsave + 1))
-  step=$(sed 's/step-0*//' "$WORK/kill/latest")
-  if "${MP[@]}" -np 2 "${K[@]}" --resume --overwrite --stop-at $((step + 1)) >"$WORK/out" 2>"$WORK/err" \
-      && grep -q "resumed from $WORK/kill/step-.* at step $step" "$WORK/out" && [ -z "$(ls_temps "$WORK/kill")" ]; then
-    loaded=$((loaded + 1))
-  else
-    broken=$((broken + 1)); echo "   after kill $i: $(grep 'error' "$WORK/err" | tail -n 1) $(ls_temps "$WORK/kill" | tr '\n' ' ')"
-  fi
-done
-[ $broken -eq 0 ] && [ $loaded -eq 6 ] && pass "a rank killed at 6 random moments ($midsave left temporaries): --resume loaded latest every time" \
-  || fail "kill -9: $broken of 6 resumes failed"
+kill_loop() {  # TAG then the plan's train flags
+  local tag=$1 dir="$WORK/kill_$1"; shift
+  local K=("$BIN" train --batch 2 --seq 32 --warmup 1 --metrics "" --steps 1000 --checkpoint-every 1 "$@" --checkpoint-dir "$dir")
+  "${MP[@]}" -np 2 "${K[@]}" --stop-at 1 >/dev/null 2>&1 || fail "$tag kill -9: first run"
+  local loaded=0 broken=0 midsave=0 i pid ranks victim r step
+  for i in $(seq 1 6); do
+    timeout 60 "${MP[@]}" -np 2 "${K[@]}" --resume --overwrite >/dev/null 2>&1 &
+    pid=$!
+    sleep "$(python3 -c 'import random; print(round(random.uniform(1.0, 3.0), 2))')"
+    ranks=$(pgrep -P "$(pgrep -P "$pid" | head -n 1)")  # timeout -> mpirun -> the ranks
+    victim=$(shuf -n 1 <<<"$ranks")
+    [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    # mpirun may exit before its ranks are gone (one finishing an fsync): a temporary of a live
+    # process is kept by design (docs/checkpoints.md), so wait for every rank to be gone.
+    for r in $ranks; do for _ in $(seq 1 100); do kill -0 "$r" 2>/dev/null || break; sleep 0.1; done; done
+    [ -n "$(ls_temps "$dir")" ] && midsave=$((midsave + 1))
+    step=$(sed 's/step-0*//' "$dir/latest")
+    if "${MP[@]}" -np 2 "${K[@]}" --resume --overwrite --stop-at $((step + 1)) >"$WORK/out" 2>"$WORK/err" \
+        && grep -q "resumed from $dir/step-.* at step $step" "$WORK/out" && [ -z "$(ls_temps "$dir")" ]; then
+      loaded=$((loaded + 1))
+    else
+      broken=$((broken + 1)); echo "   $tag after kill $i: $(grep 'error' "$WORK/err" | tail -n 1) $(ls_temps "$dir" | tr '\n' ' ')"
+    fi
+  done
+  [ $broken -eq 0 ] && [ $loaded -eq 6 ] \
+    && pass "$tag: a rank killed at 6 random moments ($midsave left temporaries): --resume loaded latest every time" \
+    || fail "$tag kill -9: $broken of 6 resumes failed"
+}
+kill_loop llama_tp "${P[@]}"
+kill_loop llama_pp --plan "$PLANS/llama_pp.plan" --accum 2
 fi
 bad_input_done

@@ -69,11 +69,6 @@ __device__ __forceinline__ void table_offsets(const CView& cv, const CView& sv, 
   }
 }
 
-template <class T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
 // rotate_half pairing with 16-byte accesses (LLaMA's layout; the scalar kernel above made 4 small
 // loads per pair and unravelled the row's table offset for every pair): thread j of a row rotates
 // pairs (jN + e, half + jN + e), e < N, from one N-vector of each half of x and N cos and N sin
@@ -95,20 +90,20 @@ __global__ void rope_half_vec(const T* __restrict__ x, T* __restrict__ out, CVie
     const T* xr = x + r * 2 * half;
     T* yr = out + r * 2 * half;
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
-      const Vec<T, N> a = reinterpret_cast<const Vec<T, N>*>(xr)[j];
-      const Vec<T, N> b = reinterpret_cast<const Vec<T, N>*>(xr + half)[j];
+      const Pack<T, N> a = reinterpret_cast<const Pack<T, N>*>(xr)[j];
+      const Pack<T, N> b = reinterpret_cast<const Pack<T, N>*>(xr + half)[j];
       C c[N], sv[N];
 #pragma unroll
       for (int q = 0; q < N / NC; ++q) {
-        const Vec<C, NC> cq = reinterpret_cast<const Vec<C, NC>*>(cs + coff + j * N)[q];
-        const Vec<C, NC> sq = reinterpret_cast<const Vec<C, NC>*>(sn + soff + j * N)[q];
+        const Pack<C, NC> cq = reinterpret_cast<const Pack<C, NC>*>(cs + coff + j * N)[q];
+        const Pack<C, NC> sq = reinterpret_cast<const Pack<C, NC>*>(sn + soff + j * N)[q];
 #pragma unroll
         for (int e = 0; e < NC; ++e) {
           c[q * NC + e] = cq.v[e];
           sv[q * NC + e] = sq.v[e];
         }
       }
-      Vec<T, N> oa, ob;
+      Pack<T, N> oa, ob;
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const C ci = c[e], si = sign * sv[e];
@@ -116,8 +111,8 @@ __global__ void rope_half_vec(const T* __restrict__ x, T* __restrict__ out, CVie
         oa.v[e] = from_acc<T>(av * ci - bv * si);
         ob.v[e] = from_acc<T>(bv * ci + av * si);
       }
-      reinterpret_cast<Vec<T, N>*>(yr)[j] = oa;
-      reinterpret_cast<Vec<T, N>*>(yr + half)[j] = ob;
+      reinterpret_cast<Pack<T, N>*>(yr)[j] = oa;
+      reinterpret_cast<Pack<T, N>*>(yr + half)[j] = ob;
     }
   }
 }

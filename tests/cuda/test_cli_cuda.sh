@@ -162,6 +162,18 @@ PY
       && pass "sharded checkpoint saved on $from (llama_tp np 2), resumed on $to (llama_dp np 2): $r" \
       || fail "sharded checkpoint $from -> $to: $r"
   done
+  # A sharded checkpoint of a pipeline run (each stage writes its own tensors, docs/pipeline.md):
+  # saved at step 10 on the GPU under llama_pp, resumed on the CPU without a plan.
+  "$BIN" $TRAIN --config llama-tiny --accum 2 --metrics "$WORK/pp_ref.jsonl" >/dev/null 2>"$WORK/err" \
+    || fail "pp reference on cpu: $(tail -n 1 "$WORK/err")"
+  ck="$WORK/ck_pp"
+  mpi 2 "$BIN" $TRAIN --config llama-tiny --accum 2 --plan "$PLANS/llama_pp.plan" --device cuda --metrics "$ck.jsonl" \
+    --checkpoint-dir "$ck" --stop-at 10 >/dev/null 2>"$WORK/err" || fail "pp save on cuda: $(grep -m 1 '\] error: ' "$WORK/err")"
+  "$BIN" $TRAIN --config llama-tiny --accum 2 --metrics "$ck.jsonl" --checkpoint-dir "$ck" --resume >/dev/null 2>"$WORK/err" \
+    || fail "pp resume on cpu: $(tail -n 1 "$WORK/err")"
+  r=$(python3 "$CMP" losses "$WORK/pp_ref.jsonl" "$ck.jsonl" 1e-5 rel 2>&1) \
+    && pass "sharded llama_pp checkpoint saved on cuda (np 2), resumed on cpu without a plan: $r" \
+    || fail "sharded llama_pp checkpoint cuda -> cpu: $r"
 fi
 
 echo "$fails failure(s)"

@@ -9,7 +9,8 @@
 # llama_fsdp_tp and llama_hsdp (np 4) and mixtral_fsdp_ep (np 2) training like the single-device run,
 # 8-bit AdamW with blocks shared between ranks under llama_fsdp and llama_fsdp_tp (np 2) against the
 # CPU, llama_pp (np 2, 1F1B) passing `meshtrain parity` on the GPU, and sharded
-# checkpoints saved on one device kind and resumed on the other under another plan. Without a GPU:
+# checkpoints saved on one device kind and resumed on the other under another plan (llama_pp's too,
+# resumed without a plan). Without a GPU:
 # `--device cuda` fails with one line naming the flag (checked everywhere), then the script exits 77
 # (meson: SKIP).
 # usage: test_cli_cuda.sh MESHTRAIN_BINARY COMPARE_PY PLANS_DIR [MPIRUN]

@@ -123,6 +123,28 @@ PY
   resume "from a sharded llama_pp_fsdp checkpoint without a plan" 1
   resume "from a sharded llama_pp_fsdp checkpoint under pp 2" 2 --plan "$PLANS/llama_pp.plan"
 
+  # ---- parity --per-module: each module measured on the stage that holds it --------------------
+  # Every decoder layer's output and input gradient compared (pipeline alone computes each stage as
+  # one device does: within 1e-5), the containers that span both stages ('model', the root) not.
+  if mpi 2 "$BIN" parity --plan "$PLANS/llama_pp.plan" $SMALL --steps 1 --accum 2 --per-module --json "$WORK/pm.json" \
+      > "$WORK/t.txt" 2>&1; then
+    r=$(python3 - "$WORK/pm.json" <<'PY'
+import json, sys
+pm = json.load(open(sys.argv[1]))["per_module"]
+out = {m["module"]: m["output_rel"] for m in pm["modules"]}
+grad = {m["module"]: m["input_grad_rel"] for m in pm["modules"]}
+layers = [f"model.layers.{i}" for i in range(4)]
+ok = (pm["first_difference"] is None and all(out[l] is not None and out[l] <= 1e-5 for l in layers + ["lm_head"])
+      and all(grad[l] is not None and grad[l] <= 1e-5 for l in layers) and out["model"] is None and out["(model)"] is None)
+print(f"{sum(v is not None for v in out.values())} of {len(out)} module outputs compared, worst "
+      f"{max(v for v in out.values() if v is not None):.1e}, first difference {pm['first_difference']}")
+sys.exit(0 if ok else 1)
+PY
+) && pass "llama_pp --per-module: $r" || fail "llama_pp --per-module: $r"
+  else
+    fail "llama_pp --per-module: $(grep -m 1 -E '^FAIL|error' "$WORK/t.txt")"
+  fi
+
   # ---- bad input --------------------------------------------------------------------------------
   expect_error "1F1B with --accum below the stage count" "--accum 1" "fewer micro-batches than the 2 pipeline stages" \
     "schedule pp=gpipe" -- mpi 2 "$BIN" parity --plan "$PLANS/llama_pp.plan" $SMALL --steps 1 --accum 1
@@ -153,6 +175,12 @@ else
   parity "$PLANS/llama_pp_cp.plan" 4 20 4 1e-5 5e-2
   sed 's/pp=1f1b/pp=gpipe/' "$PLANS/llama_pp_cp.plan" > "$WORK/llama_pp_cp_gpipe.plan"
   parity "$WORK/llama_pp_cp_gpipe.plan" 4 5 2 1e-5 5e-2
+  # --per-module --tol 0 under pp 2 x tp 2 names the first module that differs: a tensor-parallel
+  # projection of the first layer, found by the ranks of stage 0.
+  mpi 4 "$BIN" parity --plan "$PLANS/llama_pp_tp.plan" $SMALL --steps 1 --accum 2 --per-module --tol 0 > "$WORK/t.txt" 2>&1
+  grep -qE '^first module to differ: model\.layers\.0\.self_attn\.(q|k|v|o)_proj ' "$WORK/t.txt" \
+    && pass "llama_pp_tp --per-module --tol 0: $(grep '^first module to differ' "$WORK/t.txt")" \
+    || fail "llama_pp_tp --per-module --tol 0: $(grep -m 1 -E '^first module|^no module|error' "$WORK/t.txt")"
 fi
 
 echo "$fails failure(s)"

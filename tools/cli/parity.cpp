@@ -303,8 +303,6 @@ int parity_main(int argc, char** argv) {
 
   // Pipeline plans: every stage's tensors, gathered on every rank, are compared.
   auto mine = [&plan](const NamedTensors& t) { return plan.is_pipeline() ? gather_stages(plan, t) : t; };
-  MT_CHECK(!(plan.is_pipeline() && args.flag("per-module")),
-           "meshtrain parity: --per-module does not support pipeline plans yet ({})", plan.path);
   ParityReport report;
   report.plan = plan.path;
   report.world = plan.world;

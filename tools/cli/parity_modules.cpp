@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include "mesh/communicator.h"
@@ -47,6 +48,24 @@ struct Recorder {
 struct Local {
   double comparable = 0, diff = 0, checksum = 0, scale = 0;
 };
+constexpr size_t kSlot = 5;  // per (module, kind, rank): held, then Local's four
+
+// Whether this rank holds the whole module `name`: always, except under a pipeline plan, where a
+// rank holds the modules of its stage's units (every chunk's under interleaving) and the
+// containers that span stages (the root, `model`) are whole on none.
+std::function<bool(const std::string&)> held_here(const PlanContext& ctx) {
+  if (!ctx.is_pipeline()) return [](const std::string&) { return true; };
+  std::vector<std::string> units;
+  for (int64_t v = 0; v < ctx.pipeline->virtual_stages; ++v) {
+    const PipelineStage& c = ctx.pipeline->chunk(ctx.stage, v);
+    for (int64_t u = c.first; u < c.last; ++u) units.push_back(ctx.pipeline->units[static_cast<size_t>(u)].path);
+  }
+  return [units](const std::string& name) {
+    for (const std::string& u : units)
+      if (name == u || name.rfind(u + ".", 0) == 0) return true;
+    return false;
+  };
+}
 
 Local measure(const Tensor& par, const Tensor& ref) {
   Local l;
@@ -98,12 +117,16 @@ nlohmann::json per_module_check(CausalLM& model, Trainer& trainer, CausalLM& ref
   par_rec.detach();
   ref_rec.detach();
 
-  // Per module: output and input gradient, each rank's Local summed over the mesh by slots.
+  // Per module: output and input gradient, each rank's Local summed over the mesh by slots. Under
+  // a pipeline plan only the ranks of the stage that holds a module measure it (their gathers run
+  // over that stage's mesh), and the slots are summed over the whole world.
   const size_t n = ref_rec.order.size(), world = static_cast<size_t>(ctx.world);
-  std::vector<double> slots(n * 2 * world * 4, 0.0);
-  auto slot = [&](size_t i, size_t kind, size_t rank) { return ((i * 2 + kind) * world + rank) * 4; };
+  const auto held = held_here(ctx);
+  std::vector<double> slots(n * 2 * world * kSlot, 0.0);
+  auto slot = [&](size_t i, size_t kind, size_t rank) { return ((i * 2 + kind) * world + rank) * kSlot; };
   for (size_t i = 0; i < n; ++i) {
     const std::string& name = ref_rec.order[i];
+    if (!held(name)) continue;
     const Tensor none;
     for (size_t kind = 0; kind < 2; ++kind) {
       auto& pm = kind == 0 ? par_rec.outputs : par_rec.input_grads;
@@ -112,24 +135,29 @@ nlohmann::json per_module_check(CausalLM& model, Trainer& trainer, CausalLM& ref
       const Tensor& r = rm.count(name) ? rm.at(name) : none;
       Local l = measure(p, r);
       const size_t s = slot(i, kind, static_cast<size_t>(ctx.rank));
-      slots[s] = l.comparable, slots[s + 1] = l.diff, slots[s + 2] = l.checksum, slots[s + 3] = l.scale;
+      slots[s] = 1, slots[s + 1] = l.comparable, slots[s + 2] = l.diff, slots[s + 3] = l.checksum, slots[s + 4] = l.scale;
     }
   }
   if (world > 1 && n > 0) {
     Tensor t = from_vector<double>(slots, Shape{static_cast<int64_t>(slots.size())});
-    ctx.mesh->comm().all_reduce(t);
+    (ctx.is_pipeline() ? ctx.world_mesh->comm() : ctx.mesh->comm()).all_reduce(t);
     slots = t.to_vector<double>();
   }
-  // rel for (module i, kind), or null when some rank could not compare it or the plain values
-  // differ between ranks (a shard or a partial sum).
+  // rel for (module i, kind) over the ranks that hold the module, or null when none does, one
+  // could not compare it, or the plain values differ between them (a shard or a partial sum).
   auto rel = [&](size_t i, size_t kind) -> nlohmann::json {
     double diff = 0, scale = 0;
+    const size_t none = world;
+    size_t first = none;
     for (size_t r = 0; r < world; ++r) {
       const size_t s = slot(i, kind, r);
-      if (slots[s] != 1 || slots[s + 2] != slots[slot(i, kind, 0) + 2]) return nullptr;
-      diff = std::max(diff, slots[s + 1]);
-      scale = std::max(scale, slots[s + 3]);
+      if (slots[s] != 1) continue;
+      if (first == none) first = r;
+      if (slots[s + 1] != 1 || slots[s + 3] != slots[slot(i, kind, first) + 3]) return nullptr;
+      diff = std::max(diff, slots[s + 2]);
+      scale = std::max(scale, slots[s + 4]);
     }
+    if (first == none) return nullptr;
     const double x = relative_diff(diff, scale);
     return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(1e300);
   };

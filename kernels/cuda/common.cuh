@@ -192,6 +192,8 @@ template <class T, int V>
 struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
+// Whether p may be read or written 16 bytes (one Pack of 16 bytes) at a time.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Scratch memory for the few kernels whose params have no workspace (norm weight-gradient
 // partials, index_add sort buffers, attention backward row sums, sum_sq partials): a block of the

@@ -238,8 +238,7 @@ void index_add_typed(const IndexAddParams& p) {
                                                 pos_in.as<int32_t>(), pos_out.as<int32_t>(), mi, 0, end_bit, st));
   // 16-byte column packs when every row start is aligned to them (bool and 1-byte types too).
   constexpr int kV = static_cast<int>(16 / sizeof(T));
-  const bool wide = kV > 1 && s.inner % kV == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  const bool wide = kV > 1 && s.inner % kV == 0 && aligned16(out) && aligned16(src);
   if (wide)
     launch_index_add_runs<T, I, kV>(out, keys_out.as<const I>(), pos_out.as<const int32_t>(), src, s, m, p.alpha, st);
   else

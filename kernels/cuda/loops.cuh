@@ -144,8 +144,7 @@ void launch_elementwise(const Shape& sizes, const std::array<const KView*, N>& v
 // When every operand is dense with unit stride over the same n elements and 16-byte aligned, each
 // thread moves 16 bytes per operand per access (8 bf16, 4 f32, 2 f64): one wide load or store
 // instead of 2-8 narrow ones, and no offset arithmetic. Results are those of the general path
-// (the same f per element). Pack<T, V> is in common.cuh.
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// (the same f per element). Pack<T, V> and aligned16 are in common.cuh.
 
 // True when `views` (sharing `sizes`) are all contiguous with unit stride and 16-byte aligned.
 template <int N>

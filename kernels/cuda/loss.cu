@@ -133,8 +133,6 @@ __global__ void __launch_bounds__(kThreads) ce_bwd(const T* __restrict__ logits,
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <class T>
 void cross_entropy_typed(const CrossEntropyParams& p) {
   const int64_t N = p.logits.sizes[0], V = p.logits.sizes[1];

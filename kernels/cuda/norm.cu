@@ -72,12 +72,12 @@ unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>
 // Widest vector (16 bytes) when H is a multiple and every pointer is aligned; else scalar.
 template <class T>
 constexpr int kVec = 16 / sizeof(T);
-bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16_or_null(const void* p) { return p == nullptr || aligned16(p); }
 template <class T>
 bool can_vectorize(int64_t h, std::initializer_list<const void*> ptrs) {
   if (h % kVec<T> != 0) return false;
   for (const void* p : ptrs)
-    if (!aligned16(p)) return false;
+    if (!aligned16_or_null(p)) return false;
   return true;
 }
 

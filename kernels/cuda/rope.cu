@@ -13,36 +13,6 @@
 namespace mt {
 namespace {
 
-template <class T>
-__global__ void rope_kernel(const T* __restrict__ x, T* __restrict__ out, CView cos_v, CView sin_v, int64_t rows,
-                            int64_t half, bool interleaved, bool inverse) {
-  using C = acc_t<T>;
-  const C* cs = cos_v.ptr<const C>();
-  const C* sn = sin_v.ptr<const C>();
-  const int nlead = cos_v.ndim - 1;  // x's leading dims
-  const int64_t cstep = cos_v.strides[nlead], sstep = sin_v.strides[nlead];
-  const C sign = inverse ? C(-1) : C(1);
-  const int64_t D = 2 * half;
-  for (int64_t r = blockIdx.x * int64_t{blockDim.y} + threadIdx.y; r < rows; r += int64_t{gridDim.x} * blockDim.y) {
-    int64_t coff = 0, soff = 0, rem = r;
-    for (int d = nlead - 1; d >= 0; --d) {
-      const int64_t i = rem % cos_v.sizes[d];
-      rem /= cos_v.sizes[d];
-      coff += i * cos_v.strides[d];
-      soff += i * sin_v.strides[d];
-    }
-    const T* xr = x + r * D;
-    T* yr = out + r * D;
-    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const C ci = cs[coff + i * cstep], si = sign * sn[soff + i * sstep];
-      const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-      const C a = to_acc(xr[ia]), b = to_acc(xr[ib]);
-      yr[ia] = from_acc<T>(a * ci - b * si);
-      yr[ib] = from_acc<T>(b * ci + a * si);
-    }
-  }
-}
-
 // Table offsets of row r (x's leading index, unravelled through the table views' sizes), in 32-bit
 // arithmetic when every count fits: a 64-bit division costs several times a 32-bit one, and this
 // runs once per row and thread.
@@ -66,6 +36,31 @@ __device__ __forceinline__ void table_offsets(const CView& cv, const CView& sv, 
     rem /= cv.sizes[d];
     coff += i * cv.strides[d];
     soff += i * sv.strides[d];
+  }
+}
+
+template <class T>
+__global__ void rope_kernel(const T* __restrict__ x, T* __restrict__ out, CView cos_v, CView sin_v, int64_t rows,
+                            int64_t half, bool interleaved, bool inverse) {
+  using C = acc_t<T>;
+  const C* cs = cos_v.ptr<const C>();
+  const C* sn = sin_v.ptr<const C>();
+  const int nlead = cos_v.ndim - 1;  // x's leading dims
+  const int64_t cstep = cos_v.strides[nlead], sstep = sin_v.strides[nlead];
+  const C sign = inverse ? C(-1) : C(1);
+  const int64_t D = 2 * half;
+  for (int64_t r = blockIdx.x * int64_t{blockDim.y} + threadIdx.y; r < rows; r += int64_t{gridDim.x} * blockDim.y) {
+    int64_t coff, soff;
+    table_offsets(cos_v, sin_v, nlead, r, /*narrow=*/false, coff, soff);
+    const T* xr = x + r * D;
+    T* yr = out + r * D;
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+      const C ci = cs[coff + i * cstep], si = sign * sn[soff + i * sstep];
+      const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+      const C a = to_acc(xr[ia]), b = to_acc(xr[ib]);
+      yr[ia] = from_acc<T>(a * ci - b * si);
+      yr[ib] = from_acc<T>(b * ci + a * si);
+    }
   }
 }
 
@@ -116,8 +111,6 @@ __global__ void rope_half_vec(const T* __restrict__ x, T* __restrict__ out, CVie
     }
   }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Whether rope_half_vec applies (see its requirements).
 template <class T>

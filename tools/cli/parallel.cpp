@@ -124,6 +124,10 @@ std::string broadcast_text(Communicator& comm, int root, const std::string& text
 
 }  // namespace
 
+Communicator world_comm(const PlanContext& ctx) {
+  return ctx.is_pipeline() ? ctx.world_mesh->comm() : ctx.mesh->comm();
+}
+
 std::vector<std::vector<int64_t>> stages_holding(const PlanContext& ctx, const std::vector<std::string>& keys) {
   if (!ctx.is_pipeline()) return std::vector<std::vector<int64_t>>(keys.size(), std::vector<int64_t>{0});
   Communicator comm = ctx.world_mesh->comm(ctx.full_plan.pipeline_dim());

@@ -47,6 +47,10 @@ struct PlanContext {
 // model's span to this stage. `model` is built on meta (or loaded whole).
 [[nodiscard]] Parallelized parallelize_run(CausalLM& model, PlanContext& ctx);
 
+// Every rank of the job: the whole mesh's communicator (under a pipeline plan `mesh` is only this
+// rank's stage).
+Communicator world_comm(const PlanContext& ctx);
+
 // Pipeline plans: every stage's tensors (full, plain, on the host) in stage order, on every rank
 // (collective over the world); `tensors` are this rank's (DTensors or plain). Other plans: the
 // full tensors (full_tensors below).

@@ -140,7 +140,7 @@ nlohmann::json per_module_check(CausalLM& model, Trainer& trainer, CausalLM& ref
   }
   if (world > 1 && n > 0) {
     Tensor t = from_vector<double>(slots, Shape{static_cast<int64_t>(slots.size())});
-    (ctx.is_pipeline() ? ctx.world_mesh->comm() : ctx.mesh->comm()).all_reduce(t);
+    world_comm(ctx).all_reduce(t);
     slots = t.to_vector<double>();
   }
   // rel for (module i, kind) over the ranks that hold the module, or null when none does, one

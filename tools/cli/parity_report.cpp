@@ -149,7 +149,7 @@ std::vector<TensorDiff> compare_tensors(const NamedTensors& parallel, const Name
     Tensor t = from_vector<double>(slots, Shape{static_cast<int64_t>(slots.size())});
     Tensor s = from_vector<double>(shapes, Shape{static_cast<int64_t>(shapes.size())});
     // Pipeline plans: the whole world (the stage mesh holds only this stage's ranks).
-    Communicator comm = ctx.is_pipeline() ? ctx.world_mesh->comm() : ctx.mesh->comm();
+    Communicator comm = world_comm(ctx);
     comm.all_reduce(t);
     comm.all_reduce(s);
     slots = t.to_vector<double>();

@@ -27,11 +27,6 @@ struct ShardedSaver::Pending {
 
 namespace {
 
-// Every rank of the job (under a pipeline plan `mesh` is only this rank's stage).
-Communicator world_comm(const PlanContext& plan) {
-  return plan.is_pipeline() ? plan.world_mesh->comm() : plan.mesh->comm();
-}
-
 // Rank 0's value, given to every rank.
 int64_t broadcast_value(const PlanContext& plan, int64_t value) {
   Tensor t = from_vector<int64_t>({value});

@@ -101,6 +101,10 @@ struct RmsNormParams {
 };
 struct RmsNormBwdParams {
   KView gy, x, weight, rstd, gx, gw;  // gw [H] is written (not accumulated) when non-empty
+  // gx += the input gradient instead of gx = it: each element rounded to gx's dtype first, then
+  // added as add() adds (compute type, one rounding), so gx ends with the bits of add(gx, gradient).
+  // The autograd engine's gradient sum, fused (tensor/autograd.h, grad_accumulation_target).
+  bool accumulate = false;
 };
 struct LayerNormParams {
   KView x, weight, bias, out, mean, rstd;

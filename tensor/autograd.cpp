@@ -28,6 +28,8 @@ std::atomic<uint64_t> g_next_seq{0};
 // queued for the end of the outermost one.
 thread_local int g_engine_depth = 0;
 thread_local std::vector<std::function<void()>> g_backward_callbacks;
+// The accumulation targets offered to the backward formula now running (grad_accumulation_target).
+thread_local const std::vector<Tensor>* g_accumulation_targets = nullptr;
 
 // Runs the queued callbacks (and any they queue) when the outermost pass ends.
 struct EngineScope {
@@ -69,6 +71,11 @@ void queue_backward_callback(std::function<void()> fn) {
 }
 
 bool backward_running() { return g_engine_depth > 0; }
+
+Tensor grad_accumulation_target(size_t input) {
+  const std::vector<Tensor>* t = g_accumulation_targets;
+  return t && input < t->size() ? (*t)[input] : Tensor();
+}
 
 bool GradMode::enabled() { return g_grad_enabled; }
 void GradMode::set(bool on) { g_grad_enabled = on; }
@@ -276,6 +283,51 @@ struct ByNewest {
   bool operator()(const Node* a, const Node* b) const { return a->seq < b->seq; }
 };
 
+// A gradient buffer that a formula may add into in place: nobody else holds the tensor or any
+// view of its storage, and it is a plain, contiguous, materialized tensor outside any graph.
+bool exclusive_grad_buffer(const Tensor& b) {
+  if (!b.defined() || b.use_count() != 1 || b.is_distributed() || b.requires_grad() || !b.is_contiguous())
+    return false;
+  const Rc<Storage>& st = b.impl()->storage;
+  return st && st->use_count() == 1 && st->has_data() && !b.is_meta();
+}
+
+// For each next edge of `n`, the buffer a formula may accumulate into (grad_accumulation_target);
+// empty when there is none.
+std::vector<Tensor> accumulation_targets(const Node* n,
+                                         const std::unordered_map<Node*, std::vector<Tensor>>& buffers) {
+  std::vector<Tensor> t;
+  for (size_t i = 0; i < n->next.size(); ++i) {
+    const Edge& e = n->next[i];
+    if (!e.node) continue;
+    auto it = buffers.find(e.node.get());
+    if (it == buffers.end() || e.input_nr >= it->second.size()) continue;
+    const Tensor& b = it->second[e.input_nr];
+    if (!exclusive_grad_buffer(b)) continue;
+    bool shared = false;  // x + x: both inputs sum into one slot
+    for (size_t j = 0; j < n->next.size() && !shared; ++j)
+      shared = j != i && n->next[j].node == e.node && n->next[j].input_nr == e.input_nr;
+    if (shared) continue;
+    if (t.empty()) t.resize(n->next.size());
+    t[i] = b;
+  }
+  return t;
+}
+
+// Offers `targets` to the formulas run in its scope (nested engines set their own).
+class AccumulationScope {
+ public:
+  explicit AccumulationScope(const std::vector<Tensor>* t) : prev_(g_accumulation_targets) {
+    g_accumulation_targets = t && !t->empty() ? t : nullptr;
+  }
+  ~AccumulationScope() { g_accumulation_targets = prev_; }
+  AccumulationScope(const AccumulationScope&) = delete;
+  AccumulationScope& operator=(const AccumulationScope&) = delete;
+
+ private:
+  const std::vector<Tensor>* prev_;
+};
+
 // Runs the graph from (root edge, grad) pairs. When `capture` is set, gradients arriving at the
 // listed (node, input_nr) slots are stored there instead of flowing on (used by grad()).
 void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_grads,
@@ -352,7 +404,7 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
              n->name());
     bool any = false;
     for (const Tensor& g : grads) any = any || g.defined();
-    std::vector<Tensor> out_grads;
+    std::vector<Tensor> out_grads, targets;
     if (any) {
       for (size_t k = 0; k < grads.size(); ++k) {
         const auto& meta = n->outputs[k];
@@ -367,6 +419,10 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
         }
       }
       for (auto& hook : n->pre_hooks.snapshot()) hook(grads);
+      // Gradient sums the formula may do itself (grad_accumulation_target): not while recording
+      // a graph, and not when post hooks are to see this node's own input gradients.
+      if (!create_graph && n->post_hooks.empty()) targets = accumulation_targets(n, buffers);
+      AccumulationScope offered(&targets);
       if (kernel_hooks_armed() && Profiler::current()) {
         Profiler* prof = Profiler::current();
         ProfileScope scope(ProfileEvent::Kind::kBackward, n->name(), prof->take_node_module(n->seq));
@@ -386,7 +442,9 @@ void run_engine(const std::vector<Edge>& roots, const std::vector<Tensor>& root_
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
       if (!e.node) continue;
-      accumulate(e.node.get(), e.input_nr, out_grads[i]);
+      // A formula that added into its offered target returns it: the sum is already in place.
+      const bool summed = i < targets.size() && targets[i].defined() && out_grads[i].same(targets[i]);
+      if (!summed) accumulate(e.node.get(), e.input_nr, out_grads[i]);
       if (--deps[e.node.get()] == 0) ready.push(e.node.get());
     }
   }

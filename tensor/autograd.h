@@ -136,6 +136,16 @@ void queue_backward_callback(std::function<void()> fn);
 // recomputation (tensor/checkpoint.h) or a hook's.
 bool backward_running();
 
+// Inside a backward formula (Node::apply): the gradient the engine already holds for the running
+// node's input `i`, when the formula's gradient for that input would otherwise be added to it out
+// of place and nothing else refers to it (a plain contiguous tensor, the only view of its storage;
+// never while a backward records a graph or for a node with post hooks, never for an input whose
+// edge another input of the node shares). A formula may add its gradient into it, with the bits
+// add(target, its gradient) would have, and return it as input i's gradient: the engine then adds
+// nothing. Undefined when none is offered, or outside a backward formula. (RMSNorm's backward adds
+// its input gradient to the residual stream's this way: tensor/ops_norm.cpp, docs/autograd.md.)
+Tensor grad_accumulation_target(size_t input);
+
 // Sum `g` down to `shape` (the inverse of broadcasting), for backward formulas.
 Tensor sum_to(const Tensor& g, const Shape& shape);
 

@@ -117,14 +117,20 @@ Tensor rms_norm(const Tensor& x0, const Tensor& weight0, double eps) {
   if (needs_grad(x, w)) {
     record("RmsNormBackward", {x, w}, out, [x, w, rstd](const auto& g) {
       Tensor gy = g[0].to(x.dtype()).contiguous();
-      Tensor gx = empty(x.shape(), x.options());
+      // The residual stream's gradient sum, fused: when the engine already holds a gradient of
+      // x that nothing else refers to (the skip connection's), the kernel adds into it.
+      Tensor gx = grad_accumulation_target(0);
+      const bool accumulate = gx.defined() && gx.local_shape() == x.shape() && gx.dtype() == x.dtype() &&
+                              gx.device() == x.device();
+      if (!accumulate) gx = empty(x.shape(), x.options());
       Tensor gw;
       if (w.defined() && w.requires_grad()) {
         gw = grad_destination(w);  // zero-copy FSDP gradients: straight into the unit's buffer
         if (!gw.defined()) gw = empty(w.shape(), w.options());
       }
       if (gx.numel() > 0 || (gw.defined() && gw.numel() > 0)) {
-        RmsNormBwdParams p{rows_view(gy), rows_view(x), opt_view(w), rstd.view_info(), rows_view(gx), opt_view(gw)};
+        RmsNormBwdParams p{rows_view(gy), rows_view(x), opt_view(w), rstd.view_info(), rows_view(gx), opt_view(gw),
+                           accumulate};
         MT_KERNEL(x.device().type, rms_norm_bwd, p);
       }
       return std::vector<Tensor>{gx, gw};

@@ -106,8 +106,10 @@ void rms_norm_bwd_typed(const RmsNormBwdParams& p) {
       return static_cast<double>(C(gr[j])) * wj(j) * static_cast<double>(C(xr[j]));
     });
     const double c = h ? r * r * r * dot / static_cast<double>(h) : 0.0;
-    for (int64_t j = 0; j < h; ++j)
-      gxr[j] = T(static_cast<C>(r * static_cast<double>(C(gr[j])) * wj(j) - static_cast<double>(C(xr[j])) * c));
+    for (int64_t j = 0; j < h; ++j) {
+      const T v = T(static_cast<C>(r * static_cast<double>(C(gr[j])) * wj(j) - static_cast<double>(C(xr[j])) * c));
+      gxr[j] = p.accumulate ? T(static_cast<C>(C(gxr[j]) + C(v))) : v;  // accumulate: add()'s bits
+    }
   });
   if (p.gw) {
     T* gw = p.gw.ptr<T>();

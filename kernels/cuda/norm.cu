@@ -36,6 +36,24 @@ __device__ __forceinline__ void store_vec(T* p, int64_t k, const Vec<T, N>& v) {
   reinterpret_cast<Vec<T, N>*>(p)[k] = v;
 }
 
+// Stores the input gradient o at vector k of gx, or with `accumulate` adds it to what gx holds
+// there as the binary add kernel does (o is already rounded to T; the sum in acc_t, rounded
+// once), so gx ends with the bits of add(gx, o): the autograd engine's gradient sum, fused.
+template <class T, int N>
+__device__ __forceinline__ void store_grad(T* gx, int64_t k, Vec<T, N> o, bool accumulate) {
+  if (accumulate) {
+    const Vec<T, N> old = load_vec<T, N>(gx, k);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      if constexpr (std::is_same_v<acc_t<T>, double>)
+        o.v[e] = cvt<T>(__dadd_rn(to_acc(old.v[e]), to_acc(o.v[e])));
+      else
+        o.v[e] = cvt<T>(__fadd_rn(to_acc(old.v[e]), to_acc(o.v[e])));
+    }
+  }
+  store_vec<T, N>(gx, k, o);
+}
+
 // Keeps v in registers as it is (packed 16-bit pairs) and makes the compiler forget the values it
 // already converted from it: without this, nvcc keeps a row's converted f32 copies alive from the
 // first use to the second (168 registers instead of 122 for rms_norm_bwd_warp_rows
@@ -194,7 +212,7 @@ __global__ void rms_norm_fwd(const T* __restrict__ x, const T* __restrict__ w, T
 template <class T, int N>
 __global__ void rms_norm_bwd_rows(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
                                   const acc_t<T>* __restrict__ rstd, T* __restrict__ gx, acc_t<T>* partial,
-                                  int64_t rows, int64_t h, int64_t per, bool shared_acc) {
+                                  int64_t rows, int64_t h, int64_t per, bool shared_acc, bool accumulate) {
   using A = acc_t<T>;
   __shared__ A red[32];
   extern __shared__ unsigned char smem_raw[];
@@ -232,7 +250,7 @@ __global__ void rms_norm_bwd_rows(const T* __restrict__ gy, const T* __restrict_
         o.v[e] = from_acc<T>(r * gv * (w ? to_acc(b.v[e]) : A(1)) - xv * c);
         if (acc) acc[k * N + e] += gv * xv * r;
       }
-      store_vec<T, N>(gxr, k, o);
+      store_grad<T, N>(gxr, k, o, accumulate);
     }
   }
   if (partial && shared_acc) {
@@ -251,7 +269,7 @@ __global__ void rms_norm_bwd_rows(const T* __restrict__ gy, const T* __restrict_
 template <class T, int N, int R>
 __global__ void __launch_bounds__(512) rms_norm_bwd_rows_reg(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
                                       const acc_t<T>* __restrict__ rstd, T* __restrict__ gx, acc_t<T>* partial,
-                                      int64_t rows, int64_t h, int64_t per) {
+                                      int64_t rows, int64_t h, int64_t per, bool accumulate) {
   using A = acc_t<T>;
   __shared__ A red[32];
   const int64_t nv = h / N;
@@ -300,7 +318,7 @@ __global__ void __launch_bounds__(512) rms_norm_bwd_rows_reg(const T* __restrict
         o.v[e] = from_acc<T>(r * gv * (w ? to_acc(wb[u].v[e]) : A(1)) - xv * c);
         if (partial) acc[u][e] += gv * xv * r;
       }
-      store_vec<T, N>(gx + row * h, k, o);
+      store_grad<T, N>(gx + row * h, k, o, accumulate);
     }
 #pragma unroll
     for (int u = 0; u < R; ++u) {
@@ -342,7 +360,7 @@ __device__ __forceinline__ int slot(int k, int e, int nv) {
 template <class T, int N, int V>
 __global__ void __launch_bounds__(32 * kRowWarps, 4) rms_norm_bwd_warp_rows(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ w,
                                        const acc_t<T>* __restrict__ rstd, T* __restrict__ gx, acc_t<T>* partial,
-                                       int64_t rows, int64_t h, int64_t per) {
+                                       int64_t rows, int64_t h, int64_t per, bool accumulate) {
   using A = acc_t<T>;
   extern __shared__ unsigned char smem_raw[];
   constexpr int G = kSlotGroup<A, N>;
@@ -398,7 +416,7 @@ __global__ void __launch_bounds__(32 * kRowWarps, 4) rms_norm_bwd_warp_rows(cons
         o.v[e] = from_acc<T>(r * gv * (w ? to_acc(b.v[e]) : A(1)) - xv * c);
         t[e] = gv * xv * r;
       }
-      store_vec<T, N>(gx + row * h, k, o);
+      store_grad<T, N>(gx + row * h, k, o, accumulate);
       if (partial) {
 #pragma unroll
         for (int g = 0; g < N / G; ++g) {
@@ -470,7 +488,7 @@ void rms_norm_bwd_launch(const RmsNormBwdParams& p, int64_t rows, int64_t h) {
     auto reg = [&](auto r) {  // each thread's vectors of a row in registers (see the kernel)
       rms_norm_bwd_rows_reg<T, N, decltype(r)::value><<<static_cast<unsigned>(ch.n), threads, 0, st>>>(
           p.gy.ptr<const T>(), p.x.ptr<const T>(), w, p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows,
-          h, ch.per);
+          h, ch.per, p.accumulate);
     };
     // A warp per row (see the kernel); without weight gradients, 16 rows per block.
     auto warp_rows = [&](auto v) {
@@ -480,7 +498,7 @@ void rms_norm_bwd_launch(const RmsNormBwdParams& p, int64_t rows, int64_t h) {
       const size_t slices = want_gw ? static_cast<size_t>(kRowWarps * h) * sizeof(A) : 0;
       rms_norm_bwd_warp_rows<T, N, decltype(v)::value><<<static_cast<unsigned>(blocks), 32 * kRowWarps, slices, st>>>(
           p.gy.ptr<const T>(), p.x.ptr<const T>(), w, p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows,
-          h, per);
+          h, per, p.accumulate);
     };
     const int64_t nv = h / N;
     if (rms_norm_bwd_warp_enabled() && nv <= 32 * 8) {
@@ -499,7 +517,7 @@ void rms_norm_bwd_launch(const RmsNormBwdParams& p, int64_t rows, int64_t h) {
     else
       rms_norm_bwd_rows<T, N><<<static_cast<unsigned>(ch.n), threads, smem, st>>>(
           p.gy.ptr<const T>(), p.x.ptr<const T>(), w, p.rstd.ptr<const A>(), p.gx.ptr<T>(), scratch.as<A>(), rows, h,
-          ch.per, shared_acc);
+          ch.per, shared_acc, p.accumulate);
     MT_CUDA_LAUNCH_CHECK();
   }
   if (p.gw && h > 0) launch_column_sums<T, 1>(scratch.as<A>(), ch.n, h, p.gw.ptr<T>(), nullptr, st);

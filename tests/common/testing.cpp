@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 
@@ -66,6 +67,13 @@ std::string where_str(const Shape& shape, int64_t flat) {
   return fmt::format("[{}]", fmt::join(idx, ", "));
 }
 }  // namespace
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), static_cast<size_t>(x.numel()) * dtype_size(x.dtype())) == 0;
+}
 
 CloseReport allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   CloseReport r;

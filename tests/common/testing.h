@@ -41,6 +41,9 @@ struct CloseReport {
 CloseReport allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
 CloseReport allclose(const Tensor& a, const std::vector<double>& b, double rtol = 1e-5, double atol = 1e-8);
 
+// Equal shapes, dtypes and bytes (on any device), or both undefined.
+bool same_bits(const Tensor& a, const Tensor& b);
+
 // Central finite differences in f64 against autograd, for every element of every input that
 // requires grad. fn maps inputs to one tensor; the check projects it on fixed random weights.
 CloseReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,

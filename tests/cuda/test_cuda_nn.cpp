@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_testing.h"
+#include "residual_norm.h"
 #include "testing.h"
 
 using namespace mt;
@@ -123,6 +124,21 @@ TEST_CASE("cuda rms_norm matches cpu: values, dx, dw", "[cuda]") {
       check_vs_cpu([](const auto& in) { return rms_norm(in[0], in[1], 1e-5); }, {x, w}, t, loose(t, 4));
       check_vs_cpu([](const auto& in) { return rms_norm(in[0], Tensor(), 1e-6); }, {x}, t, loose(t, 4),
                    Layout::kNonContiguous);
+    }
+}
+
+// The residual gradient sum fused into the backward kernel (tests/common/residual_norm.h) in each
+// of its forms: a warp per row ({1030, 2048}, {64, 512}), registers ({40, 4096}), the block kernel
+// ({3, 16384}) and scalar loads ({5, 1000} in 16-bit types, odd H).
+TEST_CASE("cuda rms_norm backward adds into the skip gradient with the unfused sum's bits", "[cuda]") {
+  require_gpu();
+  const Shape shapes[] = {{1030, 2048}, {64, 512}, {40, 4096}, {3, 16384}, {5, 1000}, {7, 33}};
+  for (DType dt : kFloatTypes)
+    for (const Shape& s : shapes) {
+      INFO(fmt::format("{} {}", dt, s));
+      const Device d = mt::testing::gpu();
+      mt::testing::check_residual_norm_fusion(rand(s, dt, 41).to(d), rand({s.back()}, dt, 42, 0.5, 1.5).to(d),
+                                              rand(s, dt, 43).to(d));
     }
 }
 

@@ -1,7 +1,6 @@
 // Activation recomputation: outputs and gradients (inputs and parameters) equal bit for bit those
 // of the plain run, with and without dropout; the function really runs again in backward; the
 // generator is restored; Module::set_recompute; misuse errors.
-#include <cstring>
 
 #include "tensor/checkpoint.h"
 #include "tensor/module.h"
@@ -12,13 +11,6 @@ using Catch::Contains;
 using mt::testing::rand;
 
 namespace {
-
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(a.numel() * dtype_size(a.dtype()))) == 0;
-}
 
 enum class UseDropout { kNo, kYes };
 
@@ -68,12 +60,12 @@ RunResult run(TwoLayerBlock& blk, const Tensor& x_in, UseCheckpoint ckpt) {
 }
 
 void require_same(const RunResult& a, const RunResult& b) {
-  REQUIRE(bit_equal(a.loss, b.loss));
-  REQUIRE(bit_equal(a.gx, b.gx));
+  REQUIRE(mt::testing::same_bits(a.loss, b.loss));
+  REQUIRE(mt::testing::same_bits(a.gx, b.gx));
   for (size_t i = 0; i < a.gparams.size(); ++i) {
     INFO("parameter " << i);
     REQUIRE(a.gparams[i].defined());
-    REQUIRE(bit_equal(a.gparams[i], b.gparams[i]));
+    REQUIRE(mt::testing::same_bits(a.gparams[i], b.gparams[i]));
   }
 }
 
@@ -106,7 +98,7 @@ TEST_CASE("checkpoint: dropout inside draws the same mask in the recomputation",
   require_same(plain, ckpt);
   // And the masks really are random: another seed gives another loss.
   manual_seed(124);
-  REQUIRE_FALSE(bit_equal(run(blk, x, UseCheckpoint::kYes).loss, plain.loss));
+  REQUIRE_FALSE(mt::testing::same_bits(run(blk, x, UseCheckpoint::kYes).loss, plain.loss));
 }
 
 TEST_CASE("checkpoint: parameters get gradients even when no input requires grad", "[cpu]") {
@@ -119,7 +111,7 @@ TEST_CASE("checkpoint: parameters get gradients even when no input requires grad
   std::vector<Tensor> out = checkpoint(fn, {x});
   REQUIRE(out[0].requires_grad());
   sum(out[0]).backward();
-  REQUIRE(bit_equal(w.grad(), expect));
+  REQUIRE(mt::testing::same_bits(w.grad(), expect));
 }
 
 TEST_CASE("checkpoint: no grad mode, integer outputs, aliasing outputs", "[cpu]") {
@@ -199,7 +191,7 @@ TEST_CASE("Module::set_recompute runs forward through checkpoint", "[cpu]") {
   REQUIRE(events == std::vector<std::string>{"forward_hook", "backward"});
   for (size_t i = 0; i < plain.size(); ++i) {
     INFO(i);
-    REQUIRE(bit_equal(plain[i], re[i]));
+    REQUIRE(mt::testing::same_bits(plain[i], re[i]));
   }
 }
 

@@ -3,7 +3,6 @@
 // gets the second gradient added into the destination in place when the destination's storage is
 // an accumulator, out of place otherwise, and either way the leaf's .grad has the bits of the
 // plain engine's sum.
-#include <cstring>
 
 #include "tensor/grad_destination.h"
 #include "testing.h"
@@ -12,12 +11,6 @@ using namespace mt;
 using mt::testing::rand;
 
 namespace {
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return x.shape() == y.shape() && x.dtype() == y.dtype() &&
-         std::memcmp(x.data_ptr(), y.data_ptr(), static_cast<size_t>(x.numel()) * dtype_size(x.dtype())) == 0;
-}
 
 // d/dw of sum(x1 w^T) + 2 sum(x2 w^T): two uses of w, each a linear backward that asks for w's
 // destination.
@@ -47,9 +40,9 @@ TEST_CASE("grad destination: a weight used twice sums in its destination", "[cpu
     set_grad_destination(full.impl()->storage.get(), nullptr);
     set_grad_accumulator(grad_full.impl()->storage.get(), false);
     CHECK(handed == 2);  // asked by both uses, given to the first
-    CHECK(same_bits(w.grad(), ref.grad()));
+    CHECK(mt::testing::same_bits(w.grad(), ref.grad()));
     // In place: the destination holds the sum. Otherwise it holds the first use's term only.
-    CHECK(same_bits(grad_full, ref.grad()) == accumulate);
+    CHECK(mt::testing::same_bits(grad_full, ref.grad()) == accumulate);
   }
 }
 
@@ -69,7 +62,7 @@ TEST_CASE("grad destination: in-place sums only into accumulators, never while r
   }
   const Tensor before = acc.clone();
   CHECK(accumulate_grad_in_place(acc, g));
-  CHECK(same_bits(acc, add(before, g)));
+  CHECK(mt::testing::same_bits(acc, add(before, g)));
   set_grad_accumulator(acc.impl()->storage.get(), false);
   CHECK_FALSE(accumulate_grad_in_place(acc, g));
 }

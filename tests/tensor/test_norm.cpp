@@ -1,6 +1,7 @@
 // softmax, log_softmax, rms_norm and layer_norm: values against naive per-row loops (any dim,
 // non-contiguous inputs, f32/bf16, extreme values), gradients by finite differences, deterministic
-// weight gradients across thread counts, and error messages.
+// weight gradients across thread counts, error messages, and rms_norm's backward adding into the
+// skip connection's gradient with the bits of the unfused sum.
 #include <cmath>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include <omp.h>
 #endif
 
+#include "residual_norm.h"
 #include "testing.h"
 
 using namespace mt;
@@ -220,4 +222,14 @@ TEST_CASE("softmax and norms reject bad arguments", "[cpu]") {
   REQUIRE_THROWS_WITH(layer_norm(x, rand({6}), Tensor()), Catch::Contains("layer_norm") && Catch::Contains("[6]"));
   REQUIRE_THROWS_WITH(layer_norm(ones({2, 3}, DType::kI32), Tensor(), Tensor()), Catch::Contains("layer_norm"));
   REQUIRE_THROWS_WITH(rms_norm(scalar_tensor(1.0), Tensor()), Catch::Contains("rms_norm"));
+}
+
+// The residual stream's gradient sum, fused (tensor/autograd.h, grad_accumulation_target): the
+// result must have the bits of the out-of-place sum, with one add fewer; a gradient that something
+// else holds (a hook kept it) is never written (tests/common/residual_norm.h).
+TEST_CASE("rms_norm's backward adds into the skip connection's gradient with the unfused sum's bits", "[cpu]") {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF64}) {
+    INFO(dtype_name(dt));
+    mt::testing::check_residual_norm_fusion(rand({6, 40}, dt, 31), rand({40}, dt, 32, 0.5, 1.5), rand({6, 40}, dt, 33));
+  }
 }

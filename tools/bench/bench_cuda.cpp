@@ -2,14 +2,16 @@
 // bf16 GEMM TFLOP/s (4096^3, 8192^3) through meshtrain's matmul kernel and the mt::matmul front
 // end vs bare cuBLASLt with its top heuristic algorithm (goal: 95%); achieved GB/s of elementwise
 // add, RMSNorm and cross-entropy vs a device-to-device copy (goal: 80%); causal attention forward
-// and backward TFLOP/s at seq 2048, head dim 128, bf16 (goal: 150). Without a GPU it says
-// that it cannot run and exits 0. Usage: bench_cuda [reps=20] [attention|memory]
+// and backward TFLOP/s at seq 2048, head dim 128, bf16 (goal: 150); the GEMMs of a llama-1b step in
+// linear's layouts against the fastest of cuBLASLt's top algorithms (gemm-step). Without a GPU it
+// says that it cannot run and exits 0. Usage: bench_cuda [reps=20] [attention|memory|gemm-step]
 #include <cublasLt.h>
 
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "kernels/registry.h"
 #include "runtime/cuda/check.h"
@@ -85,6 +87,145 @@ double bare_cublaslt_ms(int64_t m, int64_t n, int64_t k, const void* a, const vo
 }
 
 const char* verdict(double ratio, double goal) { return ratio >= goal ? "met" : "NOT met"; }
+
+// Row-major bf16 C[m, n] = A[m, k] @ B[k, n] through cuBLASLt, where A (B) may be the transpose of a
+// row-major buffer [k, m] ([n, k]), as linear's forward (x W^T) and weight gradient (gY^T x) pass
+// them: the layouts of the training step. Keeps cuBLASLt's top `want` heuristic algorithms so
+// that each can be timed and its result compared with the first one's.
+class GemmAlgos {
+ public:
+  GemmAlgos(int64_t m, int64_t n, int64_t k, bool a_trans, bool b_trans, int want) {
+    BENCH_CUBLAS(cublasLtCreate(&h_));
+    BENCH_CUBLAS(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // Column-major C^T[n, m] = op(B^T) op(A^T): the first operand is B's buffer, the second A's.
+    const cublasOperation_t ta = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    // B row-major [k, n] is column-major [n, k] (ld n); B^T's buffer [n, k] row-major is [k, n] (ld k).
+    BENCH_CUBLAS(b_trans ? cublasLtMatrixLayoutCreate(&lb_, CUDA_R_16BF, k, n, k)
+                         : cublasLtMatrixLayoutCreate(&lb_, CUDA_R_16BF, n, k, n));
+    BENCH_CUBLAS(a_trans ? cublasLtMatrixLayoutCreate(&la_, CUDA_R_16BF, m, k, m)
+                         : cublasLtMatrixLayoutCreate(&la_, CUDA_R_16BF, k, m, k));
+    BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lc_, CUDA_R_16BF, n, m, n));
+    MT_CUDA_CHECK(cudaMalloc(&ws_, kWs));
+    cublasLtMatmulPreference_t pref;
+    BENCH_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    BENCH_CUBLAS(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWs, sizeof(kWs)));
+    res_.resize(static_cast<size_t>(want));
+    int found = 0;
+    BENCH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(h_, desc_, lb_, la_, lc_, lc_, pref, want, res_.data(), &found));
+    res_.resize(static_cast<size_t>(found));
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+  }
+  ~GemmAlgos() {
+    (void)cudaFree(ws_);
+    (void)cublasLtMatrixLayoutDestroy(lc_);
+    (void)cublasLtMatrixLayoutDestroy(la_);
+    (void)cublasLtMatrixLayoutDestroy(lb_);
+    (void)cublasLtMatmulDescDestroy(desc_);
+    (void)cublasLtDestroy(h_);
+  }
+  GemmAlgos(const GemmAlgos&) = delete;
+  GemmAlgos& operator=(const GemmAlgos&) = delete;
+  int count() const { return static_cast<int>(res_.size()); }
+  void run(int i, const void* a, const void* b, void* c) const {
+    const float alpha = 1, beta = 0;
+    const cublasLtMatmulAlgo_t* algo = &res_[static_cast<size_t>(i)].algo;
+    BENCH_CUBLAS(cublasLtMatmul(h_, desc_, &alpha, b, lb_, a, la_, &beta, c, lc_, c, lc_, algo, ws_, kWs,
+                                cuda::Stream::compute(0).handle()));
+  }
+
+ private:
+  static constexpr size_t kWs = size_t{32} << 20;
+  cublasLtHandle_t h_{};
+  cublasLtMatmulDesc_t desc_{};
+  cublasLtMatrixLayout_t la_{}, lb_{}, lc_{};
+  void* ws_ = nullptr;
+  std::vector<cublasLtMatmulHeuristicResult_t> res_;
+};
+
+// The GEMMs of one llama-1b training step (8192 tokens, 16 layers) in the layouts linear uses:
+// forward y = x W^T, input gradient gX = gY W, weight gradient gW = gY^T x. For each: mt::matmul
+// (heuristic #1 of its own descriptors), and the fastest of cuBLASLt's top 8 heuristic algorithms
+// for the same layout, with whether its bits equal algorithm #1's; then the step's GEMM time both
+// ways (calls per step x time). Tells whether choosing algorithms per shape would pay.
+void bench_gemm_step() {
+  const auto opts = TensorOptions(DType::kBF16).with_device(Device::cuda(0));
+  const int64_t tok = 8192, layers = 16;
+  struct Linear {
+    const char* name;
+    int64_t in, out, per_step;
+  };
+  const Linear lins[] = {{"q/o", 2048, 2048, 2 * layers}, {"k/v", 2048, 512, 2 * layers},
+                         {"gate/up", 2048, 8192, 2 * layers}, {"down", 8192, 2048, layers},
+                         {"lm_head", 2048, 128256, 1}};
+  double step_mt = 0, step_best = 0;
+  for (const Linear& l : lins) {
+    Tensor x = uniform({tok, l.in}, -1, 1, opts), w = uniform({l.out, l.in}, -0.05, 0.05, opts);
+    Tensor gy = uniform({tok, l.out}, -1, 1, opts);
+    struct Case {
+      const char* what;
+      Tensor a, b;  // logical operands of C = A @ B
+      bool a_trans, b_trans;
+    };
+    const Case cases[] = {{"forward x W^T", x, w.t(), false, true},
+                          {"input grad gY W", gy, w, false, false},
+                          {"weight grad gY^T x", gy.t(), x, true, false}};
+    for (const Case& c : cases) {
+      const int64_t m = c.a.size(0), k = c.a.size(1), n = c.b.size(1);
+      const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+      auto tf = [&](double ms) { return flops / (ms * 1e-3) * 1e-12; };
+      Tensor out;
+      const double mt_ms = time_ms([&] { out = matmul(c.a, c.b); });
+      GemmAlgos algos(m, n, k, c.a_trans, c.b_trans, 8);
+      // The operands' buffers: a transposed view starts where its storage does.
+      const void* pa = c.a.data_ptr();
+      const void* pb = c.b.data_ptr();
+      Tensor first = empty({m, n}, opts), other = empty({m, n}, opts);
+      double best = 1e30;
+      int best_i = -1;
+      for (int i = 0; i < algos.count(); ++i) {
+        try {
+          const double ms = time_ms([&] { algos.run(i, pa, pb, other.data_ptr()); });
+          if (ms < best) {
+            best = ms;
+            best_i = i;
+          }
+        } catch (const std::exception&) {
+          // an algorithm the heuristic offered but that refuses these pointers
+        }
+      }
+      bool best_same = true;
+      if (best_i > 0) {
+        algos.run(0, pa, pb, first.data_ptr());
+        algos.run(best_i, pa, pb, other.data_ptr());
+        MT_CUDA_CHECK(cudaStreamSynchronize(cuda::Stream::compute(0).handle()));
+        auto bits = [](const Tensor& t) {
+          std::vector<uint16_t> v(static_cast<size_t>(t.numel()));
+          MT_CUDA_CHECK(cudaMemcpy(v.data(), t.data_ptr(), v.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+          return v;
+        };
+        best_same = bits(first) == bits(other);
+      }
+      if (best_i < 0) {
+        fmt::print("gemm-step {} {} [{}x{}x{}]: mt::matmul {:.1f} TFLOP/s | no cuBLASLt algorithm ran\n", l.name,
+                   c.what, m, n, k, tf(mt_ms));
+        best = mt_ms;
+      } else {
+        fmt::print("gemm-step {} {} [{}x{}x{}]: mt::matmul {:.1f} TFLOP/s | fastest of cuBLASLt's top {}: #{} {:.1f} "
+                   "TFLOP/s ({:.2f}x), bits {} #1's\n",
+                   l.name, c.what, m, n, k, tf(mt_ms), algos.count(), best_i + 1, tf(best), mt_ms / best,
+                   best_same ? "equal to" : "differ from");
+      }
+      step_mt += static_cast<double>(l.per_step) * mt_ms;
+      step_best += static_cast<double>(l.per_step) * std::min(best, mt_ms);
+    }
+  }
+  fmt::print("gemm-step llama-1b step GEMMs (batch 4 x 2048): mt::matmul {:.1f} ms, best algorithm per shape {:.1f} ms "
+             "({:.2f}x)\n",
+             step_mt, step_best, step_mt / step_best);
+}
 
 // C[m, n] = A[m, k] @ B[k, n] in bf16: the meshtrain kernel and mt::matmul against bare cuBLASLt.
 void bench_gemm(int64_t m, int64_t n, int64_t k, const std::string& what) {
@@ -227,6 +368,10 @@ int main(int argc, char** argv) {
       bench_attention(4, 32, 8, 2048, 64);
       return 0;
     }
+    if (only == "gemm-step") {
+      bench_gemm_step();
+      return 0;
+    }
     if (only != "memory") {
       bench_gemm(4096);
       bench_gemm(8192);
@@ -237,6 +382,7 @@ int main(int argc, char** argv) {
       bench_gemm(tok, 8192, 2048, "llama-1b gate/up 8192x8192x2048");
       bench_gemm(tok, 2048, 8192, "llama-1b down 8192x2048x8192");
       bench_gemm(tok, 128256, 2048, "llama-1b lm_head 8192x128256x2048");
+      bench_gemm_step();
       bench_attention(4, 16, 8, 2048, 128);
       bench_attention(4, 32, 8, 2048, 64);
     }

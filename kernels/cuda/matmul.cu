@@ -7,9 +7,15 @@
 // TF32 tensor cores when allowed: runtime/cuda/device.h), bf16 and f16 in with f32 accumulation and
 // a bf16/f16 or f32 out. Descriptors and the heuristic's algorithm are cached per geometry; the
 // 32 MiB workspace per (device, stream) comes from the caching allocator once.
+// MT_GEMM_TUNE=1 (off by default until measured in training; docs/cuda.md): the first call of a
+// large 16-bit geometry also times cuBLASLt's next heuristic candidates on its own operands and
+// keeps the fastest whose result has the same bits as the first choice's (a 64-bit digest of the
+// output), so the choice changes speed, never numbers; MT_GEMM_TUNE=2 also prints each choice.
 #include <cublasLt.h>
 
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -92,6 +98,7 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool tuned = false;  // MT_GEMM_TUNE: the candidates were timed (or cannot be)
 };
 
 struct State {
@@ -119,7 +126,22 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols,
   return l;
 }
 
-const Plan& plan_for(State& st, const Key& key, cublasLtHandle_t h) {
+// The algorithm search's constraints: workspace and the operands' alignments.
+cublasLtMatmulPreference_t make_preference(const Key& key) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = kWorkspaceBytes;
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const auto al_a = static_cast<uint32_t>(key.align_b), al_b = static_cast<uint32_t>(key.align_a),
+             al_c = static_cast<uint32_t>(key.align_c);  // Lt A is our b and Lt B our a
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4));
+  return pref;
+}
+
+Plan& plan_for(State& st, const Key& key, cublasLtHandle_t h) {
   auto it = st.plans.find(key);
   if (it != st.plans.end()) return it->second;
   Plan p;
@@ -136,16 +158,7 @@ const Plan& plan_for(State& st, const Key& key, cublasLtHandle_t h) {
   p.lb = tb == CUBLAS_OP_N ? make_layout(in_t, key.k, key.m, key.lda, key.batch, key.sa)
                            : make_layout(in_t, key.m, key.k, key.lda, key.batch, key.sa);
   p.lc = make_layout(out_t, key.n, key.m, key.ldc, key.batch, key.sc);
-  cublasLtMatmulPreference_t pref = nullptr;
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = kWorkspaceBytes;
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  const auto al_a = static_cast<uint32_t>(key.align_b), al_b = static_cast<uint32_t>(key.align_a),
-             al_c = static_cast<uint32_t>(key.align_c);  // Lt A is our b and Lt B our a
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4));
+  cublasLtMatmulPreference_t pref = make_preference(key);
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
   MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &returned));
@@ -155,6 +168,138 @@ const Plan& plan_for(State& st, const Key& key, cublasLtHandle_t h) {
            key.m, key.k, key.k, key.n, key.batch, key.lda, key.ldb, key.align_a, key.align_b, key.align_c);
   p.algo = result.algo;
   return st.plans.emplace(key, p).first->second;
+}
+
+// ---- MT_GEMM_TUNE: the fastest candidate with the first choice's bits ----------------------------
+
+constexpr int kTuneCandidates = 8;
+
+__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// out[0] += sum over the batch's outputs of mix(bits, position) (mod 2^64: the same in any order),
+// out[1] += how many are not +-0. W: the output element's bits.
+template <class W>
+__global__ void digest_kernel(const W* __restrict__ c, int64_t per, int64_t batch, int64_t sc,
+                              unsigned long long* out) {
+  unsigned long long h = 0, nz = 0;
+  const int64_t total = per * batch, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    const int64_t b = i / per;
+    const W v = c[b * sc + (i - b * per)];
+    h += mix64(static_cast<unsigned long long>(v) ^ (static_cast<unsigned long long>(i) << 32) ^
+               static_cast<unsigned long long>(i) >> 32);
+    nz += static_cast<W>(v << 1) != 0 ? 1 : 0;  // the sign bit shifted out: -0 counts as zero
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    h += __shfl_xor_sync(0xffffffffu, h, o);
+    nz += __shfl_xor_sync(0xffffffffu, nz, o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(out, h);
+    atomicAdd(out + 1, nz);
+  }
+}
+
+struct Digest {
+  unsigned long long hash = 0, nonzero = 0;
+  bool operator==(const Digest& o) const { return hash == o.hash && nonzero == o.nonzero; }
+};
+
+// The digest of the output the plan's call wrote at c (synchronizes the stream).
+Digest digest(const void* c, const Key& key, int64_t osize, unsigned long long* buf, cudaStream_t s) {
+  const int64_t per = key.m * key.n, total = per * key.batch;
+  MT_CUDA_CHECK(cudaMemsetAsync(buf, 0, 2 * sizeof(unsigned long long), s));
+  if (osize == 2)
+    digest_kernel<<<grid_for(total), 256, 0, s>>>(static_cast<const uint16_t*>(c), per, key.batch, key.sc, buf);
+  else
+    digest_kernel<<<grid_for(total), 256, 0, s>>>(static_cast<const uint32_t*>(c), per, key.batch, key.sc, buf);
+  MT_CUDA_LAUNCH_CHECK();
+  Digest d;
+  unsigned long long host[2] = {0, 0};
+  MT_CUDA_CHECK(cudaMemcpyAsync(host, buf, sizeof(host), cudaMemcpyDeviceToHost, s));
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  d.hash = host[0];
+  d.nonzero = host[1];
+  return d;
+}
+
+// Whether a geometry is worth timing and its digest can tell reduction orders apart: 16-bit
+// inputs, one strided-batch call that overwrites its output, at least 64K outputs of 64+ terms.
+bool tunable(const Key& key, int64_t outer, double beta) {
+  const bool half_in = key.in_type == CUDA_R_16BF || key.in_type == CUDA_R_16F;
+  return half_in && outer == 1 && beta == 0 && key.k >= 64 && key.m * key.n * key.batch >= (int64_t{1} << 16);
+}
+
+// Times cuBLASLt's top candidates for `plan` on this call's operands (pc is overwritten; the
+// caller's call then writes it for real) and keeps the fastest whose output digest equals the
+// current choice's; a candidate must beat it by 2% to be taken. A degenerate output (mostly
+// zeros, where other summation orders could agree by chance) keeps the current choice.
+void tune(Plan& plan, const Key& key, cublasLtHandle_t h, const void* alpha, const void* beta, const void* pa,
+          const void* pb, void* pc, void* ws, cudaStream_t stream, int64_t osize) {
+  plan.tuned = true;
+  std::vector<cublasLtMatmulHeuristicResult_t> cand(kTuneCandidates);
+  int found = 0;
+  cublasLtMatmulPreference_t pref = make_preference(key);
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(h, plan.desc, plan.la, plan.lb, plan.lc, plan.lc, pref,
+                                                           kTuneCandidates, cand.data(), &found);
+  (void)cublasLtMatmulPreferenceDestroy(pref);
+  if (hs != CUBLAS_STATUS_SUCCESS || found <= 1) return;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(h, plan.desc, alpha, pb, plan.la, pa, plan.lb, beta, pc, plan.lc, pc, plan.lc, &algo, ws,
+                          kWorkspaceBytes, stream);
+  };
+  void* buf = cuda::alloc(2 * sizeof(unsigned long long), static_cast<int>(key.device));
+  cudaEvent_t t0 = nullptr, t1 = nullptr;
+  MT_CUDA_CHECK(cudaEventCreate(&t0));
+  MT_CUDA_CHECK(cudaEventCreate(&t1));
+  auto ms_of = [&](const cublasLtMatmulAlgo_t& algo) {  // after a warm call
+    constexpr int kReps = 3;
+    MT_CUDA_CHECK(cudaEventRecord(t0, stream));
+    for (int r = 0; r < kReps; ++r)
+      if (run(algo) != CUBLAS_STATUS_SUCCESS) return std::numeric_limits<double>::infinity();
+    MT_CUDA_CHECK(cudaEventRecord(t1, stream));
+    MT_CUDA_CHECK(cudaEventSynchronize(t1));
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    return static_cast<double>(ms) / kReps;
+  };
+  MT_CUBLAS_CHECK(run(plan.algo));
+  const Digest ref = digest(pc, key, osize, static_cast<unsigned long long*>(buf), stream);
+  const int64_t outputs = key.m * key.n * key.batch;
+  int chosen = -1, tried = 0;
+  double best = 0, first = 0;
+  if (ref.nonzero * 2 >= static_cast<unsigned long long>(outputs)) {
+    best = first = ms_of(plan.algo);
+    for (int i = 0; i < found; ++i) {
+      if (std::memcmp(&cand[i].algo, &plan.algo, sizeof(plan.algo)) == 0) continue;
+      if (run(cand[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+      if (!(digest(pc, key, osize, static_cast<unsigned long long*>(buf), stream) == ref)) continue;  // other bits
+      ++tried;
+      const double ms = ms_of(cand[i].algo);
+      if (ms < 0.98 * best) {
+        best = ms;
+        chosen = i;
+      }
+    }
+    if (chosen >= 0) plan.algo = cand[chosen].algo;
+  }
+  (void)cudaEventDestroy(t0);
+  (void)cudaEventDestroy(t1);
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cuda::free(buf);
+  if (gemm_tune_level() >= 2)
+    std::fprintf(stderr, "MT_GEMM_TUNE: [%lld x %lld] @ [%lld x %lld] batch %lld (ops %lld/%lld): %s, %d of %d "
+                 "candidates with the same bits, %.3f ms -> %.3f ms\n",
+                 static_cast<long long>(key.m), static_cast<long long>(key.k), static_cast<long long>(key.k),
+                 static_cast<long long>(key.n), static_cast<long long>(key.batch),
+                 static_cast<long long>(key.trans_b), static_cast<long long>(key.trans_a),
+                 chosen >= 0 ? "candidate taken" : "first choice kept", tried, found - 1, first,
+                 chosen >= 0 ? best : first);
 }
 
 // out = beta * out (K == 0: the product is empty).
@@ -242,13 +387,19 @@ void matmul(const MatmulParams& p) {
     key.align_b = std::min(key.align_b, alignment(b.data, dims[i].sb * esize));
     key.align_c = std::min(key.align_c, alignment(out.data, dims[i].sc * osize));
   }
-  const Plan& plan = plan_for(st, key, st.handle[dev]);
+  Plan& plan = plan_for(st, key, st.handle[dev]);
 
   const double alpha64 = p.alpha, beta64 = p.beta;
   const float alpha32 = static_cast<float>(p.alpha), beta32 = static_cast<float>(p.beta);
   const bool f64 = key.compute == CUBLAS_COMPUTE_64F;
   const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta = f64 ? static_cast<const void*>(&beta64) : &beta32;
+  if (!plan.tuned && gemm_tune_level() > 0) {
+    if (tunable(key, outer, p.beta))
+      tune(plan, key, st.handle[dev], alpha, beta, a.data, b.data, out.data, ws, stream, osize);
+    else
+      plan.tuned = true;
+  }
   for (int64_t o = 0; o < outer; ++o) {
     int64_t oa = 0, ob = 0, oc = 0, rem = o;
     for (size_t i = 1; i < dims.size(); ++i) {

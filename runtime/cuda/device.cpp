@@ -40,6 +40,7 @@ const Probe& probe() {
 }
 
 std::atomic<int> g_tf32{-1};  // -1: not read from the environment yet
+std::atomic<int> g_gemm_tune{-1};
 
 }  // namespace
 
@@ -100,5 +101,17 @@ bool allow_tf32() {
 }
 
 void set_allow_tf32(bool allow) { g_tf32.store(allow ? 1 : 0, std::memory_order_relaxed); }
+
+int gemm_tune_level() {
+  int v = g_gemm_tune.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* s = std::getenv("MT_GEMM_TUNE");
+    v = !s || !*s || !std::strcmp(s, "0") ? 0 : !std::strcmp(s, "2") ? 2 : 1;
+    g_gemm_tune.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+void set_gemm_tune_level(int level) { g_gemm_tune.store(level < 0 ? 0 : level, std::memory_order_relaxed); }
 
 }  // namespace mt::cuda

@@ -45,4 +45,11 @@ class DeviceGuard {
 bool allow_tf32();
 void set_allow_tf32(bool allow);
 
+// Choosing GEMM algorithms by timing (kernels/cuda/matmul.cu, docs/cuda.md): 0 off (the
+// default), 1 the first call of a large 16-bit geometry times cuBLASLt's top candidates and keeps
+// the fastest with the same output bits, 2 also prints each choice. From MT_GEMM_TUNE, or set here
+// (geometries already tuned stay as they are).
+int gemm_tune_level();
+void set_gemm_tune_level(int level);
+
 }  // namespace mt::cuda

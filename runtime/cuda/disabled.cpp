@@ -29,6 +29,8 @@ DeviceGuard::DeviceGuard(int) {}
 DeviceGuard::~DeviceGuard() = default;
 bool allow_tf32() { return false; }
 void set_allow_tf32(bool) {}
+int gemm_tune_level() { return 0; }
+void set_gemm_tune_level(int) {}
 
 void* alloc(size_t nbytes, int index) {
   check_device(Device::cuda(index), fmt::format("allocating {} bytes", nbytes));

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -116,12 +115,7 @@ inline CloseReport compare_cpu_cuda(const std::function<Tensor(const std::vector
   return r;
 }
 
-// Bitwise equality of two tensors of the same dtype and shape, on any devices (compared on the host).
-inline bool same_bits(const Tensor& cuda_t, const Tensor& cpu_t) {
-  Tensor a = cuda_t.to(Device::cpu()).contiguous(), b = cpu_t.to(Device::cpu()).contiguous();
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  return std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.numel() * dtype_size(a.dtype()))) == 0;
-}
+// same_bits (testing.h) compares tensors on any devices, on the host.
 
 }  // namespace mt::testing
 

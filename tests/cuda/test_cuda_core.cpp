@@ -360,6 +360,42 @@ TEST_CASE("cuda: matmul kernel with bf16/f16 inputs and f32 out, and TF32 opt-in
   REQUIRE_CLOSE(c.to(Device::cpu()), matmul(a, b), 5e-3, 5e-3);  // TF32: 10-bit mantissa inputs
 }
 
+// MT_GEMM_TUNE (kernels/cuda/matmul.cu): the call that times cuBLASLt's candidates, and every
+// call after it with the algorithm it chose, give the bits of the first choice, in linear's three
+// layouts (x W^T, gY W, gY^T x; shapes large enough to be tuned) and with an f32 output.
+TEST_CASE("cuda: GEMM algorithms chosen by timing keep the first choice's bits", "[cuda]") {
+  require_cuda();
+  Tensor x = rand({512, 256}, DType::kBF16, 61).to(gpu()), w = rand({384, 256}, DType::kBF16, 62).to(gpu());
+  Tensor gy = rand({512, 384}, DType::kBF16, 63).to(gpu());
+  const std::vector<std::pair<Tensor, Tensor>> cases = {{x, w.t()}, {gy, w}, {gy.t(), x}};
+  auto f32_out = [&](const Tensor& a, const Tensor& b) {
+    Tensor out = empty({a.size(0), b.size(1)}, TensorOptions(DType::kF32).with_device(gpu()));
+    MatmulParams p;
+    p.a = a.view_info();
+    p.b = b.view_info();
+    p.out = out.view_info();
+    MT_KERNEL(DeviceType::kCUDA, matmul, p);
+    return out;
+  };
+  cuda::set_gemm_tune_level(0);
+  std::vector<Tensor> first, first32;
+  for (const auto& [a, b] : cases) {
+    first.push_back(matmul(a, b));  // each geometry's plan, not tuned
+    first32.push_back(f32_out(a, b));
+  }
+  cuda::set_gemm_tune_level(1);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO(i);
+    const auto& [a, b] = cases[i];
+    CHECK(same_bits(matmul(a, b), first[i]));  // this call times the candidates
+    CHECK(same_bits(matmul(a, b), first[i]));  // the chosen algorithm
+    CHECK(same_bits(f32_out(a, b), first32[i]));
+    CHECK(same_bits(f32_out(a, b), first32[i]));
+  }
+  cuda::set_gemm_tune_level(0);
+  CHECK(cuda::gemm_tune_level() == 0);
+}
+
 // ---- random -------------------------------------------------------------------------------------
 
 TEST_CASE("cuda: Philox random numbers equal the CPU bit for bit", "[cuda]") {

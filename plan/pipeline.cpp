@@ -200,8 +200,13 @@ std::vector<PipelineAction> pipeline_schedule(PipelineScheduleKind kind, int64_t
            stage, stages, micros);
   std::vector<PipelineAction> a;
   if (kind == PipelineScheduleKind::kGPipe) {
-    for (int64_t m = 0; m < micros; ++m) a.push_back({true, m, 0});
-    for (int64_t m = 0; m < micros; ++m) a.push_back({false, m, 0});
+    // Every forward, then every backward; with several chunks per stage (eval and grad run an
+    // interleaved plan this way) chunk by chunk, each chunk's micro-batches in order.
+    const int64_t V = std::max<int64_t>(virtual_stages, 1);
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t m = 0; m < micros; ++m) a.push_back({true, m, v});
+    for (int64_t v = V - 1; v >= 0; --v)
+      for (int64_t m = 0; m < micros; ++m) a.push_back({false, m, v});
     return a;
   }
   if (kind == PipelineScheduleKind::kInterleaved) {

@@ -148,9 +148,11 @@ void PipelineRunner::run(const Step& step) {
         stats_.messages += 1;
         stats_.bytes += local.numel() * dtype_size(local.dtype());
       }
+      if (step.forward_only) continue;
       if (!takes_input(v)) inputs[{m, v}] = leaf;
       outputs[{m, v}] = y;
     } else {
+      if (step.forward_only) continue;
       Tensor y = outputs.at({m, v});
       outputs.erase({m, v});
       Tensor g = makes_loss(v) ? Tensor() : recv_like(y, stage_of(c + 1), tag(m, c) + kGradTag);

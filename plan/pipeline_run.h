@@ -59,6 +59,9 @@ class PipelineRunner {
     std::function<Tensor(int64_t m, int64_t v, const Tensor& x)> forward;
     // Called before micro-batch m's backward (e.g. GradReducer::set_sync on the last one).
     std::function<void(int64_t m)> before_backward;
+    // Forwards only (`meshtrain eval`): the schedule's backwards are skipped and nothing is kept
+    // for them.
+    bool forward_only = false;
   };
   // One step: every forward and backward of this stage. Collective over the pipeline dim.
   void run(const Step& step);

@@ -149,6 +149,12 @@ PY
   else
     fail "llama_pp np 2 cuda: $(grep -m 1 -E '^FAIL|\] error: ' "$WORK/pp.out" "$WORK/err" || tail -n 3 "$WORK/err")"
   fi
+  # grad under llama_pp on the GPU (the batch through the stages as one micro-batch; host-staged):
+  # against the CPU's single-device gradient file (built above for llama-tiny).
+  mpi 2 "$BIN" grad --hf "$WORK/llama-tiny.cpu" --tokens "$WORK/tokens.txt" --plan "$PLANS/llama_pp.plan" --device cuda \
+    --out "$WORK/pp.g_cuda.safetensors" >/dev/null 2>"$WORK/err" || fail "grad llama_pp cuda: $(tail -n 2 "$WORK/err")"
+  r=$(python3 "$CMP" grads "$WORK/llama-tiny.g_cpu.safetensors" "$WORK/pp.g_cuda.safetensors" 1e-5 2>&1) \
+    && pass "grad --plan llama_pp np 2 --device cuda vs one CPU device: $r" || fail "grad llama_pp cuda: $r"
   # Sharded checkpoints across devices and plans (docs/checkpoints.md): saved at step 10 on the GPU
   # under llama_tp, resumed on the CPU under llama_dp; and saved on the CPU, resumed on the GPU. Both
   # runs' 20 losses stay within 1e-5 of the single CPU device.

@@ -10,6 +10,9 @@
 #           resume under pp 2 (and the latter without a plan);
 #   pp x FSDP (llama_pp_fsdp, pp 2 x dp 2): plan prints each stage's units; parity under 1F1B,
 #           GPipe and interleaved 1F1B; tied embeddings in a unit refused, left out they train;
+#   eval, grad, init: one device's loss, and its gradient and init files byte for byte, under
+#           llama_pp and llama_pp_interleaved (tied embeddings too); slow: grads under pp x tp,
+#           pp x dp x tp and pp x FSDP within 1e-5, mixtral-tiny over 2 stages byte for byte;
 #   bad input (exit 2, naming the flag or plan line): --accum below the stage count under 1F1B,
 #           a pp size that does not divide the layer count, an entry naming the pipeline dim.
 # MODE fast (suite cli/mpi, ~60 s with the pp x FSDP rows) or slow (pp 4, pp x tp, pp x dp x tp and pp x FSDP x tp at np 8, pp x ZeRO-3,
@@ -159,7 +162,65 @@ PY
     > "$WORK/twice.plan"
   expect_error "a unit on two stages" "twice.plan:3:7" "assigns model.layers.2 to stage 1" -- \
     "$BIN" plan --plan "$WORK/twice.plan" --world 2
+
+  # ---- eval, grad and init under pipeline plans ------------------------------------------------
+  # One micro-batch through the stages: pipeline parallelism alone changes no arithmetic, so the
+  # loss equals one device's and the gradient and init files equal its bytes (in the model's
+  # tensor order), for 1F1B and interleaved plans and for tied embeddings (summed over the first
+  # and last stage: a + b, in either order).
+  "$BIN" init --config llama-tiny --seed 3 --out "$WORK/ev_ck" >/dev/null || fail "init exit"
+  "$BIN" init --config "$WORK/tied.json" --seed 5 --out "$WORK/ev_tied" >/dev/null || fail "tied init exit"
+  python3 -c 'import random, sys
+random.seed(0)
+open(sys.argv[1], "w").write("".join(",".join(str(random.randrange(256)) for _ in range(17)) + "\n" for _ in range(4)))' \
+    "$WORK/ev_tok.txt"
+  for ck in ev_ck ev_tied; do
+    "$BIN" grad --hf "$WORK/$ck" --tokens "$WORK/ev_tok.txt" --out "$WORK/${ck}_g1.safetensors" > "$WORK/${ck}_g1.out" \
+      || fail "$ck: single-device grad exit"
+    for plan in llama_pp llama_pp_interleaved; do
+      tag="$plan, $ck"
+      want=$(tail -n 1 "$WORK/${ck}_g1.out")
+      got=$(mpi 2 "$BIN" eval --hf "$WORK/$ck" --tokens "$WORK/ev_tok.txt" --plan "$PLANS/$plan.plan" 2>"$WORK/err")
+      [ "$got" = "$want" ] && pass "$tag: eval prints one device's loss once ($got)" \
+        || fail "$tag: eval printed '$got', one device '$want': $(tail -n 2 "$WORK/err")"
+      got=$(mpi 2 "$BIN" grad --hf "$WORK/$ck" --tokens "$WORK/ev_tok.txt" --plan "$PLANS/$plan.plan" \
+        --out "$WORK/${ck}_$plan.safetensors" 2>"$WORK/err")
+      [ "$got" = "$want" ] && cmp -s "$WORK/${ck}_g1.safetensors" "$WORK/${ck}_$plan.safetensors" \
+        && pass "$tag: grad file byte-identical to one device's" \
+        || fail "$tag: grad printed '$got' (one device '$want'), files differ: $(tail -n 2 "$WORK/err")"
+    done
+  done
+  mpi 2 "$BIN" init --config "$WORK/tied.json" --seed 5 --out "$WORK/ev_tied_pp" --plan "$PLANS/llama_pp_interleaved.plan" \
+    >/dev/null 2>"$WORK/err"
+  cmp -s "$WORK/ev_tied/model.safetensors" "$WORK/ev_tied_pp/model.safetensors" \
+    && pass "init under llama_pp_interleaved (tied): byte-identical to one device's" \
+    || fail "init under llama_pp_interleaved differs: $(tail -n 2 "$WORK/err")"
 else
+  # eval/grad under pp x tp, pp x dp x tp and pp x FSDP: TP and dp sums round differently from
+  # one device (as without stages): gradients within 1e-5 of the largest magnitude.
+  "$BIN" init --config llama-tiny --seed 3 --out "$WORK/ev_ck" >/dev/null || fail "init exit"
+  python3 -c 'import random, sys
+random.seed(0)
+open(sys.argv[1], "w").write("".join(",".join(str(random.randrange(256)) for _ in range(17)) + "\n" for _ in range(4)))' \
+    "$WORK/ev_tok.txt"
+  "$BIN" grad --hf "$WORK/ev_ck" --tokens "$WORK/ev_tok.txt" --out "$WORK/g1.safetensors" > "$WORK/g1.out" || fail "grad exit"
+  for spec in llama_pp_tp:4 llama_pp_dp_tp:8 llama_pp_fsdp:4; do
+    plan=${spec%%:*}
+    np=${spec##*:}
+    got=$(mpi "$np" "$BIN" grad --hf "$WORK/ev_ck" --tokens "$WORK/ev_tok.txt" --plan "$PLANS/$plan.plan" \
+      --out "$WORK/g_$plan.safetensors" 2>"$WORK/err")
+    r=$(python3 "$(dirname "$0")/compare_outputs.py" grads "$WORK/g1.safetensors" "$WORK/g_$plan.safetensors" 1e-5 2>&1) \
+      && [ "$got" = "$(tail -n 1 "$WORK/g1.out")" ] && pass "$plan np $np: grad ($got): $r" \
+      || fail "$plan np $np: grad printed '$got': $r $(tail -n 2 "$WORK/err")"
+  done
+  # Mixtral through two stages (no router losses in eval/grad): one device's bytes.
+  "$BIN" init --config mixtral-tiny --seed 4 --out "$WORK/ev_mx" >/dev/null || fail "mixtral init exit"
+  "$BIN" grad --hf "$WORK/ev_mx" --tokens "$WORK/ev_tok.txt" --out "$WORK/gm1.safetensors" >/dev/null || fail "grad exit"
+  printf 'mesh pp=2\nstages pp=even\n' > "$WORK/mx_pp.plan"
+  mpi 2 "$BIN" grad --hf "$WORK/ev_mx" --tokens "$WORK/ev_tok.txt" --plan "$WORK/mx_pp.plan" --out "$WORK/gm2.safetensors" \
+    >/dev/null 2>"$WORK/err"
+  cmp -s "$WORK/gm1.safetensors" "$WORK/gm2.safetensors" && pass "mixtral-tiny pp 2: grad file byte-identical to one device's" \
+    || fail "mixtral-tiny pp 2 grad differs: $(tail -n 2 "$WORK/err")"
   parity "$PLANS/llama_pp.plan" 4 20 4 1e-5 1e-5
   parity "$WORK/llama_pp_gpipe.plan" 4 5 2 1e-5 1e-5
   # TP partial sums round differently (as llama_tp): drift-tol after AdamW.

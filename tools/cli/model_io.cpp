@@ -5,13 +5,18 @@
 // With --plan P (under mpirun -np N) the model is parallelized by the plan: the checkpoint is
 // loaded whole and sliced to each rank's shards (init: built on meta, each rank initializing its
 // shards), the batch placed with the plan's input placements, and rank 0 prints/writes the same
-// outputs as one device (full tensors, gathered by every rank).
+// outputs as one device (full tensors, gathered by every rank). Under a pipeline plan each rank
+// keeps its stage's modules and the batch runs through the stages as one micro-batch (eval: the
+// forwards only); every stage's tensors are gathered for what rank 0 writes.
 // FILE holds one sequence per line of T+1 comma-separated ids: inputs are the first T, targets
 // the last T, and the loss is the mean cross-entropy over all targets (no auxiliary losses).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <unordered_map>
 
 #include "models/data.h"
 #include "models/hf_checkpoint.h"
@@ -21,6 +26,7 @@
 #include "plan/grad_sync.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"
+#include "tensor/random.h"
 #include "tools/cli/args.h"
 #include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
@@ -82,8 +88,8 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& comma
   return {model, loss};
 }
 
-void print_loss(const std::string& command, const Tensor& loss) {
-  fmt::print("{{\"loss\": {:.9g}}}\n", scalar_value(loss));
+void print_loss(const std::string& command, double loss) {
+  fmt::print("{{\"loss\": {:.9g}}}\n", loss);
   flush_stdout(command);
 }
 
@@ -92,11 +98,85 @@ std::unique_ptr<Parallel> parallel_from(const Args& args) {
   if (args.str("plan").empty()) return nullptr;
   auto p = std::make_unique<Parallel>();
   p->ctx = load_plan_context(args.str("plan"));
-  MT_CHECK(!p->ctx.is_pipeline(), "{}: a pipeline plan (stage lines over '{}') runs under train and parity only; "
-           "eval, grad and init take the plans without stages (docs/pipeline.md)", p->ctx.path,
-           p->ctx.full_plan.pipeline_dim());
   quiet_non_root(p->ctx);
   return p;
+}
+
+// Tensors gathered from the stages of a pipeline put in the single-device order (the whole
+// model's parameter order, from a copy built on meta), so that the files equal one device's byte
+// for byte.
+NamedTensors in_model_order(const ModelConfig& cfg, NamedTensors tensors) {
+  std::shared_ptr<CausalLM> whole;
+  {
+    const uint64_t offset = default_generator().offset();  // building draws nothing on meta; kept anyway
+    InitDeviceGuard meta(Device::meta());
+    whole = build_causal_lm(cfg);
+    default_generator().set_offset(offset);
+  }
+  std::unordered_map<std::string, size_t> order;
+  for (const auto& [name, p] : whole->named_parameters()) order.emplace(name, order.size());
+  auto at = [&](const std::string& name) {
+    auto it = order.find(name);
+    return it == order.end() ? order.size() : it->second;
+  };
+  std::stable_sort(tensors.begin(), tensors.end(),
+                   [&](const auto& a, const auto& b) { return at(a.first) < at(b.first); });
+  return tensors;
+}
+
+// Pipeline plans (docs/pipeline.md, "eval, grad and init"): the checkpoint loaded into this
+// stage's modules, the batch run through the stages as one micro-batch in GPipe order (an
+// interleaved plan's chunks one after the other), eval the forwards only. Returns this rank's
+// model and the mean cross-entropy, broadcast from the last stage to its pipeline; with
+// `backward` the parameters hold their gradients, reduced to their placements, a tied
+// embedding's summed over the first and the last stage.
+std::pair<std::shared_ptr<CausalLM>, double> pipeline_loss(const std::string& command, const Args& args,
+                                                          Parallel& parallel, bool backward) {
+  const std::string dir = args.required("hf"), tokens = args.required("tokens");
+  const Device device = resolve_device(command, args.str("device"));
+  HfCheckpoint ck = read_hf_checkpoint(dir);
+  TokenBatch batch = read_token_batch(tokens, ck.config, dir);
+  // The loss is the cross-entropy alone (no router losses, which a pipeline could not gather).
+  ck.config.router_aux_loss_coef = 0;
+  ck.config.router_z_loss_coef = 0;
+  PlanContext& ctx = parallel.ctx;
+  std::shared_ptr<CausalLM> model = build_run_model(ck.config, &ck, true);
+  model->eval();
+  parallel.par = std::make_unique<Parallelized>(parallelize_run(*model, ctx));
+  if (!device.is_cpu()) {  // loaded and sliced on the host, then moved: the same bytes
+    model->to(device);
+    batch.inputs = batch.inputs.to(device);
+    batch.targets = batch.targets.to(device);
+  }
+  PipelineRunner pipe(*ctx.world_mesh, ctx.pipeline->dim, *ctx.mesh, PipelineScheduleKind::kGPipe, device,
+                      ctx.pipeline->virtual_stages);
+  TiedPair tied;
+  if (backward) tied = TiedPair(ctx, *model, pipe, command);
+  double loss = 0;
+  PipelineRunner::Step step;
+  step.forward_only = !backward;
+  step.input = [&](int64_t) { return place_input(batch.inputs, *parallel.par, ctx); };
+  step.forward = [&](int64_t, int64_t v, const Tensor& x) {
+    const PipelineStage& ch = ctx.pipeline->chunk(ctx.stage, v);
+    if (pipe.virtual_stages() > 1) model->set_pipeline_span(ch.first, ch.last);
+    Tensor y = (*model)(std::vector<Tensor>{x})[0];
+    if (!pipe.makes_loss(v)) return y;
+    Tensor l = cross_entropy(y.to(DType::kF32), place_input(batch.targets, *parallel.par, ctx));
+    loss = scalar_value(l);
+    return l;
+  };
+  pipe.run(step);
+  if (backward) {
+    sync_gradients(*model);
+    tied.sum_gradient(*model, pipe.stage(), command);
+  }
+  Tensor t = from_vector<double>({loss}, Shape{1});
+  pipe.comm().broadcast(t, static_cast<int>(pipe.stages() - 1));
+  loss = t.to_vector<double>()[0];
+  // A non-finite loss is an error, never a printed result (every rank of the pipeline has it).
+  MT_CHECK(std::isfinite(loss), "meshtrain {}: the loss of checkpoint '{}' on '{}' is {}: {}", command, dir, tokens,
+           loss, describe_non_finite(ck.tensors));
+  return {model, loss};
 }
 
 }  // namespace
@@ -105,8 +185,12 @@ int run_eval(int argc, char** argv) {
   Args args("eval", kEvalFlags, argc, argv, 2);
   NoGradGuard no_grad;
   auto parallel = parallel_from(args);
+  if (parallel && parallel->ctx.is_pipeline()) {
+    print_loss("eval", pipeline_loss("eval", args, *parallel, false).second);
+    return 0;
+  }
   auto [model, loss] = model_loss("eval", args, parallel.get());
-  print_loss("eval", loss);
+  print_loss("eval", scalar_value(loss));
   return 0;
 }
 
@@ -115,10 +199,19 @@ int run_grad(int argc, char** argv) {
   const std::string out = args.required("out");
   check_output_file(out, "--out");
   auto parallel = parallel_from(args);
-  auto [model, loss] = model_loss("grad", args, parallel.get());
-  loss.backward();
-  // --plan: Partial gradients (data-parallel terms) reduced to the parameters' placements.
-  if (parallel) sync_gradients(*model);
+  const bool pipeline = parallel && parallel->ctx.is_pipeline();
+  std::shared_ptr<CausalLM> model;
+  double loss = 0;
+  if (pipeline) {
+    std::tie(model, loss) = pipeline_loss("grad", args, *parallel, true);
+  } else {
+    auto [m, l] = model_loss("grad", args, parallel.get());
+    l.backward();
+    // --plan: Partial gradients (data-parallel terms) reduced to the parameters' placements.
+    if (parallel) sync_gradients(*m);
+    model = m;
+    loss = scalar_value(l);
+  }
   // The model's own parameters (not hf_state's detached export views, which carry no grad).
   // Their paths are the HF names; tied models have no lm_head parameter. A parameter that got no
   // gradient (an expert no token was routed to) contributes zeros, as in transformers: zeros with
@@ -130,12 +223,15 @@ int run_grad(int argc, char** argv) {
     Tensor g = p.grad().defined() ? p.grad() : zeros_like(p.detach());
     grads.emplace_back(name, g);
   }
-  if (parallel) grads = full_tensors(grads);  // collective: every rank
+  if (pipeline)
+    grads = in_model_order(model->config(), gather_stages(parallel->ctx, grads));  // collective: every rank
+  else if (parallel)
+    grads = full_tensors(grads);  // collective: every rank
   for (auto& [name, g] : grads) g = g.to(DType::kF32);
   // A finite loss with a non-finite gradient (an overflow in the backward pass) is no result either.
   if (auto bad = first_non_finite(grads))
     MT_FAIL("meshtrain grad: the gradient of '{}' holds {} at element {} (checkpoint '{}', loss {}); nothing written",
-            bad->name, bad->value, bad->index, args.str("hf"), scalar_value(loss));
+            bad->name, bad->value, bad->index, args.str("hf"), loss);
   if (!parallel || parallel->ctx.is_root()) write_safetensors(out, grads);
   print_loss("grad", loss);
   return 0;
@@ -170,9 +266,17 @@ int run_init(int argc, char** argv) {
       InitDeviceGuard meta(Device::meta());  // each rank fills only its shards (parallelize)
       model = build_causal_lm(cfg);
     }
-    Parallelized par = parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh, device);
-    auto full = full_tensors(hf_state(*model, cfg));  // collective: every rank
-    if (parallel->ctx.is_root()) write_hf_checkpoint(out, cfg, full, dtype);
+    if (parallel->ctx.is_pipeline()) {
+      // Each stage initializes its own modules' shards (the single-device values, on the host:
+      // the same bytes as on a device), gathered.
+      Parallelized par = parallelize_run(*model, parallel->ctx);
+      auto full = in_model_order(cfg, gather_stages(parallel->ctx, hf_state(*model, cfg)));  // collective
+      if (parallel->ctx.is_root()) write_hf_checkpoint(out, cfg, full, dtype);
+    } else {
+      Parallelized par = parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh, device);
+      auto full = full_tensors(hf_state(*model, cfg));  // collective: every rank
+      if (parallel->ctx.is_root()) write_hf_checkpoint(out, cfg, full, dtype);
+    }
   }
   fmt::print("{{\"out\": \"{}\", \"parameters\": {}}}\n", out, cfg.num_parameters());
   flush_stdout("init");

@@ -228,4 +228,50 @@ NamedTensors shard_like(const NamedTensors& full, const NamedTensors& live) {
 
 double scalar_value(const Tensor& t) { return full_item(t); }
 
+constexpr int kTiedTag = 0x7ed1;  // the tied-embedding pair's communicator
+
+TiedPair::TiedPair(const PlanContext& ctx, Module& model, PipelineRunner& pipe, const std::string& command) {
+  if (ctx.tied_param.empty() || !(pipe.is_first() || pipe.is_last())) return;
+  const std::vector<int>& pp = pipe.comm().world_ranks();
+  comm_ = Communicator::create({pp.front(), pp.back()}, kTiedTag, "tied embeddings (first and last pipeline stage)",
+                               ctx.pipeline->dim);
+  param_ = ctx.tied_param;
+  // The gradient is summed over the two stages' local tensors: both must hold the same piece of
+  // the weight (parallelize_run refuses it inside an FSDP unit; this catches any other sharding
+  // that differs between the stages).
+  const Tensor w = model.get_parameter(param_);
+  std::string mine = "unsharded";
+  if (w.is_distributed()) {
+    mine.clear();
+    for (const Placement& p : dtensor_spec(w, "tied embeddings").placements()) mine += p.str() + " ";
+    mine += fmt::format("local {}", to_local(w.detach()).shape());
+  }
+  constexpr int64_t kLen = 512;
+  std::vector<int64_t> v(kLen, 0);
+  for (size_t i = 0; i < mine.size() && i < static_cast<size_t>(kLen); ++i) v[i] = mine[i];
+  Tensor both = empty(Shape{2 * kLen}, DType::kI64);
+  comm_.all_gather(from_vector<int64_t>(v, Shape{kLen}), both);
+  std::vector<int64_t> got = both.to_vector<int64_t>();
+  auto text = [&](int64_t r) {
+    std::string t;
+    for (int64_t i = r * kLen; i < (r + 1) * kLen && got[static_cast<size_t>(i)] != 0; ++i)
+      t += static_cast<char>(got[static_cast<size_t>(i)]);
+    return t;
+  };
+  const std::string first = text(0), last = text(1);
+  MT_CHECK(first == last,
+           "meshtrain {}: {}: the tied weight {} is laid out differently on the first pipeline stage ({}) and the "
+           "last ({}), so its gradient cannot be summed over the two stages piece by piece; expected one layout of "
+           "it on both stages",
+           command, ctx.path, param_, first, last);
+}
+
+void TiedPair::sum_gradient(Module& model, int64_t stage, const std::string& command) {
+  if (!defined()) return;
+  Tensor g = model.get_parameter(param_).grad();
+  MT_CHECK(g.defined(), "meshtrain {}: tied parameter {} got no gradient on pipeline stage {}", command, param_, stage);
+  Tensor local = g.is_distributed() ? to_local(g) : g;
+  comm_.all_reduce(local);
+}
+
 }  // namespace mt::cli

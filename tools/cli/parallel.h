@@ -13,6 +13,7 @@
 #include "models/llama.h"
 #include "plan/parallelize.h"
 #include "plan/pipeline.h"
+#include "plan/pipeline_run.h"
 #include "plan/plan.h"
 #include "tensor/tensor.h"
 
@@ -60,6 +61,26 @@ NamedTensors gather_stages(const PlanContext& ctx, const NamedTensors& tensors);
 // ranks hold that key too, ascending (collective over the pipeline dim: every rank passes its
 // own keys). Other plans: {0} for every key.
 std::vector<std::vector<int64_t>> stages_holding(const PlanContext& ctx, const std::vector<std::string>& keys);
+
+// Tied word embeddings under a pipeline plan (ctx.tied_param set): the first and the last stage
+// of a pipeline both hold the weight (parallelize_run keeps it on the last stage for the logits),
+// each gets the gradient of its own uses, and their sum is the single-device gradient. The pair's
+// communicator exists on those two ranks only (defined()); elsewhere everything is a no-op.
+class TiedPair {
+ public:
+  TiedPair() = default;
+  // Collective over the pair. Refuses a weight laid out differently on the two stages (its
+  // gradient is summed piece by piece); errors name `command` and the plan file.
+  TiedPair(const PlanContext& ctx, Module& model, PipelineRunner& pipe, const std::string& command);
+  bool defined() const { return comm_.defined(); }
+  const std::string& param() const { return param_; }
+  // The weight's gradient summed over the pair, on both (an error names the stage without one).
+  void sum_gradient(Module& model, int64_t stage, const std::string& command);
+
+ private:
+  Communicator comm_;
+  std::string param_;
+};
 
 // Reads the plan file and resolves its mesh for world().size(). Errors name the file (and the
 // line for a malformed plan or a mesh the world does not fit).

@@ -21,7 +21,6 @@
 namespace mt::cli {
 namespace {
 
-constexpr int kTiedTag = 0x7ed1;  // the tied-embedding pair's communicator
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 // A real flag in [lo, hi] (or [lo, hi) when `open_hi`), named in the error with why.
@@ -215,13 +214,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
       pipe_ = std::make_unique<PipelineRunner>(*plan->world_mesh, plan->pipeline->dim, *plan->mesh, kind, device,
                                                plan->pipeline->virtual_stages);
       rng_ = std::make_unique<PipelineRng>(model.config());
-      if (!plan->tied_param.empty() && (pipe_->is_first() || pipe_->is_last())) {
-        const std::vector<int>& pp = pipe_->comm().world_ranks();
-        tied_comm_ = Communicator::create({pp.front(), pp.back()}, kTiedTag,
-                                          "tied embeddings (first and last pipeline stage)", plan->pipeline->dim);
-        tied_param_ = plan->tied_param;
-        check_tied_layout(plan->path);
-      }
+      tied_ = TiedPair(*plan, model, *pipe_, command);
     }
   }
   // The model holds f32 weights here. For bf16, keep exact f32 copies as the optimizer's master
@@ -270,37 +263,6 @@ StepResult Trainer::gradients(int64_t step, const std::function<TokenBatch()>& n
   return {loss_sum / static_cast<double>(accum_), 0};
 }
 
-void Trainer::check_tied_layout(const std::string& plan_path) {
-  // The tied weight's gradient is summed over the two stages' local tensors: both must hold the
-  // same piece of it (parallelize_run refuses it inside an FSDP unit; this catches any other
-  // sharding that differs between the stages).
-  const Tensor w = model_.get_parameter(tied_param_);
-  std::string mine = "unsharded";
-  if (w.is_distributed()) {
-    mine.clear();
-    for (const Placement& p : dtensor_spec(w, "tied embeddings").placements()) mine += p.str() + " ";
-    mine += fmt::format("local {}", to_local(w.detach()).shape());
-  }
-  constexpr int64_t kLen = 512;
-  std::vector<int64_t> v(kLen, 0);
-  for (size_t i = 0; i < mine.size() && i < static_cast<size_t>(kLen); ++i) v[i] = mine[i];
-  Tensor both = empty(Shape{2 * kLen}, DType::kI64);
-  tied_comm_.all_gather(from_vector<int64_t>(v, Shape{kLen}), both);
-  std::vector<int64_t> got = both.to_vector<int64_t>();
-  auto text = [&](int64_t r) {
-    std::string t;
-    for (int64_t i = r * kLen; i < (r + 1) * kLen && got[static_cast<size_t>(i)] != 0; ++i)
-      t += static_cast<char>(got[static_cast<size_t>(i)]);
-    return t;
-  };
-  const std::string first = text(0), last = text(1);
-  MT_CHECK(first == last,
-           "meshtrain {}: {}: the tied weight {} is laid out differently on the first pipeline stage ({}) and the "
-           "last ({}), so its gradient cannot be summed over the two stages piece by piece; expected one layout of "
-           "it on both stages",
-           command_, plan_path, tied_param_, first, last);
-}
-
 StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) {
   // The micro-batches are drawn in the single-device order on every rank, whatever its stage.
   std::vector<TokenBatch> batches;
@@ -327,15 +289,9 @@ StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) 
   pipe_->run(s);
   gen.set_offset(base + static_cast<uint64_t>(accum_) * off.forward);
   reducer_->finish();
-  if (tied_comm_.defined()) {
-    // Both stages hold the tied weight; each has the gradient of its own uses: their sum is the
-    // single-device gradient, on both (then both optimizers make the same update).
-    Tensor g = model_.get_parameter(tied_param_).grad();
-    MT_CHECK(g.defined(), "meshtrain {}: tied parameter {} got no gradient on pipeline stage {}", command_, tied_param_,
-             pipe_->stage());
-    Tensor local = g.is_distributed() ? to_local(g) : g;
-    tied_comm_.all_reduce(local);
-  }
+  // Both stages that hold a tied weight get the single-device gradient (then both optimizers make
+  // the same update).
+  tied_.sum_gradient(model_, pipe_->stage(), command_);
   if (one_pass_)
     master_->attach_model_grads();
   else
@@ -358,7 +314,7 @@ double Trainer::clip(int64_t step, double loss) {
     // A tied weight held by two stages counts once (the first stage's).
     NamedTensors counted;
     for (const auto& [name, p] : master_->master_params())
-      if (!(pipe_->is_last() && !pipe_->is_first() && name == tied_param_)) counted.emplace_back(name, p);
+      if (!(pipe_->is_last() && !pipe_->is_first() && name == tied_.param())) counted.emplace_back(name, p);
     const double mine = clip_grad_norm(counted, 0);
     Tensor sq = from_vector<double>({mine * mine}, Shape{1});
     pipe_->comm().all_reduce(sq);

@@ -123,11 +123,8 @@ class Trainer {
   // Pipeline plans (docs/pipeline.md): the schedule runner and the dropout offsets of the units.
   std::unique_ptr<PipelineRunner> pipe_;
   std::unique_ptr<PipelineRng> rng_;
-  Communicator tied_comm_;  // tied embeddings: the first and the last stage (on those two only)
-  std::string tied_param_;
+  TiedPair tied_;  // tied embeddings: the first and the last stage (defined on those two only)
   StepResult pipeline_gradients(const std::function<TokenBatch()>& next);
-  // Refuses a tied weight of which the first and the last stage hold different pieces.
-  void check_tied_layout(const std::string& plan_path);
 };
 
 }  // namespace mt::cli

@@ -221,6 +221,17 @@ TEST_CASE("pipeline: GPipe and 1F1B schedules", "[cpu]") {
       out += fmt::format("{}{}.{} ", a.forward ? 'F' : 'B', a.micro, a.chunk);
     return out;
   };
+  // GPipe over V chunks per stage (how eval and grad run an interleaved plan): forwards chunk by
+  // chunk, backwards in the reverse chunk order, micro-batches in order within a chunk.
+  auto gstr = [](int64_t m, int64_t v) {
+    std::string out;
+    for (const auto& a : pipeline_schedule(PipelineScheduleKind::kGPipe, 2, 1, m, v))
+      out += fmt::format("{}{}.{} ", a.forward ? 'F' : 'B', a.micro, a.chunk);
+    return out;
+  };
+  CHECK(gstr(1, 2) == "F0.0 F0.1 B0.1 B0.0 ");
+  CHECK(gstr(2, 2) == "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0 ");
+  CHECK(gstr(2, 1) == "F0.0 F1.0 B0.0 B1.0 ");
   CHECK(istr(2, 0, 4, 2) == "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0 ");
   CHECK(istr(2, 1, 4, 2) == "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0 ");
   // Every (micro-batch, chunk) once forward and once backward, backwards per chunk in micro order.

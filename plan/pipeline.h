@@ -74,9 +74,9 @@ struct PipelineAction {
 };
 // What stage `stage` of `stages` runs for `micros` micro-batches, in order. GPipe: every forward,
 // then every backward (with V chunks per stage, as `eval` and `grad` run an interleaved plan: the
-// forwards chunk by chunk, the backwards in the reverse chunk order); 1F1B: stages - stage - 1 warm-up forwards, then one forward and one
-// backward alternately, then the remaining backwards. Backwards always come in micro-batch order
-// (gradients accumulate in the single-device order).
+// forwards chunk by chunk, the backwards in the reverse chunk order); 1F1B: stages - stage - 1
+// warm-up forwards, then one forward and one backward alternately, then the remaining backwards.
+// Backwards always come in micro-batch order (gradients accumulate in the single-device order).
 // Interleaved 1F1B (V chunks per stage, micros a multiple of stages): forwards go through the
 // micro-batches in groups of `stages`, chunk by chunk; (stages - stage - 1) * 2 + (V - 1) * stages
 // warm-up forwards, then one forward and one backward alternately (backwards in the reverse chunk

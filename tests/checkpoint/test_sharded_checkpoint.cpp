@@ -16,6 +16,7 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::same_bits;
 using Catch::Contains;
 namespace fs = std::filesystem;
 
@@ -66,7 +67,7 @@ void check_load(const std::string& dir, const Tensor& global, const Shape& mesh,
     auto got = reader.load_like("model", {{"w", live}});
     INFO("load under " << placements_str(placements) << " on " << m.str() << " rank " << r);
     REQUIRE(got.size() == 1);
-    CHECK(mt::testing::same_bits(to_local(got[0].second), want));
+    CHECK(same_bits(to_local(got[0].second), want));
     CHECK(reader.bytes_read() == static_cast<uint64_t>(want.numel() * 4));  // its own boxes only
   }
 }
@@ -98,7 +99,7 @@ TEST_CASE("sharded checkpoint: saved under one plan, loaded under others, bit fo
     CHECK(w->placements == placements_str(from.placements));
     for (const Layout& to : layouts) check_load(dir.path.string(), global, to.mesh, to.placements);
     ShardedCheckpointReader reader(dir.path.string());
-    CHECK(mt::testing::same_bits(reader.read_full(*w), global));
+    CHECK(same_bits(reader.read_full(*w), global));
     CHECK(reader.read_full(*ix.find("optimizer", "step")).item() == 3);
   }
 }
@@ -160,11 +161,11 @@ TEST_CASE("sharded checkpoint: pipeline stages write their own tensors, a shared
   const std::string text = index_to_json(ix);
   write_file_atomically((dir.path / kShardedIndexFile).string(), [&](std::ostream& o) { o << text; });
   ShardedCheckpointReader reader(dir.path.string());
-  CHECK(mt::testing::same_bits(reader.read_full(*ix.find("model", "layers.0.w")), layer0));
-  CHECK(mt::testing::same_bits(reader.read_full(*ix.find("model", "layers.1.w")), layer1));
-  CHECK(mt::testing::same_bits(reader.read_full(*ix.find("model", "norm.0")), norm0));
-  CHECK(mt::testing::same_bits(reader.read_full(*ix.find("model", "norm.1")), norm1));
-  CHECK(mt::testing::same_bits(reader.read_full(*ix.find("model", "tied")), tied));
+  CHECK(same_bits(reader.read_full(*ix.find("model", "layers.0.w")), layer0));
+  CHECK(same_bits(reader.read_full(*ix.find("model", "layers.1.w")), layer1));
+  CHECK(same_bits(reader.read_full(*ix.find("model", "norm.0")), norm0));
+  CHECK(same_bits(reader.read_full(*ix.find("model", "norm.1")), norm1));
+  CHECK(same_bits(reader.read_full(*ix.find("model", "tied")), tied));
   CHECK(reader.read_full(*ix.find("optimizer", "step")).item() == 7);
   // Without a scope a DTensor on part of the world is refused, naming it.
   DeviceMesh m = DeviceMesh::simulated({2}, {"dp"}, {0});

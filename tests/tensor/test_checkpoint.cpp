@@ -7,6 +7,7 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::same_bits;
 using Catch::Contains;
 using mt::testing::rand;
 
@@ -60,12 +61,12 @@ RunResult run(TwoLayerBlock& blk, const Tensor& x_in, UseCheckpoint ckpt) {
 }
 
 void require_same(const RunResult& a, const RunResult& b) {
-  REQUIRE(mt::testing::same_bits(a.loss, b.loss));
-  REQUIRE(mt::testing::same_bits(a.gx, b.gx));
+  REQUIRE(same_bits(a.loss, b.loss));
+  REQUIRE(same_bits(a.gx, b.gx));
   for (size_t i = 0; i < a.gparams.size(); ++i) {
     INFO("parameter " << i);
     REQUIRE(a.gparams[i].defined());
-    REQUIRE(mt::testing::same_bits(a.gparams[i], b.gparams[i]));
+    REQUIRE(same_bits(a.gparams[i], b.gparams[i]));
   }
 }
 
@@ -98,7 +99,7 @@ TEST_CASE("checkpoint: dropout inside draws the same mask in the recomputation",
   require_same(plain, ckpt);
   // And the masks really are random: another seed gives another loss.
   manual_seed(124);
-  REQUIRE_FALSE(mt::testing::same_bits(run(blk, x, UseCheckpoint::kYes).loss, plain.loss));
+  REQUIRE_FALSE(same_bits(run(blk, x, UseCheckpoint::kYes).loss, plain.loss));
 }
 
 TEST_CASE("checkpoint: parameters get gradients even when no input requires grad", "[cpu]") {
@@ -111,7 +112,7 @@ TEST_CASE("checkpoint: parameters get gradients even when no input requires grad
   std::vector<Tensor> out = checkpoint(fn, {x});
   REQUIRE(out[0].requires_grad());
   sum(out[0]).backward();
-  REQUIRE(mt::testing::same_bits(w.grad(), expect));
+  REQUIRE(same_bits(w.grad(), expect));
 }
 
 TEST_CASE("checkpoint: no grad mode, integer outputs, aliasing outputs", "[cpu]") {
@@ -191,7 +192,7 @@ TEST_CASE("Module::set_recompute runs forward through checkpoint", "[cpu]") {
   REQUIRE(events == std::vector<std::string>{"forward_hook", "backward"});
   for (size_t i = 0; i < plain.size(); ++i) {
     INFO(i);
-    REQUIRE(mt::testing::same_bits(plain[i], re[i]));
+    REQUIRE(same_bits(plain[i], re[i]));
   }
 }
 

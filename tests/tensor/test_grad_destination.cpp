@@ -8,6 +8,7 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::same_bits;
 using mt::testing::rand;
 
 namespace {
@@ -40,9 +41,9 @@ TEST_CASE("grad destination: a weight used twice sums in its destination", "[cpu
     set_grad_destination(full.impl()->storage.get(), nullptr);
     set_grad_accumulator(grad_full.impl()->storage.get(), false);
     CHECK(handed == 2);  // asked by both uses, given to the first
-    CHECK(mt::testing::same_bits(w.grad(), ref.grad()));
+    CHECK(same_bits(w.grad(), ref.grad()));
     // In place: the destination holds the sum. Otherwise it holds the first use's term only.
-    CHECK(mt::testing::same_bits(grad_full, ref.grad()) == accumulate);
+    CHECK(same_bits(grad_full, ref.grad()) == accumulate);
   }
 }
 
@@ -62,7 +63,7 @@ TEST_CASE("grad destination: in-place sums only into accumulators, never while r
   }
   const Tensor before = acc.clone();
   CHECK(accumulate_grad_in_place(acc, g));
-  CHECK(mt::testing::same_bits(acc, add(before, g)));
+  CHECK(same_bits(acc, add(before, g)));
   set_grad_accumulator(acc.impl()->storage.get(), false);
   CHECK_FALSE(accumulate_grad_in_place(acc, g));
 }

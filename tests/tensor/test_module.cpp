@@ -5,6 +5,7 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::same_bits;
 using Catch::Contains;
 
 namespace {
@@ -197,17 +198,17 @@ TEST_CASE("module: state_dict round trip into a fresh model, with dtype conversi
   manual_seed(2);
   auto b = std::make_shared<Model>();
   Tensor x = mt::testing::rand({4}, DType::kF32, 3);
-  REQUIRE_FALSE(mt::testing::same_bits((*a)(x), (*b)(x)));
+  REQUIRE_FALSE(same_bits((*a)(x), (*b)(x)));
   LoadResult r = b->load_state_dict(a->state_dict());
   REQUIRE(r.missing_keys.empty());
   REQUIRE(r.unexpected_keys.empty());
   auto sa = a->state_dict(), sb = b->state_dict();
   for (size_t i = 0; i < sa.size(); ++i) {
     INFO(sa[i].first);
-    REQUIRE(mt::testing::same_bits(sa[i].second, sb[i].second));
+    REQUIRE(same_bits(sa[i].second, sb[i].second));
     REQUIRE_FALSE(sa[i].second.same(sb[i].second));  // copied, not aliased
   }
-  REQUIRE(mt::testing::same_bits((*a)(x), (*b)(x)));
+  REQUIRE(same_bits((*a)(x), (*b)(x)));
   REQUIRE(b->get_parameter("head.weight").requires_grad());
 
   // f64 values load into the f32 model, converted.
@@ -219,7 +220,7 @@ TEST_CASE("module: state_dict round trip into a fresh model, with dtype conversi
   c->load_state_dict(wide);
   REQUIRE(c->get_parameter("embed").dtype() == DType::kF32);
   REQUIRE(c->get_parameter("embed").to_vector<float>() == std::vector<float>(20, 1.5f));
-  REQUIRE(mt::testing::same_bits(c->get_parameter("layers.1.mlp.gate"), a->get_parameter("layers.1.mlp.gate")));
+  REQUIRE(same_bits(c->get_parameter("layers.1.mlp.gate"), a->get_parameter("layers.1.mlp.gate")));
 }
 
 TEST_CASE("module: load_state_dict errors name the keys and shapes and modify nothing", "[cpu]") {
@@ -242,14 +243,14 @@ TEST_CASE("module: load_state_dict errors name the keys and shapes and modify no
   auto dup = a->state_dict();
   dup.push_back(dup[0]);
   REQUIRE_THROWS_WITH(b->load_state_dict(dup), Contains("key 'embed' appears twice"));
-  REQUIRE(mt::testing::same_bits(b->get_parameter("embed"), before));
+  REQUIRE(same_bits(b->get_parameter("embed"), before));
 
   // Non-strict: reports, loads what matches.
   LoadResult r = b->load_state_dict(unexpected, Strict::kNo);
   REQUIRE(r.unexpected_keys == std::vector<std::string>{"layers.0.extra"});
   r = b->load_state_dict(missing, Strict::kNo);
   REQUIRE(r.missing_keys == std::vector<std::string>{"head.bias"});
-  REQUIRE(mt::testing::same_bits(b->get_parameter("embed"), a->get_parameter("embed")));
+  REQUIRE(same_bits(b->get_parameter("embed"), a->get_parameter("embed")));
   REQUIRE_THROWS_WITH(b->load_state_dict(bad_shape, Strict::kNo), Contains("shape mismatch for 'layers.0.mask'"));
 }
 
@@ -439,10 +440,10 @@ TEST_CASE("module: meta init + materialize equals a CPU build bit for bit", "[cp
     INFO(a[i].first);
     REQUIRE(b[i].second.device().is_cpu());
     REQUIRE(b[i].second.requires_grad());
-    REQUIRE(mt::testing::same_bits(a[i].second, b[i].second));
+    REQUIRE(same_bits(a[i].second, b[i].second));
   }
   Tensor x = mt::testing::rand({4}, DType::kF32, 5);
-  REQUIRE(mt::testing::same_bits((*cpu)(x), (*lazy)(x)));
+  REQUIRE(same_bits((*cpu)(x), (*lazy)(x)));
 }
 
 TEST_CASE("module: init records give increasing offsets and can fill a shard", "[cpu]") {
@@ -478,10 +479,10 @@ TEST_CASE("module: init records give increasing offsets and can fill a shard", "
   Tensor full_w = m->get_parameter("embed").detach();
   Tensor rows = empty({3, 4});
   e->fill(rows, 1 * 4, Shape{4, 1});
-  REQUIRE(mt::testing::same_bits(rows, full_w.narrow(0, 1, 3)));
+  REQUIRE(same_bits(rows, full_w.narrow(0, 1, 3)));
   Tensor cols = empty({5, 2});
   e->fill(cols, 2, Shape{4, 1});
-  REQUIRE(mt::testing::same_bits(cols, full_w.narrow(1, 2, 2)));
+  REQUIRE(same_bits(cols, full_w.narrow(1, 2, 2)));
 }
 
 TEST_CASE("module: materialize and load_state_dict on meta tensors", "[cpu]") {
@@ -499,7 +500,7 @@ TEST_CASE("module: materialize and load_state_dict on meta tensors", "[cpu]") {
   lazy->load_state_dict(state);
   for (auto& [k, t] : lazy->state_dict()) REQUIRE_FALSE(t.is_meta());
   REQUIRE(lazy->get_buffer("cache").to_vector<float>() == std::vector<float>{3, 3});
-  REQUIRE(mt::testing::same_bits(lazy->get_parameter("layers.1.attn.wo.weight"), ref->get_parameter("layers.1.attn.wo.weight")));
+  REQUIRE(same_bits(lazy->get_parameter("layers.1.attn.wo.weight"), ref->get_parameter("layers.1.attn.wo.weight")));
   REQUIRE(lazy->head->bias.requires_grad());
   lazy->materialize();  // nothing left on meta: no-op
 }
@@ -515,8 +516,8 @@ TEST_CASE("module: param helpers draw what the random ops draw, at the same stre
   P m;  // not owned by a shared_ptr: still usable
   m.param_uniform("u", {3, 5}, -2, 2);
   m.param_normal("n", {4, 2}, 1, 3, DType::kF64);
-  REQUIRE(mt::testing::same_bits(m.get_parameter("u"), u));
-  REQUIRE(mt::testing::same_bits(m.get_parameter("n"), n));
+  REQUIRE(same_bits(m.get_parameter("u"), u));
+  REQUIRE(same_bits(m.get_parameter("n"), n));
   REQUIRE(m.named_modules().size() == 1);
   REQUIRE_THROWS_WITH(m.param_normal("i", {2}, 0, 1, DType::kI64), Contains("floating dtype"));
   uint64_t before = default_generator().offset();

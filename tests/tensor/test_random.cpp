@@ -10,6 +10,7 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::same_bits;
 using Catch::Contains;
 
 namespace {
@@ -144,24 +145,24 @@ TEST_CASE("same seed and offset give the same tensor; the factories use the gene
   Tensor a = uniform({5, 9}, -1, 1, DType::kF32, &g1);
   Tensor b = uniform({5, 9}, -1, 1, DType::kF32, &g2);
   Tensor c = uniform({5, 9}, -1, 1, DType::kF32, &g3);
-  REQUIRE(mt::testing::same_bits(a, b));
-  REQUIRE_FALSE(mt::testing::same_bits(a, c));
+  REQUIRE(same_bits(a, b));
+  REQUIRE_FALSE(same_bits(a, c));
   // The next draw continues the stream: different values, and equal to fill_random at offset 12.
   Tensor d = uniform({5, 9}, -1, 1, DType::kF32, &g1);
-  REQUIRE_FALSE(mt::testing::same_bits(a, d));
+  REQUIRE_FALSE(same_bits(a, d));
   Tensor e = empty({5, 9}, DType::kF32);
   fill_random(e, RandomDist::kUniform, -1, 1, 42, 12, 0, Shape{9, 1});
-  REQUIRE(mt::testing::same_bits(d, e));
+  REQUIRE(same_bits(d, e));
 
   manual_seed(7);
   Tensor n1 = normal({33}, 0, 1, DType::kF64);
   Tensor n2 = normal({33}, 0, 1, DType::kF64);
-  REQUIRE_FALSE(mt::testing::same_bits(n1, n2));
+  REQUIRE_FALSE(same_bits(n1, n2));
   REQUIRE(default_generator().seed() == 7);
   REQUIRE(default_generator().offset() == 2 * 17);
   manual_seed(7);
   REQUIRE(default_generator().offset() == 0);
-  REQUIRE(mt::testing::same_bits(normal({33}, 0, 1, DType::kF64), n1));
+  REQUIRE(same_bits(normal({33}, 0, 1, DType::kF64), n1));
 
   Generator g4(9);
   Tensor r = uniform({4}, 0, 1, TensorOptions(DType::kF32).with_grad(), &g4);
@@ -209,7 +210,7 @@ TEST_CASE("a tensor generated in pieces equals the one generated whole", "[cpu]"
       for (auto [r0, r1] : rows) {
         Tensor local = empty({r1 - r0, 13}, c.dtype);
         fill_random(local, c.dist, c.a, c.b, seed, offset, r0 * 13, gs);
-        REQUIRE(mt::testing::same_bits(local, ref.narrow(0, r0, r1 - r0).contiguous()));
+        REQUIRE(same_bits(local, ref.narrow(0, r0, r1 - r0).contiguous()));
       }
 
       // Column slices written through non-contiguous views of one buffer.
@@ -220,22 +221,22 @@ TEST_CASE("a tensor generated in pieces equals the one generated whole", "[cpu]"
         REQUIRE_FALSE(local.is_contiguous());
         fill_random(local, c.dist, c.a, c.b, seed, offset, c0, gs);
       }
-      REQUIRE(mt::testing::same_bits(buf, ref));
+      REQUIRE(same_bits(buf, ref));
 
       // A 2x3 block in the middle, as its own tensor.
       Tensor blk = empty({2, 3}, c.dtype);
       fill_random(blk, c.dist, c.a, c.b, seed, offset, 3 * 13 + 4, gs);
-      REQUIRE(mt::testing::same_bits(blk, ref.narrow(0, 3, 2).narrow(1, 4, 3).contiguous()));
+      REQUIRE(same_bits(blk, ref.narrow(0, 3, 2).narrow(1, 4, 3).contiguous()));
 
       // Transposed views: the global tensor written through a transposed layout, and a local
       // stored transposed ([13, 7]) whose global strides are swapped.
       Tensor tbuf = empty({13, 7}, c.dtype);
       Tensor tview = tbuf.t();
       fill_random(tview, c.dist, c.a, c.b, seed, offset, 0, gs);
-      REQUIRE(mt::testing::same_bits(tview.contiguous(), ref));
+      REQUIRE(same_bits(tview.contiguous(), ref));
       Tensor tloc = empty({13, 7}, c.dtype);
       fill_random(tloc, c.dist, c.a, c.b, seed, offset, 0, Shape{1, 13});
-      REQUIRE(mt::testing::same_bits(tloc.t().contiguous(), ref));
+      REQUIRE(same_bits(tloc.t().contiguous(), ref));
     }
   }
 }
@@ -246,14 +247,14 @@ TEST_CASE("in-place fills use the view's own row-major order", "[cpu]") {
   Tensor view = base.slice(1, 0, 14, 2).t();  // [7, 13], non-contiguous
   uniform_(view, -3, 3, &g1);
   Tensor ref = uniform({7, 13}, -3, 3, DType::kF32, &g2);
-  REQUIRE(mt::testing::same_bits(view.contiguous(), ref));
+  REQUIRE(same_bits(view.contiguous(), ref));
   // The untouched odd columns stay zero.
   auto odd = base.slice(1, 1, 14, 2).contiguous().to_vector<float>();
   for (float v : odd) REQUIRE(v == 0.0f);
 
   Tensor n = empty({26, 7}, DType::kBF16).t();
   normal_(n, 1, 0.5, &g1);
-  REQUIRE(mt::testing::same_bits(n.contiguous(), normal({7, 26}, 1, 0.5, DType::kBF16, &g2)));
+  REQUIRE(same_bits(n.contiguous(), normal({7, 26}, 1, 0.5, DType::kBF16, &g2)));
 }
 
 TEST_CASE("results do not depend on the OpenMP thread count", "[cpu]") {
@@ -269,8 +270,8 @@ TEST_CASE("results do not depend on the OpenMP thread count", "[cpu]") {
       Tensor three = empty({331, 317}, c.dtype).t();
       fill_random(three, c.dist, c.a, c.b, 3, 17, 0, shape.contiguous_strides());
       omp_set_num_threads(saved);
-      REQUIRE(mt::testing::same_bits(one, two));
-      REQUIRE(mt::testing::same_bits(one, three.contiguous()));
+      REQUIRE(same_bits(one, two));
+      REQUIRE(same_bits(one, three.contiguous()));
     }
   }
   omp_set_num_threads(saved);
@@ -362,7 +363,7 @@ TEST_CASE("dropout", "[cpu]") {
     }
     const double n = static_cast<double>(v.size());
     REQUIRE(std::fabs(zeros / n - p) < 4 * std::sqrt(p * (1 - p) / n));
-    REQUIRE(mt::testing::same_bits(dropout(x, p, &g2), y));
+    REQUIRE(same_bits(dropout(x, p, &g2), y));
     // The mask is bernoulli(1 - p) from the same generator state.
     Generator g3(11);
     Tensor mask = bernoulli({400, 250}, 1 - p, DType::kF32, &g3);

@@ -288,7 +288,7 @@ std::vector<Tensor> CausalLM::forward(const std::vector<Tensor>& inputs) {
   return o;
 }
 
-Tensor CausalLM::loss(const Tensor& input_ids, const Tensor& targets) {
+Tensor CausalLM::loss(const Tensor& input_ids, const Tensor& targets, bool router_losses) {
   MT_CHECK(targets.shape() == input_ids.shape(), "CausalLM::loss: targets {} must have the shape of input_ids {}",
            targets.shape(), input_ids.shape());
   std::vector<Tensor> o;
@@ -302,8 +302,9 @@ Tensor CausalLM::loss(const Tensor& input_ids, const Tensor& targets) {
     o = (*this)(std::vector<Tensor>{input_ids});
   }
   Tensor l = cross_entropy(o[0], targets);
-  const bool use_aux = config_.is_moe() && config_.output_router_logits && config_.router_aux_loss_coef != 0;
-  const bool use_z = config_.is_moe() && config_.router_z_loss_coef != 0;
+  const bool use_aux =
+      router_losses && config_.is_moe() && config_.output_router_logits && config_.router_aux_loss_coef != 0;
+  const bool use_z = router_losses && config_.is_moe() && config_.router_z_loss_coef != 0;
   if (use_aux) {
     std::vector<Tensor> rl(o.begin() + 1, o.end());
     Tensor aux = load_balancing_loss(rl, config_.num_local_experts, config_.num_experts_per_tok);

@@ -140,8 +140,9 @@ class CausalLM : public Module {
   // router_z_loss_coef * router_z_loss when that is not 0. 16-bit logits go to cross_entropy as
   // lm_head computed them: the kernels widen each logit to f32 exactly and accumulate in f32, as
   // on logits.float(), without the f32 copy of the logits and of their gradient (4.2 GB each for
-  // 8192 tokens of a 128256 vocabulary).
-  Tensor loss(const Tensor& input_ids, const Tensor& targets);
+  // 8192 tokens of a 128256 vocabulary). `router_losses` false: the cross-entropy alone (a
+  // validation loss).
+  Tensor loss(const Tensor& input_ids, const Tensor& targets, bool router_losses = true);
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
 

@@ -259,5 +259,48 @@ for case in "${CASES[@]}"; do
     || fail "--optimizer $opt under $p: resume differs"
 done
 
+# ---- validation loss (--val-data): the first --val-batches batches of a shard, no dropout ------------
+# One device: the last step's val loss is `eval` of the final checkpoint on those rows (the mean of
+# equal-sized batch means: 1e-6), and validation changes no training loss (dropout 0.1: the
+# generator is left where it was). Under llama_fsdp (np 2) the val losses are one device's within
+# 1e-5 and the training losses are those of the same plan without validation, bit for bit.
+python3 - "$WORK/val.bin" "$WORK/valrows.txt" <<'PY'
+import random, struct, sys
+random.seed(7)
+toks = [random.randrange(256) for _ in range(1200)]
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) +
+                              struct.pack(f"<{len(toks)}H", *toks))
+T, rows = 16, 3 * 4  # --seq 16, --val-batches 3 x --batch 4
+open(sys.argv[2], "w").write("".join(",".join(map(str, toks[r * T:r * T + T + 1])) + "\n" for r in range(rows)))
+PY
+V="train --batch 4 --seq 16 --steps 4 --warmup 1 --lr 3e-3 --seed 5 --dropout 0.1"
+VAL="--val-data $WORK/val.bin --val-every 2 --val-batches 3"
+"$BIN" $V --metrics "$WORK/nv.jsonl" >/dev/null || fail "train without validation"
+"$BIN" $V $VAL --metrics "$WORK/v1.jsonl" --checkpoint-dir "$WORK/vck" >"$WORK/v1.out" || fail "train with validation"
+ev=$(json_loss "$("$BIN" eval --hf "$WORK/vck/step-00000004" --tokens "$WORK/valrows.txt" | tail -n 1)")
+python3 - "$WORK/nv.jsonl" "$WORK/v1.jsonl" "$ev" <<'PY' && pass "one device: $(grep -c 'val loss' "$WORK/v1.out") val lines, the last equal to eval of the final checkpoint ($ev): $(grep 'val loss' "$WORK/v1.out" | tail -n 1)" || fail "one device validation"
+import json, sys
+nv, v = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert [x["loss"] for x in nv] == [x["loss"] for x in v], "validation changed the training losses"
+assert [("val_loss" in x) for x in v] == [False, True, False, True], v
+assert abs(v[-1]["val_loss"] - float(sys.argv[3])) <= 1e-6 * float(sys.argv[3]), (v[-1]["val_loss"], sys.argv[3])
+PY
+mpi 2 "$BIN" $V --plan "$PLANS/llama_fsdp.plan" --metrics "$WORK/nvf.jsonl" >/dev/null 2>"$WORK/err" || fail "fsdp without val"
+mpi 2 "$BIN" $V $VAL --plan "$PLANS/llama_fsdp.plan" --metrics "$WORK/vf.jsonl" >/dev/null 2>"$WORK/err" \
+  || fail "fsdp with val: $(tail -n 2 "$WORK/err")"
+python3 - "$WORK/nvf.jsonl" "$WORK/vf.jsonl" "$WORK/v1.jsonl" <<'PY' && pass "llama_fsdp np 2: val losses within 1e-5 of one device, training losses unchanged" || fail "llama_fsdp validation"
+import json, sys
+nv, v, one = ([json.loads(l) for l in open(p)] for p in sys.argv[1:4])
+assert [x["loss"] for x in nv] == [x["loss"] for x in v], "validation changed the training losses"
+for a, b in zip(v, one):
+    assert ("val_loss" in a) == ("val_loss" in b)
+    if "val_loss" in a: assert abs(a["val_loss"] - b["val_loss"]) <= 1e-5 * b["val_loss"], (a, b)
+PY
+bin_tokens() { python3 -c 'import struct,sys; n=int(sys.argv[2]); open(sys.argv[1],"wb").write(struct.pack("<256i",20240520,1,n,*([0]*253))+struct.pack(f"<{n}H",*([1]*n)))' "$1" "$2"; }
+bin_tokens "$WORK/short.bin" 100
+expect_error "a validation shard shorter than its batches" "short.bin holds 100 tokens" "--val-batches 3" -- \
+  "$BIN" $V --val-data "$WORK/short.bin" --val-batches 3 --metrics ""
+expect_error "--val-batches 0" "val-batches" -- "$BIN" $V $VAL --val-batches 0 --metrics ""
+
 echo "cli_plan: $fails failed"
 [ $fails -eq 0 ]

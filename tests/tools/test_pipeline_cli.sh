@@ -194,6 +194,22 @@ open(sys.argv[1], "w").write("".join(",".join(str(random.randrange(256)) for _ i
       && pass "$tag: grad file byte-identical to one device's" \
       || fail "$tag: grad printed '$got' (one device '$want'), files differ: $(tail -n 2 "$WORK/err")"
   done
+  # train --val-data under interleaved stages: the batches go through the stages as micro-batches,
+  # forwards only; the val losses (and the training losses) equal one device's.
+  python3 -c 'import random, struct, sys
+random.seed(7)
+t = [random.randrange(256) for _ in range(600)]
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, len(t), *([0] * 253)) + struct.pack(f"<{len(t)}H", *t))' \
+    "$WORK/val.bin"
+  V="train --batch 2 --seq 16 --steps 4 --accum 2 --warmup 1 --seed 5 --dropout 0.1 --val-data $WORK/val.bin --val-every 2"
+  "$BIN" $V --metrics "$WORK/val1.jsonl" >/dev/null || fail "val one device"
+  mpi 2 "$BIN" $V --plan "$PLANS/llama_pp_interleaved.plan" --metrics "$WORK/valp.jsonl" >/dev/null 2>"$WORK/err"
+  python3 - "$WORK/val1.jsonl" "$WORK/valp.jsonl" <<'PY' && pass "train --val-data under llama_pp_interleaved: val and training losses equal one device's" || fail "val under pp: $(tail -n 2 "$WORK/err")"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert [(x["loss"], x.get("val_loss")) for x in a] == [(x["loss"], x.get("val_loss")) for x in b], (a, b)
+assert sum("val_loss" in x for x in a) == 2
+PY
   mpi 2 "$BIN" init --config "$WORK/tied.json" --seed 5 --out "$WORK/ev_tied_pp" --plan "$PLANS/llama_pp_interleaved.plan" \
     >/dev/null 2>"$WORK/err"
   cmp -s "$WORK/ev_tied/model.safetensors" "$WORK/ev_tied_pp/model.safetensors" \

@@ -35,6 +35,8 @@ void validate_train_flags(const Args& args) {
   args.integer("stop-at", 0, kMaxSteps);
   args.integer("checkpoint-every", 0, kMaxSteps);
   args.integer("log-every", 1, kMaxSteps);
+  args.integer("val-every", 0, kMaxSteps);
+  args.integer("val-batches", 1, kMaxSteps);
 }
 
 void validate_train_flags(const Args& args, const ModelConfig& cfg, const std::string& source,

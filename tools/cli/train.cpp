@@ -52,6 +52,10 @@ std::vector<FlagSpec> train_flags() {
       {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
       {"hf", "start from the weights of this Hugging Face checkpoint directory", "", false},
       {"data", "llm.c token shard (.bin); default: the embedded corpus, byte-tokenized", "", false},
+      {"val-data", "llm.c token shard for a validation loss (cross-entropy, no dropout) on its first "
+                   "--val-batches batches of --batch x --seq; empty: none", "", false},
+      {"val-every", "validation loss every N steps and at the end (0: at the end only)", "0", false},
+      {"val-batches", "batches of --batch x --seq in the validation loss", "4", false},
       {"steps", "optimizer steps in the whole run (sets the LR schedule)", "300", false},
       {"stop-at", "stop after this many steps (0: run all --steps); with --resume this continues", "0", false},
       {"precision", "f32, or bf16 (bf16 compute, f32 master weights)", "f32", false},
@@ -193,6 +197,23 @@ int run_train(int argc, char** argv) {
   // Data.
   std::vector<int32_t> tokens = run_tokens(args.str("data"), cfg);
   DataLoader loader(tokens, batch, seq);
+  // --val-data: the same first --val-batches global batches at every validation.
+  std::vector<TokenBatch> val_batches;
+  const int64_t val_every = args.integer("val-every");
+  if (!args.str("val-data").empty()) {
+    const int64_t n = args.integer("val-batches");
+    std::vector<int32_t> val_tokens = run_tokens(args.str("val-data"), cfg);
+    const int64_t need = n * batch * seq + 1;
+    MT_CHECK(static_cast<int64_t>(val_tokens.size()) >= need,
+             "meshtrain train: --val-data {} holds {} tokens, fewer than the {} that --val-batches {} x --batch {} x "
+             "--seq {} (+1 for the last target) need", args.str("val-data"), val_tokens.size(), need, n, batch, seq);
+    DataLoader val_loader(std::move(val_tokens), batch, seq);
+    for (int64_t i = 0; i < n; ++i) {
+      TokenBatch b = val_loader.next();
+      if (!device.is_cpu()) b = {b.inputs.to(device), b.targets.to(device)};
+      val_batches.push_back(std::move(b));
+    }
+  }
 
   Trainer trainer(*model, args, "train", steps, compute, plan.get(), par.get());
   MasterWeights& master = trainer.master();
@@ -305,6 +326,13 @@ int run_train(int argc, char** argv) {
                                 fsdp_after.reduce_scatters - fsdp_before.reduce_scatters +
                                 fsdp_after.replica_all_reduces - fsdp_before.replica_all_reduces;
     const std::optional<ExpertTokenRange> experts = expert_token_range(*model);  // MoE: routing balance
+    // --val-data: after the step, every --val-every steps and at the end (collective: every rank).
+    std::optional<double> val_loss;
+    if (!val_batches.empty() && ((val_every > 0 && (step + 1) % val_every == 0) || step + 1 == stop_at)) {
+      val_loss = trainer.validation_loss(val_batches);
+      MT_CHECK(std::isfinite(*val_loss), "meshtrain train: step {}: the validation loss on {} is {}; stopped before "
+               "saving the step", step + 1, args.str("val-data"), *val_loss);
+    }
     if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
       fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",
                  step + 1, steps, loss, norm, opt.lr(), tok_s, 100 * mfu, mem);
@@ -313,12 +341,16 @@ int run_train(int argc, char** argv) {
       if (experts && cfg.moe_capacity_factor > 0) fmt::print(", {} dropped", experts->dropped);
       fmt::print("\n");
     }
+    if (val_loss)
+      fmt::print("step {:5d}/{} | val loss {:.4f} ({} batches of {}x{})\n", step + 1, steps, *val_loss,
+                 val_batches.size(), batch, seq);
     if (metrics) {
       nlohmann::json j = {{"step", step + 1}, {"loss", loss},   {"grad_norm", norm}, {"lr", opt.lr()},
                           {"tokens_per_s", tok_s}, {"mfu", mfu}, {"mem_peak_mib", mem}, {"step_s", secs}};
       if (reducer) j["grad_collectives"] = collectives;
       if (experts) j["expert_rows_min"] = experts->min, j["expert_rows_max"] = experts->max;
       if (experts && cfg.moe_capacity_factor > 0) j["expert_rows_dropped"] = experts->dropped;
+      if (val_loss) j["val_loss"] = *val_loss;
       *metrics << j.dump() << "\n";
       metrics->flush();
       MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file '{}' at step {}: {}", args.str("metrics"),

@@ -100,6 +100,10 @@ class Trainer {
   double clip(int64_t step, double loss);
   // The optimizer step, then zeroed gradients and the masters rounded into the model.
   void apply();
+  // The mean cross-entropy of the model on `batches` (validation: no router losses, no dropout,
+  // no gradients, the default generator untouched), the same on every rank; under a pipeline plan
+  // the batches go through the stages as micro-batches, forwards only.
+  double validation_loss(const std::vector<TokenBatch>& batches);
 
   MasterWeights& master() { return *master_; }
   Optimizer& optimizer() { return *opt_; }

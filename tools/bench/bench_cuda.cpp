@@ -49,45 +49,6 @@ double time_ms(const std::function<void()>& f) {
   return start.elapsed_ms(stop) / g_reps;
 }
 
-// Bare cuBLASLt bf16 GEMM, row-major C[m, n] = A[m, k] @ B[k, n] as the column-major product
-// C^T[n, m] = B^T[n, k] A^T[k, m] (the same buffers, no copies).
-double bare_cublaslt_ms(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c) {
-  cublasLtHandle_t h;
-  BENCH_CUBLAS(cublasLtCreate(&h));
-  cublasLtMatmulDesc_t desc;
-  BENCH_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasLtMatrixLayout_t lb, la, lc;
-  BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n, k, n));
-  BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k));
-  BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, m, n));
-  const size_t ws_bytes = size_t{32} << 20;
-  void* ws = nullptr;
-  MT_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-  cublasLtMatmulPreference_t pref;
-  BENCH_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-  BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                    sizeof(ws_bytes)));
-  cublasLtMatmulHeuristicResult_t res{};
-  int found = 0;
-  BENCH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(h, desc, lb, la, lc, lc, pref, 1, &res, &found));
-  MT_CHECK(found > 0, "cuBLASLt found no bf16 algorithm for {} x {} x {}", m, n, k);
-  const float alpha = 1, beta = 0;
-  cudaStream_t s = cuda::Stream::compute(0).handle();
-  double ms = time_ms([&] {
-    BENCH_CUBLAS(cublasLtMatmul(h, desc, &alpha, b, lb, a, la, &beta, c, lc, c, lc, &res.algo, ws, ws_bytes, s));
-  });
-  MT_CUDA_CHECK(cudaFree(ws));
-  (void)cublasLtMatmulPreferenceDestroy(pref);
-  (void)cublasLtMatrixLayoutDestroy(lc);
-  (void)cublasLtMatrixLayoutDestroy(la);
-  (void)cublasLtMatrixLayoutDestroy(lb);
-  (void)cublasLtMatmulDescDestroy(desc);
-  (void)cublasLtDestroy(h);
-  return ms;
-}
-
-const char* verdict(double ratio, double goal) { return ratio >= goal ? "met" : "NOT met"; }
-
 // Row-major bf16 C[m, n] = A[m, k] @ B[k, n] through cuBLASLt, where A (B) may be the transpose of a
 // row-major buffer [k, m] ([n, k]), as linear's forward (x W^T) and weight gradient (gY^T x) pass
 // them: the layouts of the training step. Keeps cuBLASLt's top `want` heuristic algorithms so
@@ -144,6 +105,16 @@ class GemmAlgos {
   void* ws_ = nullptr;
   std::vector<cublasLtMatmulHeuristicResult_t> res_;
 };
+
+// Bare cuBLASLt bf16 GEMM with its top heuristic algorithm, row-major C[m, n] = A[m, k] @ B[k, n]
+// as the column-major product C^T[n, m] = B^T[n, k] A^T[k, m] (the same buffers, no copies).
+double bare_cublaslt_ms(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c) {
+  const GemmAlgos algos(m, n, k, false, false, 1);
+  MT_CHECK(algos.count() > 0, "cuBLASLt found no bf16 algorithm for {} x {} x {}", m, n, k);
+  return time_ms([&] { algos.run(0, a, b, c); });
+}
+
+const char* verdict(double ratio, double goal) { return ratio >= goal ? "met" : "NOT met"; }
 
 // The GEMMs of one llama-1b training step (8192 tokens, 16 layers) in the layouts linear uses:
 // forward y = x W^T, input gradient gX = gY W, weight gradient gW = gY^T x. For each: mt::matmul

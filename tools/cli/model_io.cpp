@@ -152,27 +152,11 @@ std::pair<std::shared_ptr<CausalLM>, double> pipeline_loss(const std::string& co
                       ctx.pipeline->virtual_stages);
   TiedPair tied;
   if (backward) tied = TiedPair(ctx, *model, pipe, command);
-  double loss = 0;
-  PipelineRunner::Step step;
-  step.forward_only = !backward;
-  step.input = [&](int64_t) { return place_input(batch.inputs, *parallel.par, ctx); };
-  step.forward = [&](int64_t, int64_t v, const Tensor& x) {
-    const PipelineStage& ch = ctx.pipeline->chunk(ctx.stage, v);
-    if (pipe.virtual_stages() > 1) model->set_pipeline_span(ch.first, ch.last);
-    Tensor y = (*model)(std::vector<Tensor>{x})[0];
-    if (!pipe.makes_loss(v)) return y;
-    Tensor l = cross_entropy(y.to(DType::kF32), place_input(batch.targets, *parallel.par, ctx));
-    loss = scalar_value(l);
-    return l;
-  };
-  pipe.run(step);
+  const double loss = pipeline_cross_entropy(pipe, ctx, *parallel.par, *model, {batch}, backward);
   if (backward) {
     sync_gradients(*model);
     tied.sum_gradient(*model, pipe.stage(), command);
   }
-  Tensor t = from_vector<double>({loss}, Shape{1});
-  pipe.comm().broadcast(t, static_cast<int>(pipe.stages() - 1));
-  loss = t.to_vector<double>()[0];
   // A non-finite loss is an error, never a printed result (every rank of the pipeline has it).
   MT_CHECK(std::isfinite(loss), "meshtrain {}: the loss of checkpoint '{}' on '{}' is {}: {}", command, dir, tokens,
            loss, describe_non_finite(ck.tensors));

@@ -10,6 +10,7 @@
 #include "mesh/dtensor.h"
 #include "mesh/world.h"
 #include "runtime/error.h"
+#include "tensor/ops_nn.h"
 
 namespace mt::cli {
 
@@ -272,6 +273,30 @@ void TiedPair::sum_gradient(Module& model, int64_t stage, const std::string& com
   MT_CHECK(g.defined(), "meshtrain {}: tied parameter {} got no gradient on pipeline stage {}", command, param_, stage);
   Tensor local = g.is_distributed() ? to_local(g) : g;
   comm_.all_reduce(local);
+}
+
+double pipeline_cross_entropy(PipelineRunner& pipe, const PlanContext& ctx, const Parallelized& par, CausalLM& model,
+                              const std::vector<TokenBatch>& batches, bool backward) {
+  std::vector<double> losses(batches.size(), 0.0);
+  PipelineRunner::Step step;
+  step.micros = static_cast<int64_t>(batches.size());
+  step.forward_only = !backward;
+  step.input = [&](int64_t m) { return place_input(batches[static_cast<size_t>(m)].inputs, par, ctx); };
+  step.forward = [&](int64_t m, int64_t v, const Tensor& x) {
+    const PipelineStage& ch = ctx.pipeline->chunk(ctx.stage, v);
+    if (pipe.virtual_stages() > 1) model.set_pipeline_span(ch.first, ch.last);
+    Tensor y = model(std::vector<Tensor>{x})[0];
+    if (!pipe.makes_loss(v)) return y;
+    Tensor l = cross_entropy(y, place_input(batches[static_cast<size_t>(m)].targets, par, ctx));
+    losses[static_cast<size_t>(m)] = scalar_value(l);
+    return l;
+  };
+  pipe.run(step);
+  double sum = 0;
+  for (double l : losses) sum += l;  // batch order
+  Tensor t = from_vector<double>({sum}, Shape{1});
+  pipe.comm().broadcast(t, static_cast<int>(pipe.stages() - 1));
+  return t.to_vector<double>()[0];
 }
 
 }  // namespace mt::cli

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mesh/device_mesh.h"
+#include "models/data.h"
 #include "models/llama.h"
 #include "plan/parallelize.h"
 #include "plan/pipeline.h"
@@ -81,6 +82,12 @@ class TiedPair {
   Communicator comm_;
   std::string param_;
 };
+
+// Pipeline plans: `batches` through this rank's stage of `model` as micro-batches in `pipe`'s
+// schedule (forwards only unless `backward`), each chunk run with its span; returns the sum of the
+// last stage's cross-entropies in batch order, broadcast over the pipeline (every stage has it).
+double pipeline_cross_entropy(PipelineRunner& pipe, const PlanContext& ctx, const Parallelized& par, CausalLM& model,
+                              const std::vector<TokenBatch>& batches, bool backward);
 
 // Reads the plan file and resolves its mesh for world().size(). Errors name the file (and the
 // line for a malformed plan or a mesh the world does not fit).

@@ -367,29 +367,12 @@ double Trainer::validation_loss(const std::vector<TokenBatch>& batches) {
     return sum / static_cast<double>(batches.size());
   }
   // Forwards only, in GPipe order (any number of batches; the chunks of an interleaved plan one
-  // after the other), the losses summed on the last stage and broadcast over the pipeline.
+  // after the other).
   const PipelineScheduleKind kind = pipe_->schedule();
   pipe_->set_schedule(PipelineScheduleKind::kGPipe);
-  PipelineRunner::Step s;
-  s.micros = static_cast<int64_t>(batches.size());
-  s.forward_only = true;
-  s.input = [&](int64_t m) { return placed(batches[static_cast<size_t>(m)].inputs); };
-  std::vector<double> losses(batches.size(), 0.0);
-  s.forward = [&](int64_t m, int64_t v, const Tensor& x) {
-    const PipelineStage& ch = plan_->pipeline->chunk(plan_->stage, v);
-    if (pipe_->virtual_stages() > 1) model_.set_pipeline_span(ch.first, ch.last);
-    Tensor y = model_(std::vector<Tensor>{x})[0];
-    if (!pipe_->makes_loss(v)) return y;
-    Tensor l = cross_entropy(y, placed(batches[static_cast<size_t>(m)].targets));
-    losses[static_cast<size_t>(m)] = scalar_value(l);
-    return l;
-  };
-  pipe_->run(s);
+  sum = pipeline_cross_entropy(*pipe_, *plan_, *par_, model_, batches, false);
   pipe_->set_schedule(kind);
-  for (double l : losses) sum += l;  // batch order, as without stages
-  Tensor t = from_vector<double>({sum}, Shape{1});
-  pipe_->comm().broadcast(t, static_cast<int>(pipe_->stages() - 1));
-  return t.to_vector<double>()[0] / static_cast<double>(batches.size());
+  return sum / static_cast<double>(batches.size());
 }
 
 void Trainer::apply() {

@@ -8,8 +8,8 @@
 # CLI on CUDA against the CPU, several ranks on one GPU), bench_cuda, and a bf16 training benchmark
 # on llama-1b shapes, and writes OUTDIR/summary.txt (pass/fail counts, every benchmark ratio,
 # tokens/s and MFU) beside the full logs (build.log, tests.log, testlog.txt, bench_cuda.log,
-# train_bench.log). Environment: MT_GPU_BUILD (build folder, default
-# build-gpu), MT_JOBS (ninja -j), MT_SKIP_BENCH=1 (tests only), MT_TRAIN_BENCH_ARGS (replaces the
+# train_bench.log; train_bench_tuned.log, the same run with MT_GEMM_TUNE). Environment: MT_GPU_BUILD (build folder, default
+# build-gpu), MT_JOBS (ninja -j), MT_SKIP_BENCH=1 (tests only), MT_SKIP_TUNE_AB=1 (no MT_GEMM_TUNE run), MT_TRAIN_BENCH_ARGS (replaces the
 # training benchmark's shape flags).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,20 +71,45 @@ if [ "${MT_SKIP_BENCH:-0}" != 1 ]; then
   say "bench_cuda exit $? ($(elapsed)):"
   sed 's/^/bench_cuda: /' "$OUT/bench_cuda.log" >>"$SUMMARY"
   ARGS=${MT_TRAIN_BENCH_ARGS:---config llama-1b --batch 4 --seq 2048}
-  timeout 400 "$BUILD/tools/meshtrain" train $ARGS --device cuda --precision bf16 --steps 6 --warmup 1 \
-    --metrics "$BUILD/train_bench.jsonl" >"$OUT/train_bench.log" 2>&1
-  say "train benchmark exit $? ($(elapsed)): meshtrain train $ARGS --device cuda --precision bf16"
-  grep -E "^model|^step" "$OUT/train_bench.log" | sed 's/^/train: /' >>"$SUMMARY"
-  python3 - "$BUILD/train_bench.jsonl" <<'PY' | tee -a "$SUMMARY"
+  # train_bench NAME [VAR=VALUE ...]: the benchmark run with those environment variables; its log
+  # and metrics go to OUT/NAME.log and OUT/NAME.jsonl, its median figures to the summary.
+  train_bench() {
+    local name=$1; shift
+    rm -f "$OUT/$name.jsonl"
+    env "$@" timeout 400 "$BUILD/tools/meshtrain" train $ARGS --device cuda --precision bf16 --steps 6 --warmup 1 \
+      --metrics "$OUT/$name.jsonl" >"$OUT/$name.log" 2>&1
+    say "$name exit $? ($(elapsed)): $* meshtrain train $ARGS --device cuda --precision bf16"
+    grep -E "^model|^step" "$OUT/$name.log" | sed "s/^/$name: /" >>"$SUMMARY"
+    python3 - "$OUT/$name.jsonl" "$name" <<'PY' | tee -a "$SUMMARY"
 import json, statistics, sys
 try:
     rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # steps 1-2 warm up
-    print(f"train benchmark: median {statistics.median(r['tokens_per_s'] for r in rows):.0f} tokens/s, "
+    print(f"{sys.argv[2]}: median {statistics.median(r['tokens_per_s'] for r in rows):.0f} tokens/s, "
           f"MFU {100 * statistics.median(r['mfu'] for r in rows):.1f}%, peak memory {max(r['mem_peak_mib'] for r in rows):.0f} MiB "
           f"(steps 3-{len(rows) + 2})")
 except Exception as e:
-    print(f"train benchmark: no figures ({e})")
+    print(f"{sys.argv[2]}: no figures ({e})")
 PY
+  }
+  train_bench train_bench
+  # GEMM algorithms chosen by timing (MT_GEMM_TUNE, docs/cuda.md), off by default until this A/B
+  # shows a gain: the same run with it on, its losses against the run above (they must be equal to
+  # the last bit: the tuner keeps only candidates with the first choice's output bits) and the
+  # tokens/s ratio. MT_SKIP_TUNE_AB=1 skips it.
+  if [ "${MT_SKIP_TUNE_AB:-0}" != 1 ]; then
+    train_bench train_bench_tuned MT_GEMM_TUNE=2
+    grep -c "^MT_GEMM_TUNE" "$OUT/train_bench_tuned.log" | sed 's/^/gemm tune: choices printed: /' >>"$SUMMARY"
+    python3 - "$OUT/train_bench.jsonl" "$OUT/train_bench_tuned.jsonl" <<'PY' | tee -a "$SUMMARY"
+import json, statistics, sys
+try:
+    a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+    same = len(a) == len(b) and all(x["loss"] == y["loss"] for x, y in zip(a, b))
+    ratio = statistics.median(r["tokens_per_s"] for r in b[2:]) / statistics.median(r["tokens_per_s"] for r in a[2:])
+    print(f"gemm tune A/B: losses {'equal' if same else 'DIFFER'} over {len(b)} steps, tokens/s tuned/default {ratio:.3f}")
+except Exception as e:
+    print(f"gemm tune A/B: no figures ({e})")
+PY
+  fi
 fi
 say "total $(elapsed)"
 [ $trc -eq 0 ]

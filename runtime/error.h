@@ -18,6 +18,10 @@ class Error : public std::runtime_error {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& msg);
 [[noreturn]] void throw_internal(const char* file, int line, const char* expr, const std::string& msg);
 
+// Levenshtein distance (insertions, deletions, substitutions of one char each), for the
+// "did you mean" hints of errors that name an unknown module, parameter or plan path.
+size_t edit_distance(const std::string& a, const std::string& b);
+
 }  // namespace mt
 
 // User-facing check: `MT_CHECK(a.dim() == 2, "matmul: expected 2-D, got {}", a.shape())`.

@@ -25,6 +25,7 @@
 
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/tile_gemm.h"
+#include "kernels/mat_layout.h"
 #include "kernels/registry.h"
 #include "runtime/error.h"
 
@@ -33,30 +34,6 @@ namespace {
 
 using Eigen::Dynamic;
 using Eigen::OuterStride;
-
-// Geometry of one operand's matrices: its layout and leading dimension.
-struct MatLayout {
-  int64_t rows = 0, cols = 0;
-  bool row_major = true;
-  int64_t ld = 1;  // outer stride in elements
-};
-
-// The front end guarantees unit stride in one of the last two dims (a dim of size 1 counts).
-MatLayout layout_of(const KView& v) {
-  const int n = v.ndim();
-  MatLayout m;
-  m.rows = v.sizes[n - 2];
-  m.cols = v.sizes[n - 1];
-  const int64_t rs = v.strides[n - 2], cs = v.strides[n - 1];
-  if (m.cols <= 1 || cs == 1) {
-    m.row_major = true;
-    m.ld = m.rows <= 1 ? std::max<int64_t>(m.cols, 1) : rs;
-  } else {
-    m.row_major = false;
-    m.ld = m.cols <= 1 ? std::max<int64_t>(m.rows, 1) : cs;
-  }
-  return m;
-}
 
 template <class T, int Order>
 using MatMap = Eigen::Map<const Eigen::Matrix<T, Dynamic, Dynamic, Order>, Eigen::Unaligned, OuterStride<>>;

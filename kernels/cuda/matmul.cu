@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/mat_layout.h"
 #include "kernels/registry.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/memory.h"
@@ -38,28 +39,6 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int kMaxDevices = 64;
-
-struct MatLayout {  // as kernels/cpu/matmul.cpp
-  int64_t rows = 0, cols = 0;
-  bool row_major = true;
-  int64_t ld = 1;
-};
-
-MatLayout layout_of(const KView& v) {
-  const int n = v.ndim();
-  MatLayout m;
-  m.rows = v.sizes[n - 2];
-  m.cols = v.sizes[n - 1];
-  const int64_t rs = v.strides[n - 2], cs = v.strides[n - 1];
-  if (m.cols <= 1 || cs == 1) {
-    m.row_major = true;
-    m.ld = m.rows <= 1 ? std::max<int64_t>(m.cols, 1) : rs;
-  } else {
-    m.row_major = false;
-    m.ld = m.cols <= 1 ? std::max<int64_t>(m.rows, 1) : cs;
-  }
-  return m;
-}
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {

@@ -3,28 +3,13 @@
 // and with autograd recording. Goal: under 1 us extra per op. Then the bandwidth of redistribute
 // S(0) -> R (all_gather) and P -> S(0) (reduce_scatter) against the bare collectives.
 // Run as `mpirun -np 2 ./bench_dtensor` (or alone: a world of one).
-#include <chrono>
 #include <functional>
 
 #include "mesh/dispatch.h"
 #include "mesh/dtensor.h"
 #include "mesh/world.h"
 #include "tensor/ops.h"
-
-namespace {
-
-double best_ns_per_iter(const std::function<void()>& body, int64_t iters) {
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < iters; ++i) body();
-    double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-    best = std::min(best, ns / static_cast<double>(iters));
-  }
-  return best;
-}
-
-}  // namespace
+#include "tools/bench/bench_timing.h"
 
 int main() {
   using namespace mt;
@@ -60,7 +45,7 @@ int main() {
     la = to_local(a.detach());
     la.requires_grad_(grad);
     for (auto& r : rows) {
-      double dt = best_ns_per_iter(r.dt, iters), lo = best_ns_per_iter(r.local, iters);
+      double dt = bench::best_ns_per_iter(r.dt, iters), lo = bench::best_ns_per_iter(r.local, iters);
       worst = std::max(worst, dt - lo);
       if (root) fmt::print("{:<16} {:>8} {:>10.1f} {:>10.1f} {:>12.1f}\n", r.name, grad ? "yes" : "no", dt, lo, dt - lo);
     }
@@ -93,7 +78,7 @@ int main() {
          [&] { comm.reduce_scatter(full, scattered); }},
     };
     for (auto& c : cases) {
-      double dt = best_ns_per_iter(c.dt, 5), bare = best_ns_per_iter(c.bare, 5);
+      double dt = bench::best_ns_per_iter(c.dt, 5), bare = bench::best_ns_per_iter(c.bare, 5);
       if (root)
         fmt::print("{:<22} {:>10} {:>12.2f} {:>12.2f} {:>7.2f}\n", c.name, mib * n, bytes / dt, bytes / bare, bare / dt);
     }

@@ -1,26 +1,11 @@
 // Framework overhead per op on tiny tensors: time through the public API (validation, dtype
 // promotion, output allocation, dispatch) minus the time of the bare kernel on preallocated
 // buffers, both measured here in the same run. Goal: under 500 ns per op.
-#include <chrono>
 #include <functional>
 
 #include "kernels/registry.h"
 #include "tensor/ops.h"
-
-namespace {
-
-double best_ns_per_iter(const std::function<void()>& body, int64_t iters) {
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < iters; ++i) body();
-    double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-    best = std::min(best, ns / static_cast<double>(iters));
-  }
-  return best;
-}
-
-}  // namespace
+#include "tools/bench/bench_timing.h"
 
 int main() {
   using namespace mt;
@@ -48,7 +33,7 @@ int main() {
   fmt::print("{:<14} {:>10} {:>10} {:>12}\n", "op", "api ns", "kernel ns", "overhead ns");
   double worst = 0;
   for (auto& r : rows) {
-    double api = best_ns_per_iter(r.api, iters), bare = best_ns_per_iter(r.bare, iters);
+    double api = bench::best_ns_per_iter(r.api, iters), bare = bench::best_ns_per_iter(r.bare, iters);
     worst = std::max(worst, api - bare);
     fmt::print("{:<14} {:>10.1f} {:>10.1f} {:>12.1f}\n", r.name, api, bare, api - bare);
   }

@@ -141,6 +141,10 @@ std::vector<Tensor> LlamaAttention::forward(const std::vector<Tensor>& inputs) {
   q = rotary_embedding(q, cos, sin, RopeStyle::kHalf).transpose(1, 2);
   k = rotary_embedding(k, cos, sin, RopeStyle::kHalf).transpose(1, 2);
   v = v.transpose(1, 2);
+  if (cache_) {  // keys and values of every position so far; causal with offset S - T
+    MT_CHECK(!is_training(), "LlamaAttention '{}': incremental decoding (a KV cache) runs in eval mode", path());
+    std::tie(k, v) = cache_->append(cache_layer_, k, v);
+  }
   const double scale = std::pow(static_cast<double>(D), -0.5);  // HF: head_dim**-0.5
   Tensor attn = is_training() && attention_dropout_ > 0
                     ? attention_dropout(q, k, v, scale, attention_dropout_)  // HF's eager path
@@ -214,15 +218,30 @@ std::vector<Tensor> LlamaModel::forward(const std::vector<Tensor>& inputs) {
            ids.desc());
   const int64_t T = ids.size(1);
   Tensor h = span_embed_ ? (*embed_tokens_)(ids) : ids;
-  if (!cos_.defined() || cos_.size(0) != T || cos_.dtype() != h.dtype() || cos_.device() != h.device())
-    std::tie(cos_, sin_) = rope_cos_sin(config_, T, h.dtype(), h.device());
+  Tensor cos, sin;
+  if (cache_) {  // positions [length, length + T): rows of the capacity's tables (each row is its own)
+    if (!cache_cos_.defined() || cache_cos_.size(0) != cache_->capacity() || cache_cos_.dtype() != h.dtype() ||
+        cache_cos_.device() != h.device())
+      std::tie(cache_cos_, cache_sin_) = rope_cos_sin(config_, cache_->capacity(), h.dtype(), h.device());
+    MT_CHECK(cache_->length() + T <= cache_->capacity(),
+             "LlamaModel '{}': {} new positions after the {} the KV cache holds pass its capacity of {}", path(), T,
+             cache_->length(), cache_->capacity());
+    cos = cache_cos_.narrow(0, cache_->length(), T);
+    sin = cache_sin_.narrow(0, cache_->length(), T);
+  } else {
+    if (!cos_.defined() || cos_.size(0) != T || cos_.dtype() != h.dtype() || cos_.device() != h.device())
+      std::tie(cos_, sin_) = rope_cos_sin(config_, T, h.dtype(), h.device());
+    cos = cos_;
+    sin = sin_;
+  }
   std::vector<Tensor> router_logits;
   const size_t last = span_last_ < 0 ? layers_->size() : static_cast<size_t>(span_last_);
   for (size_t i = static_cast<size_t>(span_first_); i < last; ++i) {
-    std::vector<Tensor> o = (*layers_->at(i))({h, cos_, sin_});
+    std::vector<Tensor> o = (*layers_->at(i))({h, cos, sin});
     h = o[0];
     if (o.size() > 1) router_logits.push_back(o[1]);
   }
+  if (cache_) cache_->advance(T);
   std::vector<Tensor> out{span_norm_ ? (*norm_)(h) : h};
   out.insert(out.end(), router_logits.begin(), router_logits.end());
   return out;
@@ -236,6 +255,17 @@ void LlamaModel::set_span(bool embed, int64_t layer_first, int64_t layer_last, b
   span_first_ = layer_first;
   span_last_ = layer_last;
   span_norm_ = norm;
+}
+
+void LlamaModel::set_kv_cache(KvCache* cache) {
+  MT_CHECK(!cache || (span_embed_ && span_first_ == 0 && span_last_ < 0 && span_norm_),
+           "LlamaModel '{}': a KV cache needs the whole model, not a pipeline stage", path());
+  cache_ = cache;
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    auto layer = layers_->at<LlamaDecoderLayer>(i);
+    MT_CHECK(layer, "LlamaModel '{}': layer {} is not a LlamaDecoderLayer", path(), i);
+    layer->self_attn()->set_kv_cache(cache, static_cast<int64_t>(i));
+  }
 }
 
 CausalLM::CausalLM(const ModelConfig& c, DType dtype) : config_(c), dtype_(dtype) {
@@ -286,6 +316,23 @@ std::vector<Tensor> CausalLM::forward(const std::vector<Tensor>& inputs) {
   Tensor logits = lm_head_ ? (*lm_head_)(o[0]) : linear(o[0], model_->embed_tokens()->weight());
   o[0] = logits.dtype() == DType::kF64 || head_dtype_logits_ ? logits : logits.to(DType::kF32);
   return o;
+}
+
+void CausalLM::set_kv_cache(KvCache* cache) {
+  MT_CHECK(!cache || (span_first_ == 0 && span_last_ < 0), "CausalLM: a KV cache needs the whole model, not a "
+           "pipeline stage (units [{}, {}))", span_first_, span_last_);
+  model_->set_kv_cache(cache);
+}
+
+Tensor CausalLM::last_logits(const Tensor& input_ids) {
+  MT_CHECK(span_first_ == 0 && span_last_ < 0, "CausalLM::last_logits: needs the whole model, not a pipeline stage");
+  MT_CHECK(input_ids.dim() == 2 && input_ids.size(1) >= 1, "CausalLM::last_logits: input_ids must be [B, T] with T >= 1, got {}",
+           input_ids.desc());
+  Tensor h = (*model_)(std::vector<Tensor>{input_ids})[0];
+  h = h.narrow(1, h.size(1) - 1, 1);
+  Tensor logits = lm_head_ ? (*lm_head_)(h) : linear(h, model_->embed_tokens()->weight());
+  logits = logits.reshape(Shape{logits.size(0), logits.size(2)});
+  return logits.dtype() == DType::kF64 ? logits : logits.to(DType::kF32);
 }
 
 Tensor CausalLM::loss(const Tensor& input_ids, const Tensor& targets, bool router_losses) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "models/config.h"
+#include "models/kv_cache.h"
 #include "tensor/module.h"
 #include "tensor/tensor.h"
 
@@ -72,11 +73,20 @@ class LlamaAttention : public Module {
  public:
   LlamaAttention(const ModelConfig& config, DType dtype);
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+  // Incremental decoding (models/kv_cache.h): with a cache, forward appends its keys and values as
+  // layer `layer` and attends over every position the cache holds (the rotary tables are then
+  // those of the new positions). nullptr: the plain forward.
+  void set_kv_cache(KvCache* cache, int64_t layer) {
+    cache_ = cache;
+    cache_layer_ = layer;
+  }
 
  private:
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
   int64_t head_dim_;
   double attention_dropout_;
+  KvCache* cache_ = nullptr;
+  int64_t cache_layer_ = 0;
 };
 
 // down_proj(silu(gate_proj(x)) * up_proj(x)).
@@ -95,6 +105,7 @@ class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const ModelConfig& config, DType dtype);
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override;
+  const std::shared_ptr<LlamaAttention>& self_attn() const { return self_attn_; }
 
  private:
   std::shared_ptr<LlamaAttention> self_attn_;
@@ -115,6 +126,9 @@ class LlamaModel : public Module {
   // (else input 0 is the hidden state [B, T, H]), layers [layer_first, layer_last), the final
   // norm only when `norm`.
   void set_span(bool embed, int64_t layer_first, int64_t layer_last, bool norm);
+  // Incremental decoding: every layer's attention appends to `cache` (nullptr: off), and forward
+  // takes the rotary tables of positions [cache length, cache length + T), then advances it.
+  void set_kv_cache(KvCache* cache);
 
  private:
   ModelConfig config_;
@@ -125,6 +139,8 @@ class LlamaModel : public Module {
   std::shared_ptr<RMSNorm> norm_;
   // Last rotary tables built, reused while T, dtype and device stay the same.
   Tensor cos_, sin_;
+  KvCache* cache_ = nullptr;
+  Tensor cache_cos_, cache_sin_;  // tables of the cache's capacity, narrowed per step
 };
 
 // LlamaForCausalLM / MixtralForCausalLM: model, lm_head (absent when tie_word_embeddings: the
@@ -156,6 +172,13 @@ class CausalLM : public Module {
   // With tied embeddings the last stage's logits use model.embed_tokens.weight: that stage must
   // keep the embedding module (prune_to_stage's `keep`).
   void set_pipeline_span(int64_t first, int64_t last);
+
+  // Generation (models/generate.h). set_kv_cache: every forward feeds only new tokens, at the
+  // positions after those the cache holds (the whole model only, not a pipeline stage; eval mode).
+  // last_logits: the logits [B, V] (f32, f64 for f64 weights) of the last position of input_ids
+  // [B, T] only, so that a long prompt does not make [B, T, V] logits.
+  void set_kv_cache(KvCache* cache);
+  Tensor last_logits(const Tensor& input_ids);
 
  private:
   int64_t span_first_ = 0, span_last_ = -1;  // -1: the whole model

@@ -13,6 +13,7 @@
 #include "models/config.h"
 #include "models/corpus.h"
 #include "models/data.h"
+#include "models/generate.h"
 #include "models/hf_checkpoint.h"
 #include "models/hf_config.h"
 #include "models/llama.h"

@@ -10,7 +10,7 @@
 # 8-bit AdamW with blocks shared between ranks under llama_fsdp and llama_fsdp_tp (np 2) against the
 # CPU, llama_pp (np 2, 1F1B) passing `meshtrain parity` on the GPU, and sharded
 # checkpoints saved on one device kind and resumed on the other under another plan (llama_pp's too,
-# resumed without a plan). Without a GPU:
+# resumed without a plan); `generate` on the GPU choosing the CPU's tokens. Without a GPU:
 # `--device cuda` fails with one line naming the flag (checked everywhere), then the script exits 77
 # (meson: SKIP).
 # usage: test_cli_cuda.sh MESHTRAIN_BINARY COMPARE_PY PLANS_DIR [MPIRUN]
@@ -98,6 +98,27 @@ for opt in adamw8bit muon; do
   r=$(python3 "$CMP" losses "$WORK/$opt.cpu.jsonl" "$WORK/$opt.cuda.jsonl" 1e-3 rel 2>&1) \
     && pass "llama-tiny --optimizer $opt: 20 steps on cuda vs cpu: $r" || fail "--optimizer $opt cuda vs cpu: $r"
 done
+
+# ---- generate: a memorized sentence on the GPU (docs/generate.md) --------------------------------------
+python3 - "$WORK/rep.bin" <<'PY'
+import struct, sys
+text = b"the quick brown fox jumps over the lazy dog. " * 400
+header = [20240520, 1, len(text)] + [0] * 253
+open(sys.argv[1], "wb").write(struct.pack("<256i", *header) + struct.pack(f"<{len(text)}H", *text))
+PY
+"$BIN" train --data "$WORK/rep.bin" --batch 4 --seq 64 --steps 60 --warmup 5 --checkpoint-dir "$WORK/gen" --metrics "" \
+  >/dev/null 2>"$WORK/err" || fail "generate: train the memorized sentence: $(tail -n 1 "$WORK/err")"
+for mode in "" "--no-cache" "--precision bf16"; do
+  c=$("$BIN" generate --hf "$WORK/gen/step-00000060" --prompt "the quick " --max-new-tokens 54 --temperature 0 $mode 2>/dev/null | tail -n 1)
+  g=$("$BIN" generate --hf "$WORK/gen/step-00000060" --prompt "the quick " --max-new-tokens 54 --temperature 0 $mode \
+      --device cuda 2>"$WORK/err" | tail -n 1)
+  [ -n "$g" ] && [ "$c" = "$g" ] && pass "generate ${mode:-with the KV cache} on cuda: the CPU's tokens" \
+    || fail "generate ${mode:-with the KV cache} on cuda: '$g' vs cpu '$c' $(tail -n 1 "$WORK/err")"
+done
+s1=$("$BIN" generate --hf "$WORK/gen/step-00000060" --prompt "the" --max-new-tokens 40 --seed 5 --device cuda 2>/dev/null | tail -n 1)
+s2=$("$BIN" generate --hf "$WORK/gen/step-00000060" --prompt "the" --max-new-tokens 40 --seed 5 --device cuda 2>/dev/null | tail -n 1)
+[ -n "$s1" ] && [ "$s1" = "$s2" ] && pass "generate on cuda: sampling with one seed twice, the same tokens" \
+  || fail "generate on cuda: seed 5 twice: $s1 vs $s2"
 
 # ---- several ranks on one GPU: host-staged collectives -----------------------------------------------
 if [ -n "$MPIRUN" ]; then

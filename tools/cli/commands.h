@@ -14,5 +14,6 @@ int run_parity(int argc, char** argv);
 int run_compare(int argc, char** argv);
 int run_checkpoint(int argc, char** argv);  // checkpoint inspect DIR
 int run_export(int argc, char** argv);
+int run_generate(int argc, char** argv);
 
 }  // namespace mt::cli

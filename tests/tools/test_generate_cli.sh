@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# `meshtrain generate` end to end (docs/generate.md): a model trained to memorize one sentence
+# continues its prompt with that sentence (greedy, with and without the KV cache, f32 and bf16);
+# a checkpoint written by `init` and `--config --init-seed` give the same tokens; sampling is
+# fixed by its seed; a tokenizer.json next to the checkpoint turns ids into text; bad flags are one
+# error line naming the flag.
+# usage: test_generate_cli.sh MESHTRAIN_BINARY
+set -u
+BIN=$1
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export OMP_NUM_THREADS=2
+fails=0
+pass() { echo "ok   - $1"; }
+fail() { echo "FAIL - $1"; fails=$((fails + 1)); }
+field() { python3 -c 'import json,sys; v=json.loads(sys.argv[1])[sys.argv[2]]; print(v if isinstance(v, str) else json.dumps(v))' "$1" "$2"; }
+expect_error() {  # NAME PATTERN -- COMMAND...: exit != 0 and the last stderr line contains PATTERN
+  local name=$1 pat=$2; shift 3
+  "$@" >"$WORK/out" 2>"$WORK/err"
+  local rc=$? last
+  last=$(tail -n 1 "$WORK/err")
+  if [ $rc -eq 0 ]; then fail "$name: exit code 0"; return; fi
+  grep -qF -- "$pat" <<<"$last" && pass "$name" || fail "$name: '$pat' not in: $last"
+}
+
+# ---- a memorized sentence ----------------------------------------------------------------------------
+python3 - "$WORK/rep.bin" <<'PY'
+import struct, sys
+text = b"the quick brown fox jumps over the lazy dog. " * 400
+header = [20240520, 1, len(text)] + [0] * 253
+open(sys.argv[1], "wb").write(struct.pack("<256i", *header) + struct.pack(f"<{len(text)}H", *text))
+PY
+"$BIN" train --data "$WORK/rep.bin" --batch 4 --seq 64 --steps 60 --warmup 5 --checkpoint-dir "$WORK/ck" \
+  --metrics "" --log-every 60 >"$WORK/train.out" 2>&1 || fail "train: $(tail -n 1 "$WORK/train.out")"
+CK="$WORK/ck/step-00000060"
+WANT="brown fox jumps over the lazy dog. the quick brown fox"
+for mode in "" "--no-cache" "--precision bf16"; do
+  out=$("$BIN" generate --hf "$CK" --prompt "the quick " --max-new-tokens 54 --temperature 0 $mode 2>"$WORK/err")
+  text=$(field "$(tail -n 1 <<<"$out")" text)
+  [ "$text" = "$WANT" ] && [ "$(head -n 1 <<<"$out")" = "$WANT" ] \
+    && pass "greedy ${mode:-with the KV cache} continues the memorized sentence" \
+    || fail "greedy ${mode:-with the KV cache}: '$text' (stderr: $(tail -n 1 "$WORK/err"))"
+done
+t_cache=$("$BIN" generate --hf "$CK" --prompt "the" --max-new-tokens 40 --temperature 0 2>/dev/null | tail -n 1)
+t_full=$("$BIN" generate --hf "$CK" --prompt "the" --max-new-tokens 40 --temperature 0 --no-cache 2>/dev/null | tail -n 1)
+[ "$t_cache" = "$t_full" ] && pass "the KV cache and the whole-prefix recompute choose the same tokens" \
+  || fail "cache vs no cache: $t_cache vs $t_full"
+
+# ---- sampling: fixed by the seed ---------------------------------------------------------------------
+"$BIN" init --config llama-tiny --seed 4 --out "$WORK/init" >/dev/null || fail "init"
+S1=$("$BIN" generate --hf "$WORK/init" --prompt "Once" --max-new-tokens 48 --seed 9 2>/dev/null | tail -n 1)
+S2=$("$BIN" generate --hf "$WORK/init" --prompt "Once" --max-new-tokens 48 --seed 9 2>/dev/null | tail -n 1)
+S3=$("$BIN" generate --hf "$WORK/init" --prompt "Once" --max-new-tokens 48 --seed 10 2>/dev/null | tail -n 1)
+[ -n "$S1" ] && [ "$S1" = "$S2" ] && pass "sampling with one seed gives the same tokens twice" || fail "seed 9 twice: $S1 vs $S2"
+[ "$S1" != "$S3" ] && pass "another seed gives other tokens" || fail "seeds 9 and 10 agree: $S1"
+C=$("$BIN" generate --config llama-tiny --init-seed 4 --prompt "Once" --max-new-tokens 48 --seed 9 2>/dev/null | tail -n 1)
+[ "$C" = "$S1" ] && pass "--config --init-seed 4 is init --seed 4's model" || fail "--config vs init: $C vs $S1"
+N=$(field "$("$BIN" generate --hf "$WORK/init" --prompt-ids 1,2,3 --max-new-tokens 7 --top-k 5 --top-p 0.9 --temperature 0.7 2>/dev/null | tail -n 1)" tokens)
+python3 -c 'import json,sys; t=json.loads(sys.argv[1]); sys.exit(0 if len(t)==7 and all(0<=x<256 for x in t) else 1)' "$N" \
+  && pass "--prompt-ids with top-k, top-p and temperature: 7 tokens" || fail "top-k/top-p run: $N"
+
+# ---- a tokenizer.json: ids to text for a vocabulary other than bytes ---------------------------------
+python3 - "$WORK/small.json" "$WORK/tok" <<'PY'
+import json, os, sys
+cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 8, "hidden_size": 16,
+       "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+       "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+       "bos_token_id": 0, "eos_token_id": 7}
+json.dump(cfg, open(sys.argv[1], "w"))
+vocab = {"a": 1, "\u0120b": 2, "c": 3, "\u010a": 4, "d": 5, "e": 6}
+tok = {"added_tokens": [{"id": 0, "content": "<s>", "special": True}, {"id": 7, "content": "</s>", "special": True}],
+       "decoder": {"type": "ByteLevel"}, "model": {"type": "BPE", "vocab": vocab, "merges": []}}
+os.makedirs(sys.argv[2], exist_ok=True)
+json.dump(tok, open(os.path.join(sys.argv[2], "tokenizer.json"), "w"))
+PY
+"$BIN" init --config "$WORK/small.json" --seed 1 --out "$WORK/small" >/dev/null || fail "init small"
+ids_only=$("$BIN" generate --hf "$WORK/small" --prompt-ids 0,1 --max-new-tokens 12 --temperature 0 --eos none 2>"$WORK/err")
+[ "$(wc -l <<<"$ids_only")" = 1 ] && [ "$(field "$ids_only" tokens | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 12 ] \
+  && grep -q "no tokenizer: token ids only" "$WORK/err" && pass "without tokenizer.json: the token ids only" \
+  || fail "ids only: $ids_only / $(cat "$WORK/err")"
+cp "$WORK/tok/tokenizer.json" "$WORK/small/"
+with_text=$("$BIN" generate --hf "$WORK/small" --prompt-ids 0,1 --max-new-tokens 12 --temperature 0 --eos none 2>/dev/null)
+python3 - "$(tail -n 1 <<<"$with_text")" <<'PY' && pass "with tokenizer.json: the text of the generated ids" || fail "tokenizer.json text: $with_text"
+import json, sys
+j = json.loads(sys.argv[1])
+piece = {1: "a", 2: " b", 3: "c", 4: "\n", 5: "d", 6: "e", 0: "", 7: ""}
+sys.exit(0 if j["text"] == "".join(piece[t] for t in j["tokens"]) and len(j["tokens"]) == 12 else 1)
+PY
+# --eos: the run above without a stop ends at the first occurrence of its third token when that
+# token is the eos, given as a flag or (auto) as the config's eos_token_id.
+FREE=$(field "$(tail -n 1 <<<"$with_text")" tokens)
+STOP=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[2])' "$FREE")
+WANT_N=$(python3 -c 'import json,sys; t=json.loads(sys.argv[1]); print(t.index(t[2]) + 1)' "$FREE")
+E1=$(field "$("$BIN" generate --hf "$WORK/small" --prompt-ids 0,1 --max-new-tokens 12 --temperature 0 --eos "$STOP" 2>/dev/null | tail -n 1)" tokens)
+python3 - "$WORK/small/config.json" "$STOP" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["eos_token_id"] = int(sys.argv[2]); json.dump(c, open(sys.argv[1], "w"))
+PY
+E2=$(field "$("$BIN" generate --hf "$WORK/small" --prompt-ids 0,1 --max-new-tokens 12 --temperature 0 2>/dev/null | tail -n 1)" tokens)
+n1=$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "$E1")
+n2=$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "$E2")
+[ "$n1" = "$WANT_N" ] && [ "$E1" = "$E2" ] \
+  && pass "--eos $STOP and --eos auto (config eos_token_id $STOP) stop after $WANT_N tokens" \
+  || fail "eos: --eos gave $E1, auto gave $E2, want $WANT_N tokens of $FREE"
+
+# ---- bad input --------------------------------------------------------------------------------------
+expect_error "--prompt text for a non-byte vocabulary" "give the prompt's token ids with --prompt-ids" -- \
+  "$BIN" generate --hf "$WORK/small" --prompt "hello"
+expect_error "a prompt id outside the vocabulary" "prompt token 8 (position 1) is outside the vocabulary [0, 8)" -- \
+  "$BIN" generate --hf "$WORK/small" --prompt-ids 0,8
+expect_error "a malformed --prompt-ids" "item 2 ('x') is not a token id" -- \
+  "$BIN" generate --hf "$WORK/small" --prompt-ids 1,x
+expect_error "--top-p 0" "top_p 0 must be in (0, 1]" -- "$BIN" generate --hf "$CK" --prompt a --top-p 0
+expect_error "a negative temperature" "temperature -1 must be a finite number >= 0" -- \
+  "$BIN" generate --hf "$CK" --prompt a --temperature -1
+expect_error "both --hf and --config" "one of the two" -- "$BIN" generate --hf "$CK" --config llama-tiny --prompt a
+expect_error "no prompt" "--prompt TEXT or --prompt-ids" -- "$BIN" generate --hf "$CK"
+expect_error "past max_position_embeddings" "pass the model's max_position_embeddings of 64" -- \
+  "$BIN" generate --hf "$WORK/small" --prompt-ids 0,1,2 --max-new-tokens 62
+expect_error "a missing checkpoint" "$WORK/nothing" -- "$BIN" generate --hf "$WORK/nothing" --prompt a
+expect_error "--eos outside the vocabulary" "--eos 9 is out of range" -- \
+  "$BIN" generate --hf "$WORK/small" --prompt-ids 0 --max-new-tokens 4 --eos 9
+
+echo "failures: $fails"
+[ $fails -eq 0 ]

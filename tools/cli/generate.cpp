@@ -1,0 +1,176 @@
+// `meshtrain generate`: a prompt's continuation by a model (docs/generate.md).
+//   generate --hf DIR | --config NAME [--init-seed S]   the model: a checkpoint, or random weights
+//            --prompt TEXT | --prompt-ids 1,2,3         text for the byte vocabulary (256 tokens)
+//            --max-new-tokens N --temperature T --top-k K --top-p P --seed S --eos ID|none|auto
+//            --no-cache --device D --precision f32|bf16
+// Prints the continuation's text (the byte vocabulary, or a tokenizer.json next to the
+// checkpoint), then as the last stdout line {"prompt": [...], "tokens": [...], "text": "..."}.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "models/config.h"
+#include "models/generate.h"
+#include "models/hf_checkpoint.h"
+#include "models/hf_config.h"
+#include "models/hf_tokenizer.h"
+#include "models/llama.h"
+#include "models/tokenizer.h"
+#include "optim/master_weights.h"
+#include "runtime/error.h"
+#include "tensor/ops.h"
+#include "tools/cli/args.h"
+#include "tools/cli/checks.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/device.h"
+#include "tools/cli/trainer.h"
+
+namespace mt::cli {
+namespace {
+
+const std::vector<FlagSpec> kGenerateFlags = {
+    {"hf", "Hugging Face checkpoint directory (config.json + model.safetensors[.index.json])", "", false},
+    {"config", "instead of --hf: a built-in name or config.json, with random weights from --init-seed", "", false},
+    {"init-seed", "with --config: the seed of the random weights (the weights `init --seed` writes)", "0", false},
+    {"prompt", "the prompt as text (models with the 256-token byte vocabulary)", "", false},
+    {"prompt-ids", "the prompt as comma-separated token ids", "", false},
+    {"max-new-tokens", "tokens to generate at most", "64", false},
+    {"temperature", "softmax temperature (0: greedy, the highest logit)", "1.0", false},
+    {"top-k", "sample among the k highest logits only (0: all)", "0", false},
+    {"top-p", "sample among the fewest highest probabilities that sum to p (1: all)", "1.0", false},
+    {"seed", "sampling seed (Philox; the same tokens for the same seed)", "1337", false},
+    {"eos", "stop at this token id, or none; auto: the config's eos_token_id (none for the byte vocabulary)",
+     "auto", false},
+    {"no-cache", "recompute the whole prefix each step instead of using the KV cache (slower; for checks)", "", true},
+    {"device", "cpu, cuda or cuda:N", "cpu", false},
+    {"precision", "f32, or bf16 (the weights cast to bf16)", "f32", false},
+};
+
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    std::string item = text.substr(at, comma - at);
+    const auto first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+    item = first == std::string::npos ? "" : item.substr(first, last - first + 1);
+    MT_CHECK(!item.empty() && item.find_first_not_of("0123456789") == std::string::npos && item.size() <= 18,
+             "meshtrain generate: --prompt-ids: item {} ('{}') is not a token id (comma-separated non-negative "
+             "integers)",
+             ids.size() + 1, item);
+    ids.push_back(std::stoll(item));
+    at = comma + 1;
+  }
+  return ids;
+}
+
+std::shared_ptr<CausalLM> load_model(const Args& args, ModelConfig& cfg, std::string& dir) {
+  MT_CHECK(args.has("hf") != args.has("config"),
+           "meshtrain generate: give the model as --hf DIR (a checkpoint) or --config NAME (random weights), one "
+           "of the two");
+  std::shared_ptr<CausalLM> model;
+  if (args.has("hf")) {
+    dir = args.str("hf");
+    HfCheckpoint ck = read_hf_checkpoint(dir);
+    cfg = ck.config;
+    check_model_fits_memory(cfg, ModelUse::kWeights, "generate", dir);
+    {
+      InitDeviceGuard meta(Device::meta());  // weights come from the file: skip random init
+      model = build_causal_lm(cfg);
+    }
+    load_into_module(*model, ck);
+  } else {
+    cfg = resolve_config(args.str("config"));
+    check_model_fits_memory(cfg, ModelUse::kWeights, "generate", args.str("config"));
+    manual_seed(static_cast<uint64_t>(args.integer("init-seed", 0, std::numeric_limits<int64_t>::max())));
+    model = build_causal_lm(cfg);
+  }
+  return model;
+}
+
+}  // namespace
+
+int run_generate(int argc, char** argv) {
+  Args args("generate", kGenerateFlags, argc, argv, 2);
+  // Everything about the flags is checked before the model is read.
+  GenerateOptions opts;
+  opts.max_new_tokens = args.integer("max-new-tokens", 1, int64_t{1} << 24);
+  opts.sampling.temperature = args.real("temperature");
+  opts.sampling.top_k = args.integer("top-k", 0, std::numeric_limits<int32_t>::max());
+  opts.sampling.top_p = args.real("top-p");
+  opts.seed = static_cast<uint64_t>(args.integer("seed", 0, std::numeric_limits<int64_t>::max()));
+  opts.kv_cache = !args.flag("no-cache");
+  check_sampling(opts.sampling);
+  MT_CHECK(args.has("prompt") != args.has("prompt-ids"),
+           "meshtrain generate: give the prompt as --prompt TEXT or --prompt-ids 1,2,3, one of the two");
+  MT_CHECK(!args.has("prompt") || !args.str("prompt").empty(), "meshtrain generate: --prompt is empty");
+  const DType dtype = parse_precision(args.str("precision"), "generate");
+  const Device device = resolve_device("generate", args.str("device"));
+
+  ModelConfig cfg;
+  std::string dir;
+  std::shared_ptr<CausalLM> model = load_model(args, cfg, dir);
+  const bool bytes = cfg.vocab_size == ByteTokenizer::kVocabSize;
+  std::vector<int64_t> prompt;
+  if (args.has("prompt")) {
+    MT_CHECK(bytes,
+             "meshtrain generate: --prompt text needs the {}-token byte vocabulary, and this model's vocab_size is {}: "
+             "meshtrain has no tokenizer for it, so give the prompt's token ids with --prompt-ids",
+             ByteTokenizer::kVocabSize, cfg.vocab_size);
+    for (int32_t t : ByteTokenizer().encode(args.str("prompt"))) prompt.push_back(t);
+  } else {
+    prompt = parse_ids(args.str("prompt-ids"));
+  }
+  for (size_t i = 0; i < prompt.size(); ++i)
+    MT_CHECK(prompt[i] < cfg.vocab_size, "meshtrain generate: prompt token {} (position {}) is outside the vocabulary [0, {})",
+             prompt[i], i, cfg.vocab_size);
+  const auto T = static_cast<int64_t>(prompt.size());
+  MT_CHECK(T + opts.max_new_tokens <= cfg.max_position_embeddings,
+           "meshtrain generate: the prompt's {} tokens and --max-new-tokens {} pass the model's "
+           "max_position_embeddings of {}",
+           T, opts.max_new_tokens, cfg.max_position_embeddings);
+  const std::string eos = args.str("eos");
+  if (eos == "auto")
+    opts.eos_token_id = bytes ? -1 : cfg.eos_token_id;
+  else if (eos != "none")
+    opts.eos_token_id = args.integer("eos", 0, cfg.vocab_size - 1);
+  std::optional<HfTokenDecoder> decoder;
+  if (!bytes && !dir.empty()) {
+    try {
+      decoder = HfTokenDecoder::from_dir(dir);  // nullopt without tokenizer.json
+    } catch (const Error& e) {  // the ids are still the answer: say why there is no text
+      fmt::print(stderr, "generate: notice: {}; printing token ids only\n", e.what());
+    }
+  }
+
+  if (dtype != DType::kF32) cast_parameters(*model, dtype);
+  if (!device.is_cpu()) model->to(device);
+  const Tensor ids = from_vector(prompt, Shape{1, T}, DType::kI64).to(device);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int64_t> tokens = generate(*model, ids, opts)[0];
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::string text;
+  if (bytes) {
+    std::vector<int32_t> b(tokens.begin(), tokens.end());
+    text = ByteTokenizer().decode(b);
+  } else if (decoder) {
+    text = decoder->decode(tokens);
+  }
+  if (bytes || decoder) fmt::print("{}\n", text);
+  fmt::print(stderr, "generate: {} tokens in {:.3f} s ({:.1f} tokens/s, {}{})\n", tokens.size(), sec,
+             static_cast<double>(tokens.size()) / std::max(sec, 1e-9), opts.kv_cache ? "KV cache" : "no cache",
+             bytes || decoder ? "" : "; no tokenizer: token ids only");
+  nlohmann::ordered_json j;
+  j["prompt"] = prompt;
+  j["tokens"] = tokens;
+  if (bytes || decoder) j["text"] = text;
+  fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  flush_stdout("generate");
+  return 0;
+}
+
+}  // namespace mt::cli

@@ -4,9 +4,11 @@
 # a checkpoint written by `init` and `--config --init-seed` give the same tokens; sampling is
 # fixed by its seed; a tokenizer.json next to the checkpoint turns ids into text; bad flags are one
 # error line naming the flag.
-# usage: test_generate_cli.sh MESHTRAIN_BINARY
+# `train --sample-every` prints samples without changing the run's losses.
+# usage: test_generate_cli.sh MESHTRAIN_BINARY PLANS_DIR
 set -u
 BIN=$1
+PLANS=$2
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=2
@@ -45,6 +47,24 @@ t_cache=$("$BIN" generate --hf "$CK" --prompt "the" --max-new-tokens 40 --temper
 t_full=$("$BIN" generate --hf "$CK" --prompt "the" --max-new-tokens 40 --temperature 0 --no-cache 2>/dev/null | tail -n 1)
 [ "$t_cache" = "$t_full" ] && pass "the KV cache and the whole-prefix recompute choose the same tokens" \
   || fail "cache vs no cache: $t_cache vs $t_full"
+
+# ---- train --sample-every: samples while training, the same losses ------------------------------------
+T2="train --data $WORK/rep.bin --batch 4 --seq 64 --steps 60 --warmup 5 --dropout 0.1 --log-every 60"
+"$BIN" $T2 --metrics "$WORK/plain.jsonl" >/dev/null 2>&1 || fail "train with dropout"
+"$BIN" $T2 --metrics "$WORK/sampled.jsonl" --sample-every 20 --sample-tokens 30 --sample-prompt "the quick " \
+  --sample-temperature 0 >"$WORK/sampled.out" 2>&1 || fail "train --sample-every: $(tail -n 1 "$WORK/sampled.out")"
+python3 - "$WORK/plain.jsonl" "$WORK/sampled.jsonl" <<'PY' && pass "train --sample-every 20 (dropout 0.1): the losses of a run without samples, bit for bit; a sample at steps 20, 40, 60" || fail "train --sample-every changed the run or missed samples"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 60 and all(x["loss"] == y["loss"] for x, y in zip(a, b))
+assert [r["step"] for r in b if "sample" in r] == [20, 40, 60]
+assert all(len(r["sample_tokens"]) == 30 for r in b if "sample" in r)
+PY
+grep -A1 "step    60/60 | sample (30 tokens):" "$WORK/sampled.out" | tail -n 1 | grep -qx "brown fox jumps over the lazy " \
+  && pass "the step-60 sample (greedy) continues the memorized sentence" || fail "step-60 sample: $(tail -n 3 "$WORK/sampled.out")"
+expect_error "--sample-every under --plan" "--sample-every runs on one device, not under --plan" -- \
+  "$BIN" train --plan "$PLANS/llama_dp.plan" --steps 2 --sample-every 1 --metrics ""
 
 # ---- sampling: fixed by the seed ---------------------------------------------------------------------
 "$BIN" init --config llama-tiny --seed 4 --out "$WORK/init" >/dev/null || fail "init"
@@ -118,6 +138,8 @@ expect_error "no prompt" "--prompt TEXT or --prompt-ids" -- "$BIN" generate --hf
 expect_error "past max_position_embeddings" "pass the model's max_position_embeddings of 64" -- \
   "$BIN" generate --hf "$WORK/small" --prompt-ids 0,1,2 --max-new-tokens 62
 expect_error "a missing checkpoint" "$WORK/nothing" -- "$BIN" generate --hf "$WORK/nothing" --prompt a
+expect_error "train --sample-prompt text for a non-byte vocabulary" "--sample-prompt text needs the 256-token byte vocabulary" -- \
+  "$BIN" train --config "$WORK/small.json" --seq 16 --batch 2 --steps 1 --sample-every 1 --sample-prompt hi --metrics ""
 expect_error "--eos outside the vocabulary" "--eos 9 is out of range" -- \
   "$BIN" generate --hf "$WORK/small" --prompt-ids 0 --max-new-tokens 4 --eos 9
 

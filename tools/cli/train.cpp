@@ -39,6 +39,7 @@
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
 #include "tools/cli/sharded_save.h"
+#include "tools/cli/train_samples.h"
 #include "tools/cli/train_state.h"
 #include "tools/cli/trainer.h"
 
@@ -76,6 +77,7 @@ std::vector<FlagSpec> train_flags() {
                   "top ops and modules (docs/profiler.md; under --plan rank r > 0 writes FILE.rank<r>)", "", false},
   };
   for (auto& f : step_flags("8", "128")) flags.push_back(std::move(f));
+  for (auto& f : sample_flags()) flags.push_back(std::move(f));
   return flags;
 }
 
@@ -161,6 +163,7 @@ int run_train(int argc, char** argv) {
   const std::string cfg_source = resume ? loaded.path : !args.str("hf").empty() ? args.str("hf") : args.str("config");
   validate_train_flags(args, cfg, cfg_source);
   check_model_fits_memory(cfg, ModelUse::kTraining, "train", cfg_source);
+  const std::optional<TrainSampler> sampler = TrainSampler::from_args(args, cfg, args.str("hf"), plan != nullptr);
   manual_seed(seed);
   HfCheckpoint start_from;  // --resume or --hf: the model starts from these weights
   const bool sharded_resume = resume && loaded.sharded && plan;
@@ -344,6 +347,11 @@ int run_train(int argc, char** argv) {
     if (val_loss)
       fmt::print("step {:5d}/{} | val loss {:.4f} ({} batches of {}x{})\n", step + 1, steps, *val_loss,
                  val_batches.size(), batch, seq);
+    std::optional<TrainSample> sample;  // --sample-every: eval mode, no gradients, its own generator
+    if (sampler && sampler->due(step + 1, stop_at)) {
+      sample = sampler->take(*model, device, step + 1);
+      fmt::print("{}", TrainSampler::describe(*sample, step + 1, steps));
+    }
     if (metrics) {
       nlohmann::json j = {{"step", step + 1}, {"loss", loss},   {"grad_norm", norm}, {"lr", opt.lr()},
                           {"tokens_per_s", tok_s}, {"mfu", mfu}, {"mem_peak_mib", mem}, {"step_s", secs}};
@@ -351,7 +359,11 @@ int run_train(int argc, char** argv) {
       if (experts) j["expert_rows_min"] = experts->min, j["expert_rows_max"] = experts->max;
       if (experts && cfg.moe_capacity_factor > 0) j["expert_rows_dropped"] = experts->dropped;
       if (val_loss) j["val_loss"] = *val_loss;
-      *metrics << j.dump() << "\n";
+      if (sample) {
+        j["sample_tokens"] = sample->tokens;
+        if (sample->text) j["sample"] = *sample->text;
+      }
+      *metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       metrics->flush();
       MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file '{}' at step {}: {}", args.str("metrics"),
                step + 1, std::strerror(errno));

@@ -1,0 +1,91 @@
+// train --sample-every: a generate() call between steps.
+#include "tools/cli/train_samples.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "models/tokenizer.h"
+#include "runtime/error.h"
+#include "tensor/ops.h"
+#include "tools/cli/checks.h"
+
+namespace mt::cli {
+
+std::vector<FlagSpec> sample_flags() {
+  return {
+      {"sample-every", "print text the model generates every N steps and at the end (0: never; one device only)",
+       "0", false},
+      {"sample-tokens", "tokens per sample", "64", false},
+      {"sample-prompt", "the samples' prompt as text (byte vocabulary; default: a newline), or, for other "
+                        "vocabularies, empty: the config's bos_token_id", "", false},
+      {"sample-temperature", "the samples' softmax temperature (0: greedy)", "1.0", false},
+  };
+}
+
+std::optional<TrainSampler> TrainSampler::from_args(const Args& args, const ModelConfig& cfg,
+                                                    const std::string& hf_dir, bool under_plan) {
+  const int64_t every = args.integer("sample-every", 0, kMaxSteps);
+  if (every == 0) return std::nullopt;
+  MT_CHECK(!under_plan,
+           "meshtrain train: --sample-every runs on one device, not under --plan (generate from a checkpoint "
+           "instead: meshtrain generate --hf DIR)");
+  TrainSampler s;
+  s.every_ = every;
+  s.opts_.max_new_tokens = args.integer("sample-tokens", 1, int64_t{1} << 20);
+  s.opts_.sampling.temperature = args.real("sample-temperature");
+  MT_CHECK(s.opts_.sampling.temperature >= 0, "meshtrain train: --sample-temperature {} must be >= 0 (0: greedy)",
+           s.opts_.sampling.temperature);
+  s.seed_ = static_cast<uint64_t>(args.integer("seed"));
+  s.bytes_ = cfg.vocab_size == ByteTokenizer::kVocabSize;
+  const std::string text = args.str("sample-prompt");
+  if (s.bytes_) {
+    for (int32_t t : ByteTokenizer().encode(text.empty() ? std::string("\n") : text)) s.prompt_.push_back(t);
+  } else {
+    MT_CHECK(text.empty(),
+             "meshtrain train: --sample-prompt text needs the {}-token byte vocabulary (this model's vocab_size is "
+             "{}); leave it empty to start the samples from bos_token_id", ByteTokenizer::kVocabSize, cfg.vocab_size);
+    MT_CHECK(cfg.bos_token_id >= 0 && cfg.bos_token_id < cfg.vocab_size,
+             "meshtrain train: --sample-every: the config has no bos_token_id to start the samples from");
+    s.prompt_.push_back(cfg.bos_token_id);
+    if (!hf_dir.empty()) {
+      try {
+        s.decoder_ = HfTokenDecoder::from_dir(hf_dir);
+      } catch (const Error& e) {
+        fmt::print(stderr, "train: notice: {}; samples are printed as token ids\n", e.what());
+      }
+    }
+  }
+  const auto T = static_cast<int64_t>(s.prompt_.size());
+  MT_CHECK(T + s.opts_.max_new_tokens <= cfg.max_position_embeddings,
+           "meshtrain train: the sample's prompt ({} tokens) and --sample-tokens {} pass the model's "
+           "max_position_embeddings of {}", T, s.opts_.max_new_tokens, cfg.max_position_embeddings);
+  return s;
+}
+
+TrainSample TrainSampler::take(CausalLM& model, Device device, int64_t done) const {
+  GenerateOptions o = opts_;
+  o.seed = seed_ + static_cast<uint64_t>(done);
+  const Tensor prompt =
+      from_vector(prompt_, Shape{1, static_cast<int64_t>(prompt_.size())}, DType::kI64).to(device);
+  TrainSample s;
+  s.tokens = generate(model, prompt, o)[0];
+  if (bytes_)
+    s.text = ByteTokenizer().decode(std::vector<int32_t>(s.tokens.begin(), s.tokens.end()));
+  else if (decoder_)
+    s.text = decoder_->decode(s.tokens);
+  return s;
+}
+
+std::string TrainSampler::describe(const TrainSample& s, int64_t done, int64_t steps) {
+  std::string ids;
+  if (!s.text) {
+    for (int64_t t : s.tokens) {
+      if (!ids.empty()) ids += ',';
+      ids += std::to_string(t);
+    }
+  }
+  return fmt::format("step {:5d}/{} | sample ({} tokens):\n{}\n", done, steps, s.tokens.size(), s.text ? *s.text : ids);
+}
+
+}  // namespace mt::cli

@@ -261,11 +261,8 @@ void LlamaModel::set_kv_cache(KvCache* cache) {
   MT_CHECK(!cache || (span_embed_ && span_first_ == 0 && span_last_ < 0 && span_norm_),
            "LlamaModel '{}': a KV cache needs the whole model, not a pipeline stage", path());
   cache_ = cache;
-  for (size_t i = 0; i < layers_->size(); ++i) {
-    auto layer = layers_->at<LlamaDecoderLayer>(i);
-    MT_CHECK(layer, "LlamaModel '{}': layer {} is not a LlamaDecoderLayer", path(), i);
-    layer->self_attn()->set_kv_cache(cache, static_cast<int64_t>(i));
-  }
+  for (size_t i = 0; i < layers_->size(); ++i)
+    layers_->at<LlamaDecoderLayer>(i)->self_attn()->set_kv_cache(cache, static_cast<int64_t>(i));
 }
 
 CausalLM::CausalLM(const ModelConfig& c, DType dtype) : config_(c), dtype_(dtype) {
@@ -328,6 +325,8 @@ Tensor CausalLM::last_logits(const Tensor& input_ids) {
   MT_CHECK(span_first_ == 0 && span_last_ < 0, "CausalLM::last_logits: needs the whole model, not a pipeline stage");
   MT_CHECK(input_ids.dim() == 2 && input_ids.size(1) >= 1, "CausalLM::last_logits: input_ids must be [B, T] with T >= 1, got {}",
            input_ids.desc());
+  // model_ and lm_head through their module calls (their hooks run); CausalLM's own forward is
+  // skipped, since it would apply lm_head to every position.
   Tensor h = (*model_)(std::vector<Tensor>{input_ids})[0];
   h = h.narrow(1, h.size(1) - 1, 1);
   Tensor logits = lm_head_ ? (*lm_head_)(h) : linear(h, model_->embed_tokens()->weight());

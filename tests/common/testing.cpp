@@ -10,6 +10,8 @@
 #include <fstream>
 #include <random>
 
+#include "runtime/error.h"
+
 namespace mt::testing {
 
 TempDir::TempDir() {
@@ -73,6 +75,15 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
   const Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
   return std::memcmp(x.data_ptr(), y.data_ptr(), static_cast<size_t>(x.numel()) * dtype_size(x.dtype())) == 0;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 CloseReport allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {

@@ -44,6 +44,10 @@ CloseReport allclose(const Tensor& a, const std::vector<double>& b, double rtol 
 // Equal shapes, dtypes and bytes (on any device), or both undefined.
 bool same_bits(const Tensor& a, const Tensor& b);
 
+// The message of the mt::Error that fn() throws, or "(no error)"; any other exception escapes
+// (and fails the test).
+std::string error_of(const std::function<void()>& fn);
+
 // Central finite differences in f64 against autograd, for every element of every input that
 // requires grad. fn maps inputs to one tensor; the check projects it on fixed random weights.
 CloseReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,

@@ -18,15 +18,6 @@ using Catch::Contains;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 std::shared_ptr<CausalLM> model_of(const std::string& name, DType dtype, uint64_t seed = 5) {
   ModelConfig c = builtin_config(name);
   manual_seed(seed);

@@ -19,6 +19,7 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::error_of;
 using mt::testing::plans_dir;
 
 namespace {
@@ -153,14 +154,6 @@ TEST_CASE("parallelize: errors in a parallelized forward name the module path an
   using Catch::Contains;
   const int64_t world = mt::world().size();
   DeviceMesh mesh({world}, {"dp"});
-  auto error_of = [](const std::function<void()>& fn) -> std::string {
-    try {
-      fn();
-    } catch (const mt::Error& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   {
     // A hook that cannot do what the plan says: the input [5, 3] has no dim 2.
     auto probe = std::make_shared<Probe>();

@@ -19,6 +19,7 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::error_of;
 using mt::testing::plans_dir;
 using Catch::Matchers::Contains;
 
@@ -27,15 +28,6 @@ namespace {
 std::shared_ptr<CausalLM> meta_model(const std::string& config = "llama-tiny") {
   InitDeviceGuard meta(Device::meta());
   return build_causal_lm(builtin_config(config));
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const mt::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 PipelineLayout layout_of(const std::string& text, int64_t world) {

@@ -20,6 +20,7 @@
 #include "testing.h"
 
 using namespace mt;
+using mt::testing::error_of;
 using mt::testing::plans_dir;
 
 namespace {
@@ -232,15 +233,6 @@ TEST_CASE("plan: lowering errors (unmatched regexes, mesh/world, placements that
 }
 
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const mt::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // A meta batch of token ids [1, 8] for llama-tiny.
 std::vector<Tensor> meta_ids() {

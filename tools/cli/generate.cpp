@@ -71,24 +71,17 @@ std::shared_ptr<CausalLM> load_model(const Args& args, ModelConfig& cfg, std::st
   MT_CHECK(args.has("hf") != args.has("config"),
            "meshtrain generate: give the model as --hf DIR (a checkpoint) or --config NAME (random weights), one "
            "of the two");
-  std::shared_ptr<CausalLM> model;
   if (args.has("hf")) {
     dir = args.str("hf");
     HfCheckpoint ck = read_hf_checkpoint(dir);
     cfg = ck.config;
     check_model_fits_memory(cfg, ModelUse::kWeights, "generate", dir);
-    {
-      InitDeviceGuard meta(Device::meta());  // weights come from the file: skip random init
-      model = build_causal_lm(cfg);
-    }
-    load_into_module(*model, ck);
-  } else {
-    cfg = resolve_config(args.str("config"));
-    check_model_fits_memory(cfg, ModelUse::kWeights, "generate", args.str("config"));
-    manual_seed(static_cast<uint64_t>(args.integer("init-seed", 0, std::numeric_limits<int64_t>::max())));
-    model = build_causal_lm(cfg);
+    return build_run_model(cfg, &ck, false);  // built on meta, the file's weights loaded
   }
-  return model;
+  cfg = resolve_config(args.str("config"));
+  check_model_fits_memory(cfg, ModelUse::kWeights, "generate", args.str("config"));
+  manual_seed(static_cast<uint64_t>(args.integer("init-seed", 0, std::numeric_limits<int64_t>::max())));
+  return build_run_model(cfg, nullptr, false);
 }
 
 }  // namespace

@@ -60,12 +60,7 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& comma
   const Device device = resolve_device(command, args.str("device"));
   HfCheckpoint ck = read_hf_checkpoint(dir);
   TokenBatch batch = read_token_batch(tokens, ck.config, dir);
-  std::shared_ptr<CausalLM> model;
-  {
-    InitDeviceGuard meta(Device::meta());  // weights come from the file: skip random init
-    model = build_causal_lm(ck.config);
-  }
-  load_into_module(*model, ck);
+  std::shared_ptr<CausalLM> model = build_run_model(ck.config, &ck, false);  // on meta, then the file's weights
   model->eval();
   if (parallel)
     parallel->par = std::make_unique<Parallelized>(parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh));

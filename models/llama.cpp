@@ -218,22 +218,16 @@ std::vector<Tensor> LlamaModel::forward(const std::vector<Tensor>& inputs) {
            ids.desc());
   const int64_t T = ids.size(1);
   Tensor h = span_embed_ ? (*embed_tokens_)(ids) : ids;
-  Tensor cos, sin;
-  if (cache_) {  // positions [length, length + T): rows of the capacity's tables (each row is its own)
-    if (!cache_cos_.defined() || cache_cos_.size(0) != cache_->capacity() || cache_cos_.dtype() != h.dtype() ||
-        cache_cos_.device() != h.device())
-      std::tie(cache_cos_, cache_sin_) = rope_cos_sin(config_, cache_->capacity(), h.dtype(), h.device());
-    MT_CHECK(cache_->length() + T <= cache_->capacity(),
-             "LlamaModel '{}': {} new positions after the {} the KV cache holds pass its capacity of {}", path(), T,
-             cache_->length(), cache_->capacity());
-    cos = cache_cos_.narrow(0, cache_->length(), T);
-    sin = cache_sin_.narrow(0, cache_->length(), T);
-  } else {
-    if (!cos_.defined() || cos_.size(0) != T || cos_.dtype() != h.dtype() || cos_.device() != h.device())
-      std::tie(cos_, sin_) = rope_cos_sin(config_, T, h.dtype(), h.device());
-    cos = cos_;
-    sin = sin_;
-  }
+  // Rotary tables of positions 0..rows-1; with a KV cache those of the capacity, of which this
+  // step takes rows [length, length + T) (each row depends on its position only).
+  const int64_t rows = cache_ ? cache_->capacity() : T;
+  MT_CHECK(!cache_ || cache_->length() + T <= rows,
+           "LlamaModel '{}': {} new positions after the {} the KV cache holds pass its capacity of {}", path(), T,
+           cache_ ? cache_->length() : 0, rows);
+  if (!cos_.defined() || cos_.size(0) != rows || cos_.dtype() != h.dtype() || cos_.device() != h.device())
+    std::tie(cos_, sin_) = rope_cos_sin(config_, rows, h.dtype(), h.device());
+  const Tensor cos = cache_ ? cos_.narrow(0, cache_->length(), T) : cos_;
+  const Tensor sin = cache_ ? sin_.narrow(0, cache_->length(), T) : sin_;
   std::vector<Tensor> router_logits;
   const size_t last = span_last_ < 0 ? layers_->size() : static_cast<size_t>(span_last_);
   for (size_t i = static_cast<size_t>(span_first_); i < last; ++i) {

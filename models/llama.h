@@ -137,10 +137,10 @@ class LlamaModel : public Module {
   std::shared_ptr<Embedding> embed_tokens_;
   std::shared_ptr<ModuleList> layers_;
   std::shared_ptr<RMSNorm> norm_;
-  // Last rotary tables built, reused while T, dtype and device stay the same.
+  // Last rotary tables built (T rows, or the KV cache's capacity), reused while their row count,
+  // dtype and device stay the same.
   Tensor cos_, sin_;
   KvCache* cache_ = nullptr;
-  Tensor cache_cos_, cache_sin_;  // tables of the cache's capacity, narrowed per step
 };
 
 // LlamaForCausalLM / MixtralForCausalLM: model, lm_head (absent when tie_word_embeddings: the

@@ -108,11 +108,11 @@ struct Theory {
   int64_t peak(int64_t group) const { return 4 * param_bytes / group + activations + 2 * root + 3 * layer; }
 };
 
-Theory theory(const ModelConfig& cfg, int64_t rank_batch, int64_t T) {
+Theory theory(CausalLM& model, int64_t rank_batch, int64_t T) {
+  const ModelConfig& cfg = model.config();
   Theory th;
-  auto model = bench::build_model(cfg, bench::Materialize::kNow);
   std::map<std::string, int64_t> layer_bytes;
-  for (const auto& [path, p] : model->named_parameters()) {
+  for (const auto& [path, p] : model.named_parameters()) {
     const int64_t bytes = p.numel() * static_cast<int64_t>(dtype_size(p.dtype()));
     th.param_bytes += bytes;
     static const std::regex layer(R"(model\.layers\.(\d+)\..*)");
@@ -127,7 +127,7 @@ Theory theory(const ModelConfig& cfg, int64_t rank_batch, int64_t T) {
   Tensor t = randint(0, cfg.vocab_size, {rank_batch, T + 1}, DType::kI64, &g);
   Tensor ids = t.narrow(1, 0, T).contiguous(), tg = t.narrow(1, 1, T).contiguous();
   const int64_t before = cpu_memory_stats().current;
-  Tensor loss = model->loss(ids, tg);
+  Tensor loss = model.loss(ids, tg);
   th.activations = cpu_memory_stats().current - before;
   return th;
 }
@@ -144,14 +144,16 @@ int main(int argc, char** argv) {
   StepStats single;
   Theory th;
   if (root) {
-    th = theory(cfg, (B + n - 1) / n, T);
+    // One process's model serves the theory's activation figure (a forward, no backward: nothing
+    // it keeps) and then the one-process baseline.
+    auto ref = bench::build_model(cfg, bench::Materialize::kNow);
+    th = theory(*ref, (B + n - 1) / n, T);
     const double mib = 1 << 20;
     fmt::print("theoretical per-rank peak of llama_fsdp (F = {}): {:.1f} MiB = state {:.1f} (16 bytes x {} "
                "parameters / F) + activations {:.1f} (one process, batch {}) + gathered {:.1f} (2 x root unit "
                "{:.2f} + 3 x layer unit {:.2f})\n",
                n, th.peak(n) / mib, (4 * th.param_bytes / n) / mib, th.param_bytes / 4, th.activations / mib, (B + n - 1) / n,
                (2 * th.root + 3 * th.layer) / mib, th.root / mib, th.layer / mib);
-    auto ref = bench::build_model(cfg, bench::Materialize::kNow);
     single = run(*ref, nullptr, nullptr, steps, B, T);
     fmt::print("one process: {:.2f} steps/s, peak {:.1f} MiB in the step (batch {} x {})\n", 1 / single.seconds,
                static_cast<double>(single.peak) / (1 << 20), B, T);

@@ -27,6 +27,14 @@ double positive(const nlohmann::json& j, const char* key, double scale, const st
   return v * scale;
 }
 
+// An optional string field (`fallback` when absent).
+std::string text_field(const nlohmann::json& j, const char* key, std::string fallback, const std::string& source) {
+  if (!j.contains(key)) return fallback;
+  MT_CHECK(j[key].is_string(), "{}: hardware profile field \"{}\" must be a string, got {}", source, key,
+           j[key].type_name());
+  return j[key].get<std::string>();
+}
+
 // An optional field (0 when absent).
 double non_negative(const nlohmann::json& j, const char* key, double scale, const std::string& source) {
   if (!j.contains(key)) return 0;
@@ -69,8 +77,8 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   MT_CHECK(j.is_object(), "{}: a hardware profile is a JSON object", source);
   HardwareProfile hw;
   hw.source = source;
-  hw.name = j.value("name", fs::path(source).stem().string());
-  hw.description = j.value("description", "");
+  hw.name = text_field(j, "name", fs::path(source).stem().string(), source);
+  hw.description = text_field(j, "description", "", source);
   hw.gemm_flops_f32 = positive(j, "gemm_tflops_f32", 1e12, source);
   hw.gemm_flops_bf16 = positive(j, "gemm_tflops_bf16", 1e12, source);
   hw.memory_bandwidth = positive(j, "memory_bandwidth_gbs", 1e9, source);

@@ -238,4 +238,30 @@ TEST_CASE("HfTokenDecoder: byte-level and SentencePiece-style tokenizer.json fil
              Contains("decoder type 'WordPiece' is not supported"));
   bad.write("tokenizer.json", "{not json");
   CHECK_THAT(error_of([&] { HfTokenDecoder::from_dir(bad.path.string()); }), Contains("not a JSON object"));
+  // A field of the wrong JSON type is an mt::Error naming the file and the field (the fuzzer found a
+  // decoder "type" that was a list, which escaped as nlohmann's own type_error).
+  const std::string vocab = R"("model": {"vocab": {"a": 0}})";
+  const std::pair<std::string, std::string> wrong[] = {
+      {R"({"decoder": {"type": ["ByteLevel"]}, )" + vocab + "}", "decoder.type is an array, not a string"},
+      {R"({"decoder": {"type": "Metaspace", "add_prefix_space": "yes"}, )" + vocab + "}",
+       "decoder.add_prefix_space is a string, not a boolean"},
+      {R"({"decoder": {"type": "Metaspace", "prepend_scheme": 1}, )" + vocab + "}",
+       "decoder.prepend_scheme is a number, not a string"},
+      {R"({"decoder": {"type": "Sequence", "decoders": [{"type": "Strip", "start": 1.5}]}, )" + vocab + "}",
+       "decoder.decoders[].start is a number, not an integer"},
+      {R"({"decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": {}}}]}, )" +
+           vocab + "}",
+       "decoder.decoders[].pattern.String is an object, not a string"},
+      {R"({"added_tokens": [{"id": 1, "content": "<s>", "special": 1}], "decoder": {"type": "ByteLevel"}, )" +
+           vocab + "}",
+       "added_tokens[].special is a number, not a boolean"},
+  };
+  for (const auto& [text, message] : wrong) {
+    bad.write("tokenizer.json", text);
+    const std::string e = error_of([&] { HfTokenDecoder::from_dir(bad.path.string()); });
+    CHECK_THAT(e, Contains(message) && Contains(bad.file("tokenizer.json")));
+  }
+  // null counts as absent, as in the files the tokenizers library writes.
+  bad.write("tokenizer.json", R"({"decoder": {"type": "Metaspace", "prepend_scheme": null}, )" + vocab + "}");
+  CHECK(HfTokenDecoder::from_dir(bad.path.string())->decode({0}) == "a");
 }

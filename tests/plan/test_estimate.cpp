@@ -496,6 +496,11 @@ TEST_CASE("roofline: links by node span, the alpha-beta formulas, profile errors
                     Catch::Contains("x.json") && Catch::Contains("gemm_tflops_bf16"));
   CHECK_THROWS_WITH(parse_hardware_profile(hardware_profile_json(hw).replace(0, 1, "["), "y.json"),
                     Catch::Contains("y.json"));
+  std::string named = hardware_profile_json(hw);
+  const size_t at = named.find("\"name\": \"") + 8;
+  named.replace(at, named.find('"', at + 1) + 1 - at, R"(["h100"])");
+  CHECK_THROWS_WITH(parse_hardware_profile(named, "n.json"),
+                    Catch::Contains("n.json") && Catch::Contains("\"name\" must be a string, got array"));
   // A profile survives its own JSON.
   HardwareProfile back = parse_hardware_profile(hardware_profile_json(hw), "z.json");
   CHECK(back.inter.bandwidth == Approx(hw.inter.bandwidth));

@@ -25,7 +25,7 @@ command -v ccache >/dev/null 2>&1 && cxx="ccache clang++-14"
 # at. It compiled 17% faster than -O3 here and ran the ASan suite in the same time (docs/decisions.md,
 # "CI time").
 CXX="$cxx" AR=llvm-ar-14 MT_BUILD_DIR="$BUILD" \
-  MT_MESON_ARGS="-Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false -Dfuzz=true --buildtype=custom -Doptimization=1 -Ddebug=false -Db_ndebug=true" \
+  MT_MESON_ARGS="-Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false -Dfuzz=true -Doptimization=1 -Db_ndebug=true" \
   bash tools/setup.sh || { echo "sanitize: build failed"; exit 1; }
 
 # The tests get their sanitizer options from the build's default test setup (tests/meson.build).

@@ -8,7 +8,8 @@
 # same inputs on every run, so a new finding comes from a code change, not from chance), MT_SAN_TEST_ARGS (`meson test` arguments;
 # default "--no-suite slow --no-suite long": parity_np4 (about 10 minutes under ASan) and the
 # end-to-end runs of several minutes each under ASan (suite 'long') are left to tools/test.sh; set
-# it empty to run everything), MT_FUZZ_ONLY=1 (skip the test suite), MT_JOBS (ninja -j).
+# it empty to run everything), MT_FUZZ_ONLY=1 (skip the test suite), MT_FUZZ_JOBS (fuzzers run at
+# once, default the core count), MT_JOBS (ninja -j).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -25,7 +26,7 @@ command -v ccache >/dev/null 2>&1 && cxx="ccache clang++-14"
 # at. It compiled 17% faster than -O3 here and ran the ASan suite in the same time (docs/decisions.md,
 # "CI time").
 CXX="$cxx" AR=llvm-ar-14 MT_BUILD_DIR="$BUILD" \
-  MT_MESON_ARGS="-Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false -Dfuzz=true -Doptimization=1 -Db_ndebug=true" \
+  MT_MESON_ARGS="-Dcuda=disabled -Dbench=false -Db_sanitize=address,undefined -Db_lundef=false -Dfuzz=true -Doptimization=1 -Db_ndebug=true" \
   bash tools/setup.sh || { echo "sanitize: build failed"; exit 1; }
 
 # The tests get their sanitizer options from the build's default test setup (tests/meson.build).
@@ -47,17 +48,27 @@ fi
 export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
 export LSAN_OPTIONS="suppressions=$ROOT/tests/sanitizers/lsan.supp:print_suppressions=0"
 # Each target grows a scratch corpus (seeded from tests/fuzz/corpus/<target>, which is only read).
+# A fuzzer is one process on one core: MT_FUZZ_JOBS of them run at once (default: the cores), so
+# each target still gets FUZZ_SECONDS of a core of its own.
 FUZZ="$BUILD/fuzz"
 mkdir -p "$FUZZ/findings"
-printf '%-12s %10s %8s %8s %6s  %s\n' target execs exec/s cov ft result > "$FUZZ/summary.txt"
+fuzz_jobs=${MT_FUZZ_JOBS:-$(nproc)}
+names=()
 for exe in "$BUILD"/tests/fuzz/fuzz_*; do
   name=$(basename "$exe"); name=${name#fuzz_}
   [ -x "$exe" ] && [ -d "tests/fuzz/corpus/$name" ] || continue
+  names+=("$name")
+  while (( $(jobs -rp | wc -l) >= fuzz_jobs )); do wait -n; done
   mkdir -p "$FUZZ/corpus/$name"
+  ( "$exe" "$FUZZ/corpus/$name" "tests/fuzz/corpus/$name" -max_total_time="$FUZZ_SECONDS" -seed="${MT_FUZZ_SEED:-1}" \
+      -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$FUZZ/findings/$name-" >"$FUZZ/$name.log" 2>&1
+    echo $? >"$FUZZ/$name.rc" ) &
+done
+wait
+printf '%-12s %10s %8s %8s %6s  %s\n' target execs exec/s cov ft result > "$FUZZ/summary.txt"
+for name in "${names[@]}"; do
   log="$FUZZ/$name.log"
-  "$exe" "$FUZZ/corpus/$name" "tests/fuzz/corpus/$name" -max_total_time="$FUZZ_SECONDS" -seed="${MT_FUZZ_SEED:-1}" -timeout=10 \
-    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$FUZZ/findings/$name-" >"$log" 2>&1
-  frc=$?
+  frc=$(cat "$FUZZ/$name.rc")
   # The last status line ("#N DONE cov: C ft: F ... exec/s: E") and the final stats.
   last=$(grep -aE '^#[0-9]+' "$log" | tail -1)
   execs=$(grep -aoE 'stat::number_of_executed_units: +[0-9]+' "$log" | tail -1 | awk '{print $2}')

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "models/json_io.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 
@@ -23,28 +24,17 @@ DType dtype_of_name(const std::string& s, const std::string& path, const std::st
 }
 
 Shape dims_of(const json& j, const std::string& path, const std::string& tensor, const char* field) {
-  MT_CHECK(j.is_array(), "{}: tensor '{}': '{}' must be an array of integers, got {}", path, tensor, field, j.dump());
+  MT_CHECK(j.is_array(), "{}: tensor '{}': '{}' must be an array of integers, got {}", path, tensor, field,
+           json_brief(j));
   std::vector<int64_t> v;
   for (const auto& d : j) {
     MT_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0,
-             "{}: tensor '{}': '{}' must hold non-negative integers, got {}", path, tensor, field, j.dump());
+             "{}: tensor '{}': '{}' must hold non-negative integers, got {}", path, tensor, field, json_brief(j));
     v.push_back(d.get<int64_t>());
   }
   MT_CHECK(v.size() <= static_cast<size_t>(kMaxDims), "{}: tensor '{}': '{}' has {} dims", path, tensor, field,
            v.size());
   return Shape(v);
-}
-
-const json& field(const json& j, const char* key, const std::string& path, const std::string& what) {
-  auto it = j.find(key);
-  MT_CHECK(it != j.end(), "{}: {}: field '{}' is missing", path, what, key);
-  return *it;
-}
-
-std::string str_field(const json& j, const char* key, const std::string& path, const std::string& what) {
-  const json& v = field(j, key, path, what);
-  MT_CHECK(v.is_string(), "{}: {}: field '{}' must be a string, got {}", path, what, key, v.dump());
-  return v.get<std::string>();
 }
 
 bool boxes_overlap(const ChunkBox& a, const ChunkBox& b) {
@@ -140,35 +130,35 @@ ShardedIndex index_from_json(const std::string& text, const std::string& path, b
     MT_FAIL("{}: not valid JSON: {}", path, e.what());
   }
   MT_CHECK(j.is_object(), "{}: the index must be a JSON object", path);
-  const std::string format = str_field(j, "format", path, "the index");
+  const JsonFields index(j, fmt::format("{}: the index", path));
+  const std::string format = index.string_at("format");
   MT_CHECK(format == kShardedIndexFormat, "{}: field 'format' must be \"{}\", got \"{}\"", path, kShardedIndexFormat,
            format);
   ShardedIndex out;
-  const json& w = field(j, "world_size", path, "the index");
-  MT_CHECK(w.is_number_integer() && w.get<int64_t>() >= 1, "{}: field 'world_size' must be an integer >= 1", path);
-  out.world_size = w.get<int64_t>();
-  out.mesh = str_field(j, "mesh", path, "the index");
-  const json& tensors = field(j, "tensors", path, "the index");
+  out.world_size = index.int_at("world_size", 1);
+  out.mesh = index.string_at("mesh");
+  const json& tensors = index.at("tensors");
   MT_CHECK(tensors.is_array(), "{}: field 'tensors' must be an array", path);
   for (const auto& e : tensors) {
-    MT_CHECK(e.is_object(), "{}: each entry of 'tensors' must be an object, got {}", path, e.dump().substr(0, 80));
+    MT_CHECK(e.is_object(), "{}: each entry of 'tensors' must be an object, got {}", path, json_brief(e));
     IndexedTensor t;
-    t.name = str_field(e, "name", path, "a tensor");
-    const std::string what = fmt::format("tensor '{}'", t.name);
-    t.group = str_field(e, "group", path, what);
-    t.shape = dims_of(field(e, "shape", path, what), path, t.name, "shape");
-    t.dtype = dtype_of_name(str_field(e, "dtype", path, what), path, t.name);
-    t.placements = str_field(e, "placements", path, what);
-    const json& chunks = field(e, "chunks", path, what);
+    t.name = JsonFields(e, fmt::format("{}: a tensor", path)).string_at("name");
+    const JsonFields tf(e, fmt::format("{}: tensor '{}'", path, t.name));
+    t.group = tf.string_at("group");
+    t.shape = dims_of(tf.at("shape"), path, t.name, "shape");
+    t.dtype = dtype_of_name(tf.string_at("dtype"), path, t.name);
+    t.placements = tf.string_at("placements");
+    const json& chunks = tf.at("chunks");
     MT_CHECK(chunks.is_array(), "{}: tensor '{}': 'chunks' must be an array", path, t.name);
     for (const auto& cj : chunks) {
       MT_CHECK(cj.is_object(), "{}: tensor '{}': each chunk must be an object", path, t.name);
+      const JsonFields cf(cj, fmt::format("{}: tensor '{}': a chunk", path, t.name));
       ChunkBox c;
-      c.offsets = dims_of(field(cj, "offsets", path, what), path, t.name, "offsets");
-      c.sizes = dims_of(field(cj, "sizes", path, what), path, t.name, "sizes");
-      c.file = str_field(cj, "file", path, what);
-      c.key = str_field(cj, "key", path, what);
-      c.crc32 = str_field(cj, "crc32", path, what);
+      c.offsets = dims_of(cf.at("offsets"), path, t.name, "offsets");
+      c.sizes = dims_of(cf.at("sizes"), path, t.name, "sizes");
+      c.file = cf.string_at("file");
+      c.key = cf.string_at("key");
+      c.crc32 = cf.string_at("crc32");
       MT_CHECK(!c.file.empty() && c.file.find('/') == std::string::npos && c.file != "." && c.file != "..",
                "{}: tensor '{}': chunk file '{}' must be a file name in the step directory", path, t.name, c.file);
       t.chunks.push_back(std::move(c));

@@ -70,7 +70,7 @@ void read_indexed(const fs::path& dir, HfCheckpoint& ck) {
   std::set<std::string> shards;
   for (auto it = doc["weight_map"].begin(); it != doc["weight_map"].end(); ++it) {
     MT_CHECK(it->is_string(), "checkpoint index '{}': weight_map entry for tensor '{}' must be a file name, got {}",
-             ip, it.key(), it->dump());
+             ip, it.key(), json_brief(*it));
     std::string shard = it->get<std::string>();
     MT_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard != "." && shard != "..",
              "checkpoint index '{}': tensor '{}' maps to '{}', which is not a plain file name in the directory", ip,

@@ -4,10 +4,8 @@
 
 #include "models/json_io.h"
 
-#include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -22,96 +20,39 @@ using ordered_json = nlohmann::ordered_json;
 
 namespace {
 
-// Field access with errors naming the file and the field. A null value counts as absent.
-class Fields {
- public:
-  Fields(const json& doc, const std::string& path, const char* prefix = "")
-      : doc_(doc), path_(path), prefix_(prefix) {}
+// config.json's fields: errors read "config.json '<path>': field '<key>' ...".
+JsonFields config_fields(const json& doc, const std::string& path, std::string prefix = "") {
+  return JsonFields(doc, fmt::format("config.json '{}'", path), std::move(prefix));
+}
 
-  bool has(const char* key) const { return doc_.contains(key) && !doc_.at(key).is_null(); }
-  const json& at(const char* key) const { return doc_.at(key); }
-  [[noreturn]] void fail(const char* key, const std::string& what) const {
-    MT_FAIL("config.json '{}': field '{}{}' {}", path_, prefix_, key, what);
+// bos/eos: an int, a list of ints (the first is the one meshtrain uses) or null (-1: none).
+int64_t token_id(const JsonFields& f, const char* key, int64_t dflt) {
+  if (!f.object().contains(key)) return dflt;
+  const json& v = f.object().at(key);
+  if (v.is_null()) return -1;
+  if (v.is_array()) {
+    if (v.empty()) f.fail(key, "is an empty list");
+    return f.as_int(v[0], key);
   }
-  void require(const char* key) const {
-    if (!has(key)) fail(key, "is missing (required)");
-  }
-
-  int64_t get_int(const char* key, int64_t dflt) const {
-    if (!has(key)) return dflt;
-    return as_int(at(key), key);
-  }
-  // An integer (1e3 and 1000.0 are too, as Python's json would give them). Integers beyond int64
-  // are refused here; validate() applies each field's own bound.
-  int64_t as_int(const json& v, const char* key) const {
-    if (v.is_number_unsigned()) {
-      const uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        fail(key, fmt::format("= {} is too large (not an int64)", u));
-      return static_cast<int64_t>(u);
-    }
-    if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_number_float()) {
-      double d = v.get<double>();
-      if (std::isfinite(d) && d == std::floor(d)) {
-        if (std::fabs(d) < 9e15) return static_cast<int64_t>(d);
-        fail(key, fmt::format("= {} is too large", v.dump()));
-      }
-    }
-    fail(key, fmt::format("must be an integer, got {}", v.dump()));
-  }
-  double get_double(const char* key, double dflt) const {
-    if (!has(key)) return dflt;
-    const json& v = at(key);
-    if (!v.is_number()) fail(key, fmt::format("must be a number, got {}", v.dump()));
-    return v.get<double>();
-  }
-  bool get_bool(const char* key, bool dflt) const {
-    if (!has(key)) return dflt;
-    const json& v = at(key);
-    if (!v.is_boolean()) fail(key, fmt::format("must be true or false, got {}", v.dump()));
-    return v.get<bool>();
-  }
-  std::string get_string(const char* key, const std::string& dflt) const {
-    if (!has(key)) return dflt;
-    const json& v = at(key);
-    if (!v.is_string()) fail(key, fmt::format("must be a string, got {}", v.dump()));
-    return v.get<std::string>();
-  }
-  // bos/eos: an int, a list of ints (the first is the one meshtrain uses) or null (-1: none).
-  int64_t get_token_id(const char* key, int64_t dflt) const {
-    if (!doc_.contains(key)) return dflt;
-    const json& v = at(key);
-    if (v.is_null()) return -1;
-    if (v.is_array()) {
-      if (v.empty()) fail(key, "is an empty list");
-      return as_int(v[0], key);
-    }
-    return as_int(v, key);
-  }
-
- private:
-  const json& doc_;
-  const std::string& path_;
-  const char* prefix_;
-};
+  return f.as_int(v, key);
+}
 
 // transformers < 5 writes "rope_scaling" (null when unscaled) next to "rope_theta"; transformers
 // >= 5 writes "rope_parameters" holding rope_type and rope_theta together.
-const char* rope_key(const Fields& f) {
+const char* rope_key(const JsonFields& f) {
   if (f.has("rope_scaling")) return "rope_scaling";
   if (f.has("rope_parameters")) return "rope_parameters";
   return nullptr;
 }
 
-RopeScaling parse_rope_scaling(const Fields& f, const std::string& path) {
+RopeScaling parse_rope_scaling(const JsonFields& f, const std::string& path) {
   RopeScaling rs;
   const char* key = rope_key(f);
   if (!key) return rs;
   const json& v = f.at(key);
-  if (!v.is_object()) f.fail(key, fmt::format("must be null or an object, got {}", v.dump()));
+  if (!v.is_object()) f.fail(key, fmt::format("must be null or an object, got {}", json_brief(v)));
   const std::string prefix = std::string(key) + ".";
-  Fields r(v, path, prefix.c_str());
+  const JsonFields r = config_fields(v, path, prefix);
   std::string type = r.has("rope_type") ? r.get_string("rope_type", "") : r.get_string("type", "");
   if (type.empty()) f.fail(key, "has neither 'rope_type' nor 'type'");
   auto factor = [&] {
@@ -151,7 +92,7 @@ ModelConfig load_hf_config(const std::string& path) {
   MT_CHECK(fs::is_regular_file(path, ec), "config.json '{}': file does not exist", path);
   json doc = read_json_file(path, "config.json");
   MT_CHECK(doc.is_object(), "config.json '{}': must hold a JSON object, got {}", path, doc.type_name());
-  Fields f(doc, path);
+  const JsonFields f = config_fields(doc, path);
 
   ModelConfig c;
   f.require("model_type");
@@ -175,7 +116,7 @@ ModelConfig load_hf_config(const std::string& path) {
   c.rms_norm_eps = f.get_double("rms_norm_eps", moe ? 1e-5 : 1e-6);
   c.rope_theta = f.get_double("rope_theta", moe ? 1e6 : 10000.0);
   if (!f.has("rope_theta") && f.has("rope_parameters") && f.at("rope_parameters").is_object())
-    c.rope_theta = Fields(f.at("rope_parameters"), path, "rope_parameters.").get_double("rope_theta", c.rope_theta);
+    c.rope_theta = config_fields(f.at("rope_parameters"), path, "rope_parameters.").get_double("rope_theta", c.rope_theta);
   c.rope_scaling = parse_rope_scaling(f, path);
   c.tie_word_embeddings = f.get_bool("tie_word_embeddings", false);
   c.attention_bias = f.get_bool("attention_bias", false);
@@ -187,8 +128,8 @@ ModelConfig load_hf_config(const std::string& path) {
                c.torch_dtype == "float64",
            "config.json '{}': field 'torch_dtype' is '{}' (float32, bfloat16, float16 or float64)", path,
            c.torch_dtype);
-  c.bos_token_id = f.get_token_id("bos_token_id", 1);
-  c.eos_token_id = f.get_token_id("eos_token_id", 2);
+  c.bos_token_id = token_id(f, "bos_token_id", 1);
+  c.eos_token_id = token_id(f, "eos_token_id", 2);
   c.attention_dropout = f.get_double("attention_dropout", 0.0);
   c.residual_dropout = f.get_double("mt_residual_dropout", 0.0);
   if (moe) {

@@ -3,9 +3,9 @@
 
 #include <filesystem>
 #include <fstream>
-#include <type_traits>
 #include <nlohmann/json.hpp>
 
+#include "models/json_io.h"
 #include "runtime/error.h"
 
 namespace mt {
@@ -57,23 +57,6 @@ int byte_token(const std::string& t) {
 
 constexpr const char* kSpaceMark = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 
-// obj[key] as T (bool, int64_t or std::string); `fallback` when the key is absent or null. A value
-// of another JSON type is an error naming the file and the field: nlohmann's value() would throw
-// its own type_error instead, which names neither.
-template <class T>
-T field_or(const json& obj, const char* key, T fallback, const std::string& path, const char* where) {
-  const auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return fallback;
-  bool ok = false;
-  if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
-  else if constexpr (std::is_same_v<T, int64_t>) ok = it->is_number_integer();
-  else ok = it->is_string();
-  const char* want = std::is_same_v<T, bool> ? "a boolean" : std::is_same_v<T, int64_t> ? "an integer" : "a string";
-  MT_CHECK(ok, "{}: {}.{} is {} {}, not {}", path, where, key, it->is_array() || it->is_object() ? "an" : "a",
-           it->type_name(), want);
-  return it->get<T>();
-}
-
 }  // namespace
 
 std::optional<HfTokenDecoder> HfTokenDecoder::from_dir(const std::string& dir) {
@@ -114,30 +97,30 @@ HfTokenDecoder HfTokenDecoder::from_file(const std::string& path) {
       const int64_t id = a["id"].get<int64_t>();
       d.tokens_[id] = a["content"].get<std::string>();
       d.literal_.insert(id);
-      if (field_or(a, "special", false, path, "added_tokens[]")) d.special_.insert(id);
+      if (JsonFields(a, path, "added_tokens[].").get_bool("special", false)) d.special_.insert(id);
     }
   }
   // The decoder: ByteLevel, or SentencePiece-style (Metaspace, or a Sequence of Replace U+2581,
   // ByteFallback, Fuse, Strip).
   const json dec = j.value("decoder", json());
-  const std::string type = dec.is_object() ? field_or(dec, "type", std::string(), path, "decoder") : std::string();
+  const JsonFields decf(dec, path, "decoder.");
+  const std::string type = decf.get_string("type", "");
   if (type == "ByteLevel") {
     d.style_ = Style::kByteLevel;
   } else if (type == "Metaspace") {
     d.style_ = Style::kSentencePiece;
-    const std::string scheme = field_or(dec, "prepend_scheme", std::string(), path, "decoder");
-    d.strip_first_space_ =
-        field_or(dec, "add_prefix_space", false, path, "decoder") || scheme == "first" || scheme == "always";
+    const std::string scheme = decf.get_string("prepend_scheme", "");
+    d.strip_first_space_ = decf.get_bool("add_prefix_space", false) || scheme == "first" || scheme == "always";
   } else if (type == "Sequence" && dec.contains("decoders") && dec["decoders"].is_array()) {
     bool space = false;
     for (const json& s : dec["decoders"]) {
-      const char* where = "decoder.decoders[]";
-      const std::string t = s.is_object() ? field_or(s, "type", std::string(), path, where) : std::string();
+      const JsonFields step(s, path, "decoder.decoders[].");
+      const std::string t = step.get_string("type", "");
       if (t == "Replace" && s.contains("pattern") && s["pattern"].is_object() &&
-          field_or(s["pattern"], "String", std::string(), path, "decoder.decoders[].pattern") == kSpaceMark)
+          JsonFields(s["pattern"], path, "decoder.decoders[].pattern.").get_string("String", "") == kSpaceMark)
         space = true;
       if (t == "ByteLevel") MT_FAIL("{}: a ByteLevel decoder inside a Sequence is not supported", path);
-      if (t == "Strip" && field_or(s, "start", int64_t{0}, path, where) > 0) d.strip_first_space_ = true;
+      if (t == "Strip" && step.get_int("start", 0) > 0) d.strip_first_space_ = true;
     }
     MT_CHECK(space, "{}: a Sequence decoder without Replace of U+2581 by a space is not a SentencePiece-style decoder "
              "meshtrain knows", path);

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "models/json_io.h"
 #include "runtime/error.h"
 
 namespace mt {
@@ -77,7 +78,7 @@ struct Entry {
 int64_t json_nonneg_int(const json& v, const std::string& path, const std::string& name, const char* field) {
   MT_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
            "safetensors '{}': tensor '{}': {} must hold non-negative integers, got {}", path, name, field,
-           v.dump());
+           json_brief(v));
   uint64_t u = v.get<uint64_t>();
   MT_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
            "safetensors '{}': tensor '{}': {} value {} is too large", path, name, field, u);
@@ -86,13 +87,13 @@ int64_t json_nonneg_int(const json& v, const std::string& path, const std::strin
 
 Entry parse_entry(const std::string& path, const std::string& name, const json& e) {
   MT_CHECK(e.is_object(), "safetensors '{}': tensor '{}': header entry must be an object, got {}", path, name,
-           e.dump());
+           json_brief(e));
   Entry out;
   out.name = name;
   for (const char* field : {"dtype", "shape", "data_offsets"})
     MT_CHECK(e.contains(field), "safetensors '{}': tensor '{}': header entry has no '{}'", path, name, field);
   const json& dt = e["dtype"];
-  MT_CHECK(dt.is_string(), "safetensors '{}': tensor '{}': dtype must be a string, got {}", path, name, dt.dump());
+  MT_CHECK(dt.is_string(), "safetensors '{}': tensor '{}': dtype must be a string, got {}", path, name, json_brief(dt));
   const std::string dts = dt.get<std::string>();
   bool found = false;
   for (const auto& d : kDTypeNames)
@@ -107,7 +108,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
             path, name, foreign ? "unsupported" : "unknown", dts);
   }
   const json& sh = e["shape"];
-  MT_CHECK(sh.is_array(), "safetensors '{}': tensor '{}': shape must be an array, got {}", path, name, sh.dump());
+  MT_CHECK(sh.is_array(), "safetensors '{}': tensor '{}': shape must be an array, got {}", path, name, json_brief(sh));
   MT_CHECK(sh.size() <= static_cast<size_t>(kMaxDims), "safetensors '{}': tensor '{}': {} dims, at most {} supported",
            path, name, sh.size(), kMaxDims);
   // numel * dtype size, refusing overflow: a corrupt shape must not wrap around to a small (or
@@ -126,7 +127,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
              "integer (a corrupt header?)", path, name, out.shape, dts);
   const json& off = e["data_offsets"];
   MT_CHECK(off.is_array() && off.size() == 2,
-           "safetensors '{}': tensor '{}': data_offsets must be [begin, end], got {}", path, name, off.dump());
+           "safetensors '{}': tensor '{}': data_offsets must be [begin, end], got {}", path, name, json_brief(off));
   out.begin = static_cast<uint64_t>(json_nonneg_int(off[0], path, name, "data_offsets"));
   out.end = static_cast<uint64_t>(json_nonneg_int(off[1], path, name, "data_offsets"));
   MT_CHECK(out.begin <= out.end, "safetensors '{}': tensor '{}': data_offsets [{}, {}] end before begin", path,
@@ -231,7 +232,7 @@ ParsedHeader parse_header(const std::string& path, std::ifstream& in, uint64_t f
       MT_CHECK(it->is_object(), "safetensors '{}': __metadata__ must be an object of strings", path);
       for (auto m = it->begin(); m != it->end(); ++m) {
         MT_CHECK(m->is_string(), "safetensors '{}': __metadata__ value of '{}' must be a string, got {}", path,
-                 m.key(), m->dump());
+                 m.key(), json_brief(*m));
         out.metadata[m.key()] = m->get<std::string>();
       }
       continue;

@@ -4,6 +4,8 @@
 // that each rank gets exactly its local shard (bit for bit), reads no byte outside it, and that
 // replicated chunks are written once.
 #include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "checkpoint/chunk_index.h"
@@ -187,4 +189,45 @@ TEST_CASE("sharded checkpoint: bad indexes name the file and the tensor", "[cpu]
   t.chunks[1].offsets = Shape{3, 0};
   CHECK_THROWS_WITH(check_tiling(t, "ix.json"), Contains("leaves the tensor"));
   CHECK_THROWS_WITH(index_from_json("{\"format\": \"other\"}", "ix.json"), Contains("ix.json") && Contains("format"));
+}
+
+TEST_CASE("sharded checkpoint: an index's bad fields are named, with their tensor", "[cpu]") {
+  ShardedIndex ix;
+  ix.world_size = 2;
+  ix.mesh = "[dp=2]";
+  IndexedTensor t;
+  t.group = "model";
+  t.name = "w";
+  t.shape = Shape{2, 3};
+  t.dtype = DType::kF32;
+  t.placements = "[S(0)]";
+  t.chunks = {{{0, 0}, {2, 3}, "shard-00000-of-00002.safetensors", "k0", "00000000"}};
+  ix.tensors = {t};
+  const nlohmann::json good = nlohmann::json::parse(index_to_json(ix));
+  CHECK_NOTHROW(index_from_json(good.dump(), "ix.json"));
+  auto bad = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return j.dump();
+  };
+  CHECK_THROWS_WITH(index_from_json(bad([](auto& j) { j.erase("mesh"); }), "ix.json"),
+                    Contains("ix.json: the index: field 'mesh' is missing (required)"));
+  CHECK_THROWS_WITH(index_from_json(bad([](auto& j) { j["world_size"] = 0; }), "ix.json"),
+                    Contains("ix.json: the index: field 'world_size' must be an integer >= 1, got 0"));
+  CHECK_THROWS_WITH(index_from_json(bad([](auto& j) { j["world_size"] = "2"; }), "ix.json"),
+                    Contains("field 'world_size' must be an integer, got \"2\""));
+  CHECK_THROWS_WITH(index_from_json(bad([](auto& j) { j["tensors"][0]["dtype"] = 5; }), "ix.json"),
+                    Contains("ix.json: tensor 'w': field 'dtype' must be a string, got 5"));
+  CHECK_THROWS_WITH(index_from_json(bad([](auto& j) { j["tensors"][0]["chunks"][0]["file"] = nullptr; }), "ix.json"),
+                    Contains("ix.json: tensor 'w': a chunk: field 'file' is missing (required)"));
+  // A hostile value is cut short in the message, not copied whole.
+  const std::string long_name(100000, 'x');
+  try {
+    index_from_json(bad([&](auto& j) { j["tensors"][0]["name"] = nlohmann::json::array({long_name}); }), "ix.json");
+    FAIL("a list as the tensor name was accepted");
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    CHECK_THAT(msg, Contains("ix.json: a tensor: field 'name' must be a string, got [\"xxx") && Contains("..."));
+    CHECK(msg.size() < 400);
+  }
 }

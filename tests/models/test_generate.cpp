@@ -242,19 +242,20 @@ TEST_CASE("HfTokenDecoder: byte-level and SentencePiece-style tokenizer.json fil
   // decoder "type" that was a list, which escaped as nlohmann's own type_error).
   const std::string vocab = R"("model": {"vocab": {"a": 0}})";
   const std::pair<std::string, std::string> wrong[] = {
-      {R"({"decoder": {"type": ["ByteLevel"]}, )" + vocab + "}", "decoder.type is an array, not a string"},
+      {R"({"decoder": {"type": ["ByteLevel"]}, )" + vocab + "}",
+       R"(field 'decoder.type' must be a string, got ["ByteLevel"])"},
       {R"({"decoder": {"type": "Metaspace", "add_prefix_space": "yes"}, )" + vocab + "}",
-       "decoder.add_prefix_space is a string, not a boolean"},
+       R"(field 'decoder.add_prefix_space' must be true or false, got "yes")"},
       {R"({"decoder": {"type": "Metaspace", "prepend_scheme": 1}, )" + vocab + "}",
-       "decoder.prepend_scheme is a number, not a string"},
+       "field 'decoder.prepend_scheme' must be a string, got 1"},
       {R"({"decoder": {"type": "Sequence", "decoders": [{"type": "Strip", "start": 1.5}]}, )" + vocab + "}",
-       "decoder.decoders[].start is a number, not an integer"},
+       "field 'decoder.decoders[].start' must be an integer, got 1.5"},
       {R"({"decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": {}}}]}, )" +
            vocab + "}",
-       "decoder.decoders[].pattern.String is an object, not a string"},
+       "field 'decoder.decoders[].pattern.String' must be a string, got {}"},
       {R"({"added_tokens": [{"id": 1, "content": "<s>", "special": 1}], "decoder": {"type": "ByteLevel"}, )" +
            vocab + "}",
-       "added_tokens[].special is a number, not a boolean"},
+       "field 'added_tokens[].special' must be true or false, got 1"},
   };
   for (const auto& [text, message] : wrong) {
     bad.write("tokenizer.json", text);

@@ -84,24 +84,6 @@ std::map<int64_t, fs::path> step_dirs(const fs::path& dir) {
   return out;
 }
 
-int64_t int_field(const nlohmann::json& j, const char* key, int64_t min, const fs::path& file) {
-  const auto it = j.find(key);
-  MT_CHECK(it != j.end(), "{}: field '{}' is missing", file.string(), key);
-  const bool ok = (it->is_number_unsigned() && it->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) ||
-                  (it->is_number_integer() && !it->is_number_unsigned());
-  MT_CHECK(ok && it->get<int64_t>() >= min, "{}: field '{}' must be an integer >= {}, got {}", file.string(), key,
-           min, it->dump());
-  return it->get<int64_t>();
-}
-
-uint64_t uint_field(const nlohmann::json& j, const char* key, const fs::path& file) {
-  const auto it = j.find(key);
-  MT_CHECK(it != j.end(), "{}: field '{}' is missing", file.string(), key);
-  MT_CHECK(it->is_number_unsigned(), "{}: field '{}' must be a non-negative integer, got {}", file.string(), key,
-           it->dump());
-  return it->get<uint64_t>();
-}
-
 // trainer_state.json of the step directory `step_dir`, every field checked.
 TrainState read_train_state(const fs::path& step_dir) {
   const fs::path file = step_dir / kStateFile;
@@ -109,23 +91,24 @@ TrainState read_train_state(const fs::path& step_dir) {
   MT_CHECK(j.is_object(), "{}: the trainer state must be a JSON object", file.string());
   const auto format = j.find("format");
   MT_CHECK(format != j.end() && *format == kStateFormat, "{}: field 'format' must be \"{}\", got {}", file.string(),
-           kStateFormat, format == j.end() ? "nothing" : format->dump());
+           kStateFormat, format == j.end() ? "nothing" : json_brief(*format));
+  const JsonFields f(j, file.string());
   TrainState s;
-  s.step = int_field(j, "step", 1, file);
+  s.step = f.int_at("step", 1);
   const int64_t dir_step = step_of_name(step_dir.filename().string());
   MT_CHECK(s.step == dir_step, "{}: field 'step' is {} but the directory is {}", file.string(), s.step,
            step_dir.filename().string());
-  s.seed = uint_field(j, "seed", file);
-  s.rng_offset = uint_field(j, "rng_offset", file);
-  s.data_position = int_field(j, "data_position", 0, file);
+  s.seed = f.uint_at("seed");
+  s.rng_offset = f.uint_at("rng_offset");
+  s.data_position = f.int_at("data_position", 0);
   const auto precision = j.find("precision");
   MT_CHECK(precision != j.end() && (*precision == "f32" || *precision == "bf16"),
            "{}: field 'precision' must be \"f32\" or \"bf16\", got {}", file.string(),
-           precision == j.end() ? "nothing" : precision->dump());
+           precision == j.end() ? "nothing" : json_brief(*precision));
   s.precision = precision->get<std::string>();
-  s.batch = int_field(j, "batch", 1, file);
-  s.seq = int_field(j, "seq", 1, file);
-  s.accum = int_field(j, "accum", 1, file);
+  s.batch = f.int_at("batch", 1);
+  s.seq = f.int_at("seq", 1);
+  s.accum = f.int_at("accum", 1);
   return s;
 }
 

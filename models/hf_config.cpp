@@ -116,7 +116,8 @@ ModelConfig load_hf_config(const std::string& path) {
   c.rms_norm_eps = f.get_double("rms_norm_eps", moe ? 1e-5 : 1e-6);
   c.rope_theta = f.get_double("rope_theta", moe ? 1e6 : 10000.0);
   if (!f.has("rope_theta") && f.has("rope_parameters") && f.at("rope_parameters").is_object())
-    c.rope_theta = config_fields(f.at("rope_parameters"), path, "rope_parameters.").get_double("rope_theta", c.rope_theta);
+    c.rope_theta =
+        config_fields(f.at("rope_parameters"), path, "rope_parameters.").get_double("rope_theta", c.rope_theta);
   c.rope_scaling = parse_rope_scaling(f, path);
   c.tie_word_embeddings = f.get_bool("tie_word_embeddings", false);
   c.attention_bias = f.get_bool("attention_bias", false);

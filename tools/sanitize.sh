@@ -53,6 +53,11 @@ export LSAN_OPTIONS="suppressions=$ROOT/tests/sanitizers/lsan.supp:print_suppres
 FUZZ="$BUILD/fuzz"
 mkdir -p "$FUZZ/findings"
 fuzz_jobs=${MT_FUZZ_JOBS:-$(nproc)}
+# Anything but a positive count would make the wait loop below spin forever.
+if ! [[ "$fuzz_jobs" =~ ^[1-9][0-9]{0,3}$ ]]; then
+  echo "sanitize: MT_FUZZ_JOBS must be a positive integer, got '$fuzz_jobs'"
+  exit 2
+fi
 names=()
 for exe in "$BUILD"/tests/fuzz/fuzz_*; do
   name=$(basename "$exe"); name=${name#fuzz_}

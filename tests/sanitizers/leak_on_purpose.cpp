@@ -5,7 +5,6 @@
 
 #include "mesh/device_mesh.h"
 #include "mesh/world.h"
-#include "runtime/error.h"
 
 namespace {
 

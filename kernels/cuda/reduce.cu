@@ -233,15 +233,10 @@ void launch_group(const ReduceParams& p, const RGeom& g, R red, int64_t nout, in
   MT_CUDA_LAUNCH_CHECK();
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    MT_CUDA_CHECK(cudaGetDevice(&dev));
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
+// The split below sizes its chunks for a GPU of this many multiprocessors (H100 and H200 SXM), not
+// for the GPU at hand: the chunks fix the order of the partial sums, and results must depend on the
+// shapes only, so that two GPUs of different sizes give the same bits (docs/cuda.md, "Notes").
+constexpr int64_t kSplitSms = 132;
 
 template <class T, class R>
 void run(const ReduceParams& p, R red) {
@@ -255,8 +250,8 @@ void run(const ReduceParams& p, R red) {
   // Split long reductions of few outputs over several blocks.
   int64_t nchunks = 1, chunk = std::max<int64_t>(g.count, 1);
   const int64_t blocks = ceil_div(nout * G, kThreads);
-  if (G == 256 && g.count >= 32768 && blocks < 2 * sm_count()) {
-    nchunks = std::min<int64_t>({ceil_div(g.count, 8192), ceil_div(4 * sm_count(), blocks), 1024});
+  if (G == 256 && g.count >= 32768 && blocks < 2 * kSplitSms) {
+    nchunks = std::min<int64_t>({ceil_div(g.count, 8192), ceil_div(4 * kSplitSms, blocks), 1024});
     chunk = ceil_div(g.count, nchunks);
     nchunks = ceil_div(g.count, chunk);
   }

@@ -34,6 +34,12 @@ Shape dims_of(const json& j, const std::string& path, const std::string& tensor,
   }
   MT_CHECK(v.size() <= static_cast<size_t>(kMaxDims), "{}: tensor '{}': '{}' has {} dims", path, tensor, field,
            v.size());
+  // Every later count (elements, bytes, a chunk's end) stays below 2^63 when the product does.
+  int64_t n = 1, bytes = 0;
+  for (int64_t d : v)
+    MT_CHECK(checked_mul(n, std::max<int64_t>(d, 1), &n) && checked_mul(n, 8, &bytes),
+             "{}: tensor '{}': '{}' {} holds more elements than a 64-bit size can count", path, tensor, field,
+             json_brief(j));
   return Shape(v);
 }
 
@@ -75,7 +81,7 @@ void check_tiling(const IndexedTensor& t, const std::string& path) {
              t.name, t.shape, i, c.file, c.offsets, c.sizes);
     int64_t n = 1;
     for (int d = 0; d < t.shape.size(); ++d) {
-      MT_CHECK(c.offsets[d] + c.sizes[d] <= t.shape[d],
+      MT_CHECK(c.offsets[d] <= t.shape[d] && c.sizes[d] <= t.shape[d] - c.offsets[d],
                "{}: tensor '{}' of shape {}: chunk at {} of sizes {} in {} leaves the tensor", path, t.name, t.shape,
                c.offsets, c.sizes, c.file);
       n *= c.sizes[d];

@@ -5,6 +5,7 @@
 // replicated chunks are written once.
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -189,6 +190,13 @@ TEST_CASE("sharded checkpoint: bad indexes name the file and the tensor", "[cpu]
   t.chunks[1].offsets = Shape{3, 0};
   CHECK_THROWS_WITH(check_tiling(t, "ix.json"), Contains("leaves the tensor"));
   CHECK_THROWS_WITH(index_from_json("{\"format\": \"other\"}", "ix.json"), Contains("ix.json") && Contains("format"));
+  // An offset near 2^63 must not wrap around the bounds check (it used to pass it, leaving rows
+  // 2..3 unread by the loader).
+  t.chunks[1].offsets = Shape{std::numeric_limits<int64_t>::max(), 0};
+  CHECK_THROWS_WITH(check_tiling(t, "ix.json"), Contains("ix.json") && Contains("'w'") && Contains("leaves the tensor"));
+  t.chunks[1].offsets = Shape{2, 0};
+  t.chunks[1].sizes = Shape{std::numeric_limits<int64_t>::max(), 4};
+  CHECK_THROWS_WITH(check_tiling(t, "ix.json"), Contains("leaves the tensor"));
 }
 
 TEST_CASE("sharded checkpoint: an index's bad fields are named, with their tensor", "[cpu]") {
@@ -220,6 +228,15 @@ TEST_CASE("sharded checkpoint: an index's bad fields are named, with their tenso
                     Contains("ix.json: tensor 'w': field 'dtype' must be a string, got 5"));
   CHECK_THROWS_WITH(index_from_json(bad([](auto& j) { j["tensors"][0]["chunks"][0]["file"] = nullptr; }), "ix.json"),
                     Contains("ix.json: tensor 'w': a chunk: field 'file' is missing (required)"));
+  // A shape whose element or byte count overflows 64 bits is refused before any count is formed.
+  CHECK_THROWS_WITH(index_from_json(bad([](auto& j) {
+                                      j["tensors"][0]["shape"] = {int64_t{1} << 32, (int64_t{1} << 32) + 1};
+                                      j["tensors"][0]["chunks"][0]["sizes"] = j["tensors"][0]["shape"];
+                                    }),
+                                    "ix.json"),
+                    Contains("ix.json: tensor 'w': 'shape' [4294967296,4294967297] holds more elements"));
+  CHECK_THROWS_WITH(index_from_json(bad([](auto& j) { j["tensors"][0]["shape"] = {int64_t{1} << 61, 0}; }), "ix.json"),
+                    Contains("'shape' [2305843009213693952,0] holds more elements"));
   // A hostile value is cut short in the message, not copied whole.
   const std::string long_name(100000, 'x');
   try {

@@ -22,10 +22,12 @@ BAD_INPUT_CASES=0
 pass() { echo "ok   - $1"; }
 fail() { echo "FAIL - $1"; BAD_INPUT_FAILS=$((BAD_INPUT_FAILS + 1)); }
 
-# A listing of DIR that changes when any file's name, size or content changes.
+# A listing of DIR that changes when any file's name, size or content changes. A checkpoint
+# directory's lock file (.meshtrain.lock, which every run that opens the directory takes; it holds
+# only the last holder's PID) is left out.
 snapshot_dir() {
   [ -e "$1" ] || { echo "(absent)"; return; }
-  (cd "$1" && find . -print0 | LC_ALL=C sort -z | xargs -0 -I{} sh -c \
+  (cd "$1" && find . -name .meshtrain.lock -prune -o -print0 | LC_ALL=C sort -z | xargs -0 -I{} sh -c \
     'if [ -f "{}" ]; then printf "%s %s\n" "{}" "$(cksum < "{}")"; else printf "%s\n" "{}"; fi')
 }
 

@@ -120,6 +120,17 @@ if [ -n "$MPIRUN" ]; then
     -np 1 "$BIN" init --config llama-tiny --out "$WORK/hf_other" --plan "$PLANS/llama_dp.plan"
 fi
 
+# ---- one run per checkpoint directory: a second run is refused while the first holds the lock ----
+"$BIN" "${T[@]}" --steps 100000 --log-every 100000 --checkpoint-dir "$WORK/locked" >/dev/null 2>&1 &
+holder=$!
+for _ in $(seq 1 200); do grep -q "process $holder " "$WORK/locked/.meshtrain.lock" 2>/dev/null && break; sleep 0.05; done
+bad_case "a second run in a directory in use" --watch "$WORK/locked" "--checkpoint-dir $WORK/locked is in use" \
+  "process $holder on" "$WORK/locked/.meshtrain.lock" -- "$BIN" "${T[@]}" --steps 2 --overwrite --checkpoint-dir "$WORK/locked"
+kill -9 "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+"$BIN" "${T[@]}" --steps 2 --checkpoint-dir "$WORK/locked" >/dev/null 2>"$WORK/err" \
+  && pass "the lock ends with its process (kill -9): the next run takes the directory" \
+  || fail "after the holder died: $(tail -n 1 "$WORK/err")"
+
 # ---- positive: --overwrite, stale temporaries, kill -9 at random moments ------------------------
 copy_ck ow
 "$BIN" "${T[@]}" --steps 4 --seed 7 --overwrite --checkpoint-dir "$WORK/ow" >/dev/null 2>"$WORK/err" \

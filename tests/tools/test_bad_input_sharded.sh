@@ -69,6 +69,29 @@ bad_case "checkpoint of another model (np 2)" --mpi --timeout 60 --watch "$WORK/
 copy_ck badjson; echo '{"format": "meshtrain-sharded-1", "world_size": 2' >"$WORK/badjson/$S/index.json"
 bad_case "index.json not JSON" --watch "$WORK/badjson" "index.json: not valid JSON" -- "${R[@]}" "$WORK/badjson"
 
+# A step directory that appears while an asynchronous save of that step is in flight (its commit
+# comes a whole checkpoint interval later): the commit checks again and refuses, keeping it.
+"${MP[@]}" -np 2 "$BIN" "${T[@]}" "${P[@]}" --steps 400 --checkpoint-every 200 --log-every 400 \
+  --checkpoint-dir "$WORK/race" >"$WORK/race.out" 2>"$WORK/race.err" &
+racer=$!
+made=0
+for _ in $(seq 1 1500); do
+  if compgen -G "$WORK/race/step-00000200.tmp.*" >/dev/null; then
+    mkdir "$WORK/race/step-00000200" && echo mine >"$WORK/race/step-00000200/notes" && made=1
+    break
+  fi
+  sleep 0.02
+done
+wait "$racer"; rc=$?
+if [ $made -eq 0 ]; then
+  echo "skip - step directory made during an asynchronous save (the save's temporary was never seen)"
+elif [ $rc -ne 0 ] && grep -q "$WORK/race/step-00000200 already exists and this run did not write it" "$WORK/race.err" \
+    && [ "$(cat "$WORK/race/step-00000200/notes")" = mine ] && [ ! -e "$WORK/race/latest" ]; then
+  pass "a step directory made during an asynchronous save is kept; the commit fails naming it"
+else
+  fail "step directory made during an asynchronous save: rc $rc, notes '$(cat "$WORK/race/step-00000200/notes" 2>&1)', $(tail -n 2 "$WORK/race.err")"
+fi
+
 # A disk that fills during an asynchronous save (a 14 MiB tmpfs; a checkpoint of llama-tiny with its
 # moments is 9.5 MiB, so the second does not fit): the error names the file; latest still names the
 # previous checkpoint, which resumes.

@@ -155,7 +155,7 @@ void ShardedSaver::commit() {
       write_file_atomically((fs::path(p->tmp) / kShardedIndexFile).string(), [&](std::ostream& o) { o << text; });
       write_train_state(p->tmp, p->state);
       write_checkpoint_config(p->tmp, config_);
-      final_path = commit_step_directory(opt_.dir, p->tmp, p->state.step);
+      final_path = commit_step_directory(opt_.dir, p->tmp, p->state.step, opt_.overwrite);
       apply_retention(opt_.dir, opt_.keep);
     } catch (const std::exception& e) {
       why = fmt::format("checkpoint of step {}: {}", p->state.step, e.what());

@@ -132,6 +132,10 @@ int run_train(int argc, char** argv) {
     quiet_non_root(*plan);
   }
   const bool root = !plan || plan->is_root();
+  // One run per checkpoint directory: the root, which commits every step directory, holds its lock
+  // until the run ends (an error on the root ends the whole job).
+  std::optional<CheckpointDirLock> ckpt_lock;
+  if (!ckpt_dir.empty() && root) ckpt_lock.emplace(ckpt_dir);
   const Device device = resolve_device("train", args.str("device"));
   // The MFU reference first, before the model exists: its GEMM (16 MiB on the CPU, 192 MiB for an
   // unknown GPU's 4096^3) must not count in the steps' peak memory (nothing else of size is

@@ -3,6 +3,7 @@
 #include "tools/cli/train_state.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include "models/json_io.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
+#include "runtime/log.h"
 #include "tools/cli/outputs.h"
 
 namespace mt::cli {
@@ -177,26 +179,36 @@ void fsync_path(const std::string& p) {
   MT_CHECK(rc == 0 || err == EINVAL, "cannot sync {}: {}", p, std::strerror(err));
 }
 
+namespace {
+
+// Without --overwrite a save may neither replace a step directory nor move `latest` back. Checked
+// when a save starts and again when it commits: an asynchronous sharded save commits a whole
+// checkpoint interval later, and another process may have written meanwhile.
+void check_save_target(const std::string& dir, int64_t step) {
+  std::error_code ec;
+  const std::string name = step_name(step);
+  const fs::path final_path = fs::path(dir) / name;
+  MT_CHECK(!fs::exists(final_path, ec),
+           "checkpoint {} already exists and this run did not write it; pass --overwrite to replace it",
+           final_path.string());
+  const fs::path latest = fs::path(dir) / kLatest;
+  if (fs::exists(latest, ec)) {
+    std::string named = read_text(latest);
+    while (!named.empty() && std::isspace(static_cast<unsigned char>(named.back()))) named.pop_back();
+    MT_CHECK(step_of_name(named) < step,
+             "{} names {}, a later step than {}: saving would move it back; pass --overwrite to allow it",
+             latest.string(), named, name);
+  }
+}
+
+}  // namespace
+
 void prepare_checkpoint_save(const std::string& dir, int64_t step, Overwrite overwrite) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, "checkpoint directory {} cannot be created: {}", dir, ec.message());
   remove_stale_temporaries(dir);
-  const std::string name = step_name(step);
-  const fs::path final_path = fs::path(dir) / name;
-  if (overwrite == Overwrite::kRefuse) {
-    MT_CHECK(!fs::exists(final_path, ec),
-             "checkpoint {} already exists and this run did not write it; pass --overwrite to replace it",
-             final_path.string());
-    const fs::path latest = fs::path(dir) / kLatest;
-    if (fs::exists(latest, ec)) {
-      std::string named = read_text(latest);
-      while (!named.empty() && std::isspace(static_cast<unsigned char>(named.back()))) named.pop_back();
-      MT_CHECK(step_of_name(named) < step,
-               "{} names {}, a later step than {}: saving would move it back; pass --overwrite to allow it",
-               latest.string(), named, name);
-    }
-  }
+  if (overwrite == Overwrite::kRefuse) check_save_target(dir, step);
 }
 
 void write_train_state(const std::string& step_dir, const TrainState& s) {
@@ -218,13 +230,28 @@ void write_checkpoint_config(const std::string& step_dir, const ModelConfig& con
   save_hf_config(config, (fs::path(step_dir) / kHfConfigFile).string());
 }
 
-std::string commit_step_directory(const std::string& dir, const std::string& tmp_dir, int64_t step) {
+std::string commit_step_directory(const std::string& dir, const std::string& tmp_dir, int64_t step,
+                                  Overwrite overwrite) {
   const std::string name = step_name(step);
   const fs::path final_path = fs::path(dir) / name, tmp(tmp_dir);
   std::error_code ec;
   try {
     fsync_path(tmp.string());  // the files are synced by their writers; this syncs their names
-    if (fs::exists(final_path, ec)) {
+    if (overwrite == Overwrite::kRefuse) {
+      check_save_target(dir, step);
+      // No-replace rename: a step directory that appears between the check and the rename is kept
+      // and this save fails, rather than the directory being swapped out.
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_NOREPLACE) != 0) {
+        const int err = errno;
+        MT_CHECK(err == EINVAL || err == ENOSYS,  // a file system without RENAME_NOREPLACE: checked above
+                 "cannot rename {} into place: {}{}", final_path.string(), std::strerror(err),
+                 err == EEXIST || err == ENOTEMPTY
+                     ? " (another process created it meanwhile; pass --overwrite to replace it)"
+                     : "");
+        fs::rename(tmp, final_path, ec);
+        MT_CHECK(!ec, "cannot rename {} into place: {}", final_path.string(), ec.message());
+      }
+    } else if (fs::exists(final_path, ec)) {
       replace_directory(tmp, final_path);
     } else {
       fs::rename(tmp, final_path, ec);
@@ -262,6 +289,38 @@ int64_t apply_retention(const std::string& dir, int64_t keep) {
   return removed;
 }
 
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  MT_CHECK(!ec, "checkpoint directory {} cannot be created: {}", dir, ec.message());
+  const std::string path = (fs::path(dir) / ".meshtrain.lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  MT_CHECK(fd_ >= 0, "cannot open the lock file {} of --checkpoint-dir: {}", path, std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder(256, '\0');
+    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && std::isspace(static_cast<unsigned char>(holder.back()))) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    MT_CHECK(err != EWOULDBLOCK,
+             "--checkpoint-dir {} is in use by another training run ({} holds {}): two runs in one directory "
+             "would overwrite each other's checkpoints; wait for it to end or use another directory",
+             dir, holder.empty() ? "a process" : holder, path);
+    MT_FAIL("cannot lock {}: {}", path, std::strerror(err));
+  }
+  char host[256] = {};
+  (void)::gethostname(host, sizeof(host) - 1);
+  const std::string me = fmt::format("process {} on {}\n", ::getpid(), host);
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()))
+    MT_LOG_WARN("cannot record this process in {}: {}", path, std::strerror(errno));
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing drops the lock; the file stays (removing it would race)
+}
+
 void remove_stale_temporaries(const std::string& dir) {
   std::vector<fs::path> stale;
   std::error_code ec;
@@ -286,7 +345,7 @@ std::string save_checkpoint(const std::string& dir, const ModelConfig& config, c
     fs::remove_all(tmp, ec);
     throw;
   }
-  return commit_step_directory(dir, tmp.string(), s.step);
+  return commit_step_directory(dir, tmp.string(), s.step, overwrite);
 }
 
 void check_checkpoint_history(const CheckpointRun& run) {

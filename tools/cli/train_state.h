@@ -44,13 +44,14 @@ std::string save_checkpoint(const std::string& dir, const ModelConfig& config, c
 // prepare_checkpoint_save creates `dir`, removes stale temporaries and applies the Overwrite rules
 // above for `step` (throws naming what stands in the way; nothing written); write_train_state and
 // write_checkpoint_config write trainer_state.json / config.json into a (temporary) step directory;
-// commit_step_directory syncs `tmp`, renames it to the step directory (an existing one swapped
-// atomically), syncs `dir` and points `latest` at it, returning the step directory.
+// commit_step_directory syncs `tmp`, checks the Overwrite rules again (an asynchronous save commits
+// long after it started), renames it to the step directory (with Overwrite::kAllow an existing one
+// is swapped atomically), syncs `dir` and points `latest` at it, returning the step directory.
 std::string step_dir_name(int64_t step);
 void prepare_checkpoint_save(const std::string& dir, int64_t step, Overwrite overwrite);
 void write_train_state(const std::string& step_dir, const TrainState& state);
 void write_checkpoint_config(const std::string& step_dir, const ModelConfig& config);
-std::string commit_step_directory(const std::string& dir, const std::string& tmp, int64_t step);
+std::string commit_step_directory(const std::string& dir, const std::string& tmp, int64_t step, Overwrite overwrite);
 // --keep N: removes the oldest step directories of `dir` beyond the newest N, never the one
 // `latest` names (N <= 0: keeps all). Returns how many it removed.
 int64_t apply_retention(const std::string& dir, int64_t keep);
@@ -72,6 +73,22 @@ struct CheckpointRun {
 // above the checkpoint's step) and may not write a step directory that already exists; either
 // rule gives way to Overwrite::kAllow. Throws naming the directory and what stands in the way.
 void check_checkpoint_history(const CheckpointRun& run);
+
+// Holds an exclusive lock (flock) on `dir`/.meshtrain.lock from construction to destruction, so that
+// a second run using the same --checkpoint-dir is refused at start-up instead of the two runs
+// overwriting each other's checkpoints and `latest`. The lock file records the holder's host and
+// PID for the message; the kernel drops the lock when the process dies, however it dies. Creates
+// `dir`. Under --plan only the root rank, which commits every step directory, takes it.
+class CheckpointDirLock {
+ public:
+  explicit CheckpointDirLock(const std::string& dir);
+  ~CheckpointDirLock();
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // Removes what killed saves left in `dir`: `step-*.tmp.PID`, `step-*.old.PID` and `latest.tmp.PID`
 // whose process PID no longer runs on this host. Temporaries of live processes are kept.

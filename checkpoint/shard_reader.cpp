@@ -108,6 +108,12 @@ std::vector<std::pair<std::string, Tensor>> ShardedCheckpointReader::load_like(
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& [name, l] : live) {
     const IndexedTensor& t = *index_.find(group, name);
+    // Floating values convert between widths (a bf16 checkpoint into f32 weights); integer codes or
+    // flags read as floats (or floats as codes) would load garbage without a word.
+    MT_CHECK(is_floating(t.dtype) == is_floating(l.dtype()),
+             "{}: tensor '{}' is {} in the checkpoint but {} in this model ({} values cannot stand for {} ones)",
+             index_path_, name, t.dtype, l.dtype(), is_floating(t.dtype) ? "floating" : "integer",
+             is_floating(l.dtype()) ? "floating" : "integer");
     if (!l.is_distributed()) {
       MT_CHECK(t.shape == l.shape(), "{}: tensor '{}' has shape {} but this model's is {}", index_path_, name,
                t.shape, l.shape());

@@ -249,7 +249,8 @@ DataLoader::DataLoader(std::vector<int32_t> tokens, int64_t batch, int64_t seq, 
 }
 
 void DataLoader::set_position(int64_t pos) {
-  MT_CHECK(pos >= 0 && pos + tokens_per_step() + 1 <= num_tokens(),
+  // num_tokens() >= tokens_per_step() + 1 (constructor), so the bound below cannot overflow.
+  MT_CHECK(pos >= 0 && pos <= num_tokens() - tokens_per_step() - 1,
            "DataLoader::set_position: position {} leaves no room for a window of {} tokens in a corpus of {}",
            pos, tokens_per_step() + 1, num_tokens());
   pos_ = pos;

@@ -4,7 +4,11 @@
 
 #include "models/json_io.h"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -26,6 +30,16 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+
+// Makes a directory's entries durable (its files are synced by their writers). EINVAL: a file
+// system that cannot sync directories, let through.
+void sync_directory(const fs::path& d, const std::string& what) {
+  const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int err = fd < 0 ? errno : ::fsync(fd) != 0 ? errno : 0;
+  if (fd >= 0) ::close(fd);
+  MT_CHECK(err == 0 || err == EINVAL, "{}: cannot sync the directory '{}': {}", what, d.string(), std::strerror(err));
+}
+
 
 constexpr const char* kEmbedName = "model.embed_tokens.weight";
 constexpr const char* kLmHeadName = "lm_head.weight";
@@ -227,8 +241,11 @@ void write_hf_checkpoint(const std::string& dir_in, const ModelConfig& config,
   MT_CHECK(!ec, "write_hf_checkpoint '{}': cannot create '{}': {}", dir_in, tmp.string(), ec.message());
   try {
     write_files(tmp, config, tensors, dtype, max_shard_bytes);
+    const std::string what = fmt::format("write_hf_checkpoint '{}'", dir_in);
+    sync_directory(tmp, what);  // its entries are durable before its name is
     fs::rename(tmp, dir, ec);
     MT_CHECK(!ec, "write_hf_checkpoint '{}': cannot rename '{}' into place: {}", dir_in, tmp.string(), ec.message());
+    sync_directory(dir.has_parent_path() ? dir.parent_path() : fs::path("."), what);
   } catch (...) {
     std::error_code ec2;
     fs::remove_all(tmp, ec2);
@@ -258,6 +275,9 @@ void load_into_module(Module& m, const HfCheckpoint& ck) {
     if (src->shape() != dst.shape())
       mismatched.push_back(fmt::format("'{}' is {} in the checkpoint but {} in the model", path, src->shape(),
                                        dst.shape()));
+    else if (is_floating(src->dtype()) != is_floating(dst.dtype()))  // widths convert; integers are no weights
+      mismatched.push_back(fmt::format("'{}' is {} in the checkpoint but {} in the model", path, src->dtype(),
+                                       dst.dtype()));
     else
       state.emplace_back(path, *src);
   };
@@ -281,7 +301,7 @@ void load_into_module(Module& m, const HfCheckpoint& ck) {
   std::vector<std::string> errors;
   if (!missing.empty()) errors.push_back(fmt::format("missing from the checkpoint: {}", join(missing)));
   if (!unexpected.empty()) errors.push_back(fmt::format("not in the model: {}", join(unexpected)));
-  if (!mismatched.empty()) errors.push_back(fmt::format("shape mismatch: {}", join(mismatched)));
+  if (!mismatched.empty()) errors.push_back(fmt::format("shape or dtype mismatch: {}", join(mismatched)));
   MT_CHECK(errors.empty(), "load_into_module: the checkpoint ({} tensors) does not fit the model ({} parameters): {}",
            ck.tensors.size(), m.named_parameters().size(), join(errors));
   m.load_state_dict(state, Strict::kNo);

@@ -407,10 +407,15 @@ void write_file_atomically(const std::string& path, const std::function<void(std
     }
   }
   // Make the data durable before the rename publishes it (fsync through any descriptor of the file).
-  int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
+  // A failed sync (EIO, ENOSPC on some file systems) fails the write: renamed in, the file could
+  // name a step that `latest` then points at and --keep prunes the last good one for.
+  // (EINVAL: a file that cannot be synced, e.g. on a special file system, is let through.)
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  const int sync_errno = fd < 0 ? errno : ::fsync(fd) != 0 ? errno : 0;
+  if (fd >= 0) ::close(fd);
+  if (sync_errno != 0 && sync_errno != EINVAL) {
+    cleanup();
+    MT_FAIL("cannot write '{}': syncing the temporary file failed: {}", path, std::strerror(sync_errno));
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);

@@ -85,6 +85,10 @@ bad_case "step not an integer" --watch "$WORK/strstep" "trainer_state.json: fiel
 copy_ck negpos; set_state negpos data_position -1
 bad_case "negative data position" --watch "$WORK/negpos" "trainer_state.json: field 'data_position' must be an integer >= 0" -- \
   "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/negpos"
+copy_ck bigpos; set_state bigpos data_position 9223372036854775807  # used to overflow into a read before the data
+bad_case "data position past the data" --watch "$WORK/bigpos" \
+  "trainer_state.json: field 'data_position' 9223372036854775807 does not fit the data (the embedded corpus)" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/bigpos"
 copy_ck noseed; python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); del j["seed"]; json.dump(j,open(p,"w"))' \
   "$WORK/noseed/step-00000004/trainer_state.json"
 bad_case "missing seed" --watch "$WORK/noseed" "trainer_state.json: field 'seed' is missing" -- \

@@ -51,6 +51,14 @@ import json, struct, sys, zlib
 d = sys.argv[1]
 def cfg_set(**kw):
     p = f"{d}/config.json"; c = json.load(open(p)); c.update(kw); json.dump(c, open(p, "w"))
+def retype(name, dtype):  # same width: the header stays the same size, the bytes stay put
+    p = f"{d}/model.safetensors"; b = bytearray(open(p, "rb").read())
+    n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    h[name]["dtype"] = dtype
+    hj = json.dumps(h, separators=(",", ":")).encode()
+    assert len(hj) <= n
+    b[8:8 + n] = hj + b" " * (n - len(hj))
+    open(p, "wb").write(bytes(b))
 def poke(name, index, value):
     p = f"{d}/model.safetensors"; b = bytearray(open(p, "rb").read())
     n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
@@ -151,6 +159,11 @@ bad_case "eval: checkpoint config rope_theta 0" "$c/config.json" "rope_theta = 0
   "$BIN" eval --hf "$c" --tokens "$WORK/tokens.txt"
 bad_case "eval: T beyond max_position_embeddings" "long.txt" "T = 1100" "max_position_embeddings = 1024" -- \
   "$BIN" eval --hf "$WORK/ck" --tokens "$WORK/long.txt"
+
+# Integer bits are no weights: an I32 q_proj used to load as numbers (grad norm 429 instead of 7).
+c=$(ck_with i32_ck 'retype("model.layers.0.self_attn.q_proj.weight", "I32")')
+bad_case "eval: an integer tensor for a floating weight" "model.layers.0.self_attn.q_proj.weight' is i32 in the checkpoint but f32" -- \
+  "$BIN" eval --hf "$c" --tokens "$WORK/tokens.txt"
 
 # ---- 1 and 6. tensor shapes in safetensors that overflow or are absurd ---------------------------
 c=$(st_with st_2e62 '{"model.norm.weight":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}}' 0)

@@ -234,7 +234,13 @@ int run_train(int argc, char** argv) {
                         : plan ? shard_like(loaded.optimizer, opt.state_dict())
                                : loaded.optimizer);
     if (reader) read_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
-    loader.set_position(loaded.state.data_position);
+    try {
+      loader.set_position(loaded.state.data_position);
+    } catch (const std::exception& e) {
+      MT_FAIL("--resume: {}/trainer_state.json: field 'data_position' {} does not fit the data ({}): {}",
+              loaded.path, loaded.state.data_position,
+              args.str("data").empty() ? "the embedded corpus" : args.str("data"), e.what());
+    }
     default_generator().set_offset(loaded.state.rng_offset);
     start = loaded.state.step;
     fmt::print("resumed from {} at step {}\n", loaded.path, start);

@@ -289,8 +289,9 @@ int64_t apply_retention(const std::string& dir, int64_t keep) {
   return removed;
 }
 
-CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) : dir_(dir) {
   std::error_code ec;
+  created_ = !fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, "checkpoint directory {} cannot be created: {}", dir, ec.message());
   const std::string path = (fs::path(dir) / ".meshtrain.lock").string();
@@ -318,7 +319,20 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
 }
 
 CheckpointDirLock::~CheckpointDirLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing drops the lock; the file stays (removing it would race)
+  if (fd_ < 0) return;
+  // A directory this run created and never saved into (it failed at start-up) goes again, so that
+  // a failed run leaves nothing behind. Otherwise the file stays: removing it would race with the
+  // next run's open.
+  std::error_code ec;
+  const fs::path lock = fs::path(dir_) / ".meshtrain.lock";
+  bool only_lock = created_;
+  for (fs::directory_iterator it(dir_, ec), end; only_lock && !ec && it != end; it.increment(ec))
+    only_lock = it->path().filename() == lock.filename();
+  if (only_lock && !ec) {
+    fs::remove(lock, ec);
+    fs::remove(dir_, ec);
+  }
+  ::close(fd_);  // drops the lock
 }
 
 void remove_stale_temporaries(const std::string& dir) {

@@ -78,7 +78,9 @@ void check_checkpoint_history(const CheckpointRun& run);
 // a second run using the same --checkpoint-dir is refused at start-up instead of the two runs
 // overwriting each other's checkpoints and `latest`. The lock file records the holder's host and
 // PID for the message; the kernel drops the lock when the process dies, however it dies. Creates
-// `dir`. Under --plan only the root rank, which commits every step directory, takes it.
+// `dir`, and removes it again at destruction when it was created here and holds nothing but the
+// lock (a run that failed before its first save). Under --plan only the root rank, which commits
+// every step directory, takes it.
 class CheckpointDirLock {
  public:
   explicit CheckpointDirLock(const std::string& dir);
@@ -87,6 +89,8 @@ class CheckpointDirLock {
   CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
 
  private:
+  std::string dir_;
+  bool created_ = false;  // the directory did not exist before: removed again if left empty
   int fd_ = -1;
 };
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "runtime/error.h"
+#include "runtime/shape.h"
 
 namespace mt {
 
@@ -58,9 +59,16 @@ Placement Placement::ragged_shard(int dim, std::vector<int64_t> units, int64_t b
   MT_CHECK(dim >= 0, "RaggedShard: dim must be >= 0, got {}", dim);
   MT_CHECK(block >= 1, "RaggedShard: block must be >= 1, got {} (dim {})", block, dim);
   MT_CHECK(!units.empty(), "RaggedShard: empty units per rank (dim {})", dim);
-  for (int64_t u : units)
+  // Every row count formed later (a rank's offset and length, the sum against the dim's size) is
+  // at most total * block, which must therefore fit in 64 bits.
+  int64_t total = 0, rows = 0;
+  for (int64_t u : units) {
     MT_CHECK(u >= 0, "RaggedShard: negative unit count {} in units per rank [{}]", u,
              fmt::join(units, ","));
+    MT_CHECK(checked_add(total, u, &total) && checked_mul(total, block, &rows),
+             "RaggedShard: units per rank [{}] of {} rows each overflow a 64-bit row count (dim {})",
+             fmt::join(units, ","), block, dim);
+  }
   Placement p;
   p.kind_ = PlacementKind::kRaggedShard;
   p.dim_ = dim;

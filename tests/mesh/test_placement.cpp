@@ -161,6 +161,11 @@ TEST_CASE("placement: printing, parsing, equality, hashing", "[cpu]") {
   REQUIRE_THROWS_WITH(Placement::shard(-1), Contains("Shard") && Contains("-1"));
   REQUIRE_THROWS_WITH(Placement::interleaved_shard(0, 0), Contains("groups"));
   REQUIRE_THROWS_WITH(Placement::ragged_shard(0, {1}, 0), Contains("block"));
+  // Units whose row count wraps around 64 bits (to exactly 128 here) used to pass the size check and
+  // segfault `meshtrain plan`; they are refused where the placement is made, naming the units.
+  REQUIRE_THROWS_WITH(Placement::parse("RS(0,[4611686018427387904,4611686018427387968],b2)"),
+                      Contains("[4611686018427387904,4611686018427387968]") && Contains("overflow"));
+  REQUIRE_THROWS_WITH(Placement::ragged_shard(0, {int64_t{1} << 62, 1}, 4), Contains("overflow"));
 }
 
 TEST_CASE("placement: chunk semantics for uneven Shard", "[cpu]") {

@@ -240,7 +240,8 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
       base += lens.back();
     }
     Tensor kg = repeat_kv(gather_seq(k, comm, lens), Hq), vg = repeat_kv(gather_seq(v, comm, lens), Hq);
-    attend(acc, qc, q, chunks_of(all), kg, vg, causal, scale, sdt, drop);
+    if (!attend(acc, qc, q, chunks_of(all), kg, vg, causal, scale, sdt, drop))
+      unused.push_back(kg), unused.push_back(vg);
   } else {
     Tensor kb = k, vb = v;
     for (int step = 0; step < kr; ++step) {
@@ -263,10 +264,18 @@ Tensor context_parallel_attention(const Tensor& q, const Tensor& k, const Tensor
       }
     }
   }
-  if (qc.empty()) return empty(Shape{B, Hq, 0, Dv}, q.options().with_grad(false));
-  std::vector<Tensor> parts;
-  for (BlockOut& a : acc) parts.push_back(a.o);
-  Tensor out = parts.size() == 1 ? parts[0] : cat(parts, 2);
+  Tensor out;
+  if (qc.empty()) {
+    // No sequence rows here (a plain split of a short sequence over many ranks): the output is
+    // empty, but this rank still takes part in the backward's collectives below, and q's producer
+    // gets its (zero) gradient like on every other rank.
+    out = zeros(Shape{B, Hq, 0, Dv}, q.options().with_dtype(sdt).with_grad(false));
+    if (needs_grad(q)) unused.push_back(q);
+  } else {
+    std::vector<Tensor> parts;
+    for (BlockOut& a : acc) parts.push_back(a.o);
+    out = parts.size() == 1 ? parts[0] : cat(parts, 2);
+  }
   // A received block that no query of this rank sees (an unbalanced causal split) still has to
   // send its (zero) gradient back around the ring, or the peers' backward would wait for it: it
   // joins the graph with weight zero.

@@ -155,15 +155,26 @@ Tensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements&
   return out;
 }
 
-Tensor to_local(const Tensor& dt) {
+Tensor to_local(const Tensor& dt) { return to_local(dt, {}); }
+
+Tensor to_local(const Tensor& dt, const Placements& grad_placements_in) {
   const DTensorSpec& s = dtensor_spec(dt, "to_local");
   Tensor out = dt.detach();
   out.impl()->dist = nullptr;
   if (needs_grad(dt)) {
     check_local_grad(s.placements(), "to_local");
     // The plain local gradient of the shard is a DTensor gradient with the input's placements,
-    // Partial mapped to Replicate (the gradient of each term is the gradient of the reduction).
-    auto spec = intern_spec(s.mesh(), grad_placements(s.placements()), s.global_shape());
+    // Partial mapped to Replicate (the gradient of each term is the gradient of the reduction),
+    // unless the caller says otherwise.
+    Placements gp = grad_placements_in.empty() ? grad_placements(s.placements()) : grad_placements_in;
+    MT_CHECK(gp.size() == s.placements().size(), "to_local: {} gradient placements {} for a DTensor on a {}-D mesh",
+             gp.size(), placements_str(gp), s.placements().size());
+    for (size_t d = 0; d < gp.size(); ++d)
+      MT_CHECK(gp[d].is_partial() ? !s.placements()[d].splits() : gp[d] == grad_placements({s.placements()[d]})[0],
+               "to_local: gradient placements {} do not fit the DTensor's {} (mesh dim {}: only a replicated "
+               "dim may take a Partial gradient)",
+               placements_str(gp), placements_str(s.placements()), d);
+    auto spec = intern_spec(s.mesh(), gp, s.global_shape());
     record("ToLocalBackward", {dt}, out, [spec](const std::vector<Tensor>& g) {
       if (g[0].is_distributed()) return std::vector<Tensor>{g[0]};
       return std::vector<Tensor>{wrap(g[0], spec)};

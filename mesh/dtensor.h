@@ -64,6 +64,11 @@ Tensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements&
 // The local shard as a plain tensor sharing storage. Differentiable: the plain local gradient
 // becomes a DTensor gradient with the spec of `dt`.
 Tensor to_local(const Tensor& dt);
+// The same with the gradient's placements given (PyTorch's `to_local(grad_placements=...)`): a
+// replicated mesh dim may be P(sum) when each rank's use of the local tensor saw only its part of
+// the data there (an expert run on a data-parallel rank's own tokens); the other dims must be the
+// DTensor's own (Partial ones as Replicate). Empty: as to_local(dt).
+Tensor to_local(const Tensor& dt, const Placements& grad_placements);
 
 // Redistributes to Replicate on every mesh dim and returns the plain global tensor. Collective.
 Tensor full_tensor(const Tensor& dt);

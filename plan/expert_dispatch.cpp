@@ -16,14 +16,24 @@ namespace {
 
 // While alive, the expert's parameter slots hold their local tensors (differentiable: the
 // gradient of the local tensor becomes the DTensor parameter's gradient), so that the expert runs
-// as a plain module on the rows this rank received.
+// as a plain module on the rows this rank received. Those rows came from the ranks of the dispatch
+// dim only: on any other mesh dim that splits the tokens (data parallel), each rank's gradient is
+// its part of the sum, P(sum) where the parameter is replicated, and the gradient reducer sums it
+// there like any data-parallel gradient.
 class LocalParameters {
  public:
-  explicit LocalParameters(Module& m) {
+  LocalParameters(Module& m, const Placements& tokens, int dispatch_dim) {
     for (auto& [name, p] : m.named_parameters()) {
       Tensor& slot = m.parameter_slot(name);
       saved_.emplace_back(&slot, slot);
-      if (slot.is_distributed()) slot = to_local(slot);
+      if (!slot.is_distributed()) continue;
+      Placements grad = dtensor_spec(slot, "expert parameter").placements();
+      for (size_t d = 0; d < grad.size(); ++d) {
+        if (grad[d].is_partial()) grad[d] = Placement::replicate();
+        if (static_cast<int>(d) != dispatch_dim && grad[d].is_replicate() && d < tokens.size() && tokens[d].splits())
+          grad[d] = Placement::partial();
+      }
+      slot = to_local(slot, grad);
     }
   }
   ~LocalParameters() {
@@ -157,7 +167,7 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
     Tensor idx = expert_index(ri, dev);
     Tensor y;
     {
-      LocalParameters local(*experts[static_cast<size_t>(e)]);
+      LocalParameters local(*experts[static_cast<size_t>(e)], xs.placements(), dim_);
       y = (*experts[static_cast<size_t>(e)])(index_select(recv, 0, idx));
     }
     done = index_add(done, 0, idx, y.to(x.dtype()));

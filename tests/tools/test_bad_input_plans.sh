@@ -54,7 +54,7 @@ bad_case "uneven heads (llama_tp_sp, tp 3)" --watch "$plans" \
   "llama_tp_sp.plan: a forward under the plan on mesh [tp=3]" "model.layers.0.self_attn.q_proj.weight" "'tp' must divide 4" -- \
   "${run[@]}" "$plans/llama_tp_sp.plan" --world 3
 plan in2 "mesh tp=*\nplace model <in>:0 tp=S(2)\n"
-bad_case "input split on a dim it has not" --watch "$P" "in2.plan:2:20" "splits tensor dim 2" "[1, 8] (2-D)" -- \
+bad_case "input split on a dim it has not" --watch "$P" "in2.plan:2:20" "splits tensor dim 2" "[2, 8] (2-D)" -- \
   "${run[@]}" "$P/in2.plan" --world 2
 plan out3 "mesh tp=*\nredistribute model\\\\.norm <out>:0 tp=R -> tp=S(3)\n"
 bad_case "output split on a dim it has not" --watch "$P" "out3.plan:2:42" "<out>:0 of module model.norm" -- \

@@ -88,13 +88,17 @@ expect_usage() {
 if [ "$MODE" = fast ]; then
   SPECS="llama_tp:2:llama-tiny:2 mixtral_ep_tp:2:mixtral-tiny:3"
 else
-  SPECS="llama_dp_tp:4:llama-tiny:2 llama_dp:2:llama-tiny:2 llama_tp_sp:2:llama-tiny:2 llama_zero3:2:llama-tiny:2"
+  # mixtral_dp_ep: expert gradients summed over dp (they were left unsummed before 2026-11-28); its
+  # batch splits over dp x ep, so 4 sequences (the fifth field: extra flags).
+  SPECS="llama_dp_tp:4:llama-tiny:2 llama_dp:2:llama-tiny:2 llama_tp_sp:2:llama-tiny:2 llama_zero3:2:llama-tiny:2
+         mixtral_dp_ep:4:mixtral-tiny:3:--batch=4"
 fi
 for spec in $SPECS; do
-  IFS=: read -r plan np model steps <<<"$spec"
-  tag="$plan np $np ($model, $steps steps)"
+  IFS=: read -r plan np model steps extra <<<"$spec"
+  tag="$plan np $np ($model, $steps steps${extra:+, ${extra/=/ }})"
+  # shellcheck disable=SC2086
   if expect_rc "$tag: parity" 0 mpi "$np" "$BIN" parity --plan "$PLANS/$plan.plan" --config "$model" $SMALL \
-      --steps "$steps" --dropout 0.1 --json "$WORK/$plan.json"; then
+      --steps "$steps" --dropout 0.1 ${extra/=/ } --json "$WORK/$plan.json"; then
     r=$(report_within "$WORK/$plan.json" 1e-5 5e-2 2>&1) && pass "$tag: $r" || fail "$tag: $r"
     grep -q '^PASS' "$WORK/out" && pass "$tag: verdict printed once, by rank 0 ($(grep -c '^PASS' "$WORK/out"))" \
       || fail "$tag: no PASS line: $(tail -n 2 "$WORK/out")"

@@ -37,9 +37,10 @@ int64_t ceil_div(int64_t a, int64_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
 std::string GradReducerStats::str() const {
   return fmt::format(
       "collectives {} (all_reduce {}, reduce_scatter {}), {} bytes, {} buckets, {} launched in backward, "
-      "{} passed through, {} unused ({} on every rank), {} presence checks",
+      "{} passed through, {} unused ({} on every rank), {} presence checks{}",
       collectives, all_reduces, reduce_scatters, bytes, buckets, launched_in_backward, passed_through, unused,
-      unused_everywhere, presence_checks);
+      unused_everywhere, presence_checks,
+      late_partial > 0 ? fmt::format(", {} reduced outside the buckets", late_partial) : "");
 }
 
 struct GradReducer::State {
@@ -386,38 +387,67 @@ struct GradReducer::State {
     next_launch = buckets.size();
     for (auto& b : buckets) complete(b);
     NoGradGuard ng;
-    for (auto& P : params) {
+    // One small collective per step agrees on which parameters got a gradient anywhere and, for
+    // those outside the buckets, over which mesh dims any rank's gradient is Partial: a parameter
+    // with no gradient anywhere on the step that fixed the layout (an expert no token picked) is
+    // outside the buckets, and may get a Partial one later (under dp x ep: P(sum)@dp). Every rank
+    // then reduces it the same way, a rank without it contributing zeros.
+    const std::vector<uint32_t> agreed = agree_presence();
+    for (size_t i = 0; i < params.size(); ++i) {
+      Param& P = params[i];
       if (P.bucket >= 0) continue;
       Tensor g = P.p.grad();
+      const uint32_t am = agreed[i] >> 1;
+      if (am != 0) {
+        Placements src = P.target;
+        for (int d = 0; d < mesh.ndim(); ++d)
+          if ((am >> d) & 1) src[static_cast<size_t>(d)] = Placement::partial();
+        Tensor local;
+        if (g.defined()) {
+          const Placements& ps = dtensor_spec(g, "GradReducer").placements();
+          MT_CHECK(ps == src, "GradReducer: the gradient of {} is {} on this rank but {} where it is Partial "
+                   "elsewhere (parameter {})", P.name, placements_str(ps), placements_str(src),
+                   placements_str(P.target));
+          local = local_view(g);
+        } else {
+          local = zeros(intern_spec(spec(P).mesh(), src, P.p.shape())->local_shape(), P.p.options());
+        }
+        set_target_grad(P, redistribute_local(local, P.p.shape(), src, P.target, mesh));
+        ++cur.late_partial;
+        continue;
+      }
       if (!g.defined()) {
         set_target_grad(P, zeros(intern_spec(spec(P).mesh(), P.target, P.p.shape())->local_shape(), P.p.options()));
         continue;
       }
       ++cur.passed_through;
-      const uint32_t m = partial_mask(P, g);
-      MT_CHECK(m == 0,
-               "GradReducer: the gradient of {} is Partial over {} but was not Partial on the first synchronized "
-               "step, which fixed the bucket layout",
-               P.name, dims_str(mesh, m));
       const auto& ps = dtensor_spec(g, "GradReducer").placements();
       if (ps != P.target) set_target_grad(P, redistribute_local(local_view(g), P.p.shape(), ps, P.target, mesh));
     }
-    drop_unused_everywhere();
+    drop_unused_everywhere(agreed);
     last = cur;
     cur = GradReducerStats();
     reset_step();
   }
 
-  // A parameter that got a gradient on no rank at all (an expert no token was routed to) ends with
-  // no gradient, as on one device, so that the optimizer skips it (no weight decay, no moment
-  // update); where any rank had one, the others contributed zeros. Decided by one small all_reduce
-  // (max) of a flag per parameter over the whole mesh, on the host, every synchronized step.
-  void drop_unused_everywhere() {
+  // Per parameter, bit 0: a gradient arrived on some rank; bits 1..: the mesh dims over which some
+  // rank's gradient of a parameter outside the buckets is Partial. One all_reduce (max) over the
+  // whole mesh, on the host, every synchronized step.
+  std::vector<uint32_t> agree_presence() {
     const auto n = static_cast<int64_t>(params.size());
-    if (n == 0) return;
-    Tensor flags = zeros({n}, DType::kI64);
+    std::vector<uint32_t> out(static_cast<size_t>(n), 0);
+    if (n == 0) return out;
+    const int64_t w = 1 + mesh.ndim();
+    Tensor flags = zeros({n, w}, DType::kI64);
     int64_t* f = flags.data<int64_t>();
-    for (int64_t i = 0; i < n; ++i) f[i] = params[static_cast<size_t>(i)].arrived ? 1 : 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const Param& P = params[static_cast<size_t>(i)];
+      f[i * w] = P.arrived ? 1 : 0;
+      if (P.bucket < 0 && P.p.grad().defined()) {
+        const uint32_t m = partial_mask(P, P.p.grad());
+        for (int d = 0; d < mesh.ndim(); ++d) f[i * w + 1 + d] = (m >> d) & 1;
+      }
+    }
     if (mesh.is_simulated()) {
       // Estimates (meta tensors): every rank is taken to have this rank's flags; the collective
       // the real step runs is counted (mesh/collective_count.h).
@@ -426,14 +456,24 @@ struct GradReducer::State {
         if (d > 0) dims += ',';
         dims += mesh.dim_label(d);
       }
-      count_collective("all_reduce", dims, mesh.size(), n * static_cast<int64_t>(sizeof(int64_t)));
+      count_collective("all_reduce", dims, mesh.size(), n * w * static_cast<int64_t>(sizeof(int64_t)));
     } else {
       mesh.comm().all_reduce(flags, CommReduceOp::kMax);
     }
     ++cur.presence_checks;
     for (int64_t i = 0; i < n; ++i)
-      if (f[i] == 0) {
-        params[static_cast<size_t>(i)].p.set_grad(Tensor());
+      for (int64_t j = 0; j < w; ++j)
+        if (f[i * w + j]) out[static_cast<size_t>(i)] |= 1u << j;
+    return out;
+  }
+
+  // A parameter that got a gradient on no rank at all (an expert no token was routed to) ends with
+  // no gradient, as on one device, so that the optimizer skips it (no weight decay, no moment
+  // update); where any rank had one, the others contributed zeros.
+  void drop_unused_everywhere(const std::vector<uint32_t>& agreed) {
+    for (size_t i = 0; i < params.size(); ++i)
+      if ((agreed[i] & 1) == 0) {
+        params[i].p.set_grad(Tensor());
         ++cur.unused_everywhere;
       }
   }

@@ -48,6 +48,8 @@ struct GradReducerStats {
   int64_t unused = 0;                // parameters whose gradient never arrived here (zeros, if any rank had one)
   int64_t unused_everywhere = 0;     // of those, with no gradient on any rank: left without one (as on one device)
   int64_t presence_checks = 0;       // the all_reduce of per-parameter "had a gradient" flags (1 per step)
+  int64_t late_partial = 0;          // outside the buckets (no gradient anywhere when the layout was fixed)
+                                     // but Partial on some rank now: reduced one by one
   std::string str() const;
 };
 

@@ -275,6 +275,42 @@ TEST_CASE("grad reducer: a parameter used on rank 0 only joins the same collecti
   }
 }
 
+TEST_CASE("grad reducer: a parameter without a gradient anywhere when the layout is fixed is reduced later",
+          "[mpi]") {
+  // An expert no token picked in the first step, under dp x ep: outside the buckets, then Partial
+  // on rank 0 only, then on every rank. Every rank reduces it the same way (the others add zeros);
+  // it used to throw "was not Partial on the first synchronized step".
+  const DeviceMesh& mesh = mesh_1d();
+  const bool r0 = mesh.rank() == 0;
+  Tensor a = distribute_tensor(testing::rand({5}, DType::kF64, 1), mesh, P("R")).requires_grad_();
+  Tensor u = distribute_tensor(testing::rand({3}, DType::kF64, 2), mesh, P("R")).requires_grad_();
+  Tensor xa = distribute_tensor(testing::rand({8, 5}, DType::kF64, 4), mesh, P("S(0)"));
+  Tensor xu = distribute_tensor(testing::rand({8, 3}, DType::kF64, 5), mesh, P("S(0)"));
+  GradReducer red({{"a", a}, {"u", u}}, mesh, {});
+  for (int step = 0; step < 3; ++step) {
+    for (Tensor* t : {&a, &u}) t->set_grad(Tensor());
+    Tensor loss = sum(mul(xa, a));
+    const bool uses_u = step == 2 || (step == 1 && r0);
+    if (uses_u) loss = add(loss, sum(mul(xu, u)));
+    full_tensor(loss).backward();
+    Tensor want = zeros({3}, DType::kF64);
+    if (uses_u) want = local_view(u.grad()).clone();
+    mesh.comm().all_reduce(want);
+    red.finish();
+    INFO("step " << step);
+    REQUIRE(red.num_buckets() == 1);  // a's; u stays outside
+    if (step == 0) {
+      REQUIRE_FALSE(u.grad().defined());
+      REQUIRE(red.stats().late_partial == 0);
+      continue;
+    }
+    REQUIRE(u.grad().defined());
+    REQUIRE(placements_str(dtensor_spec(u.grad(), "test").placements()) == "[R]");
+    REQUIRE_CLOSE(full_tensor(u.grad()), want, 1e-12, 1e-12);
+    REQUIRE(red.stats().late_partial == 1);
+  }
+}
+
 TEST_CASE("grad reducer: no_sync accumulates micro-batches locally, the last one reduces", "[mpi]") {
   const DeviceMesh& mesh = mesh_1d();
   Case c = case_1d(DType::kF64, false);

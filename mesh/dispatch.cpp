@@ -79,6 +79,8 @@ Key make_key(const DistOp& op, const std::vector<Tensor>& in) {
   for (int64_t a : op.args) k.push(a);
   k.push(op.shape.size());
   for (int64_t v : op.shape) k.push(v);
+  k.push(op.key.size());
+  for (int64_t v : op.key) k.push(v);
   for (const Tensor& t : in) {
     if (!t.defined()) {
       k.push(0);

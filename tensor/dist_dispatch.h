@@ -56,6 +56,8 @@ struct DistOp {
   DistRule rule;
   int64_t args[4] = {0, 0, 0, 0};  // rule-relevant integers (dims, keepdim, reduce op, ...)
   Shape shape;                      // rule-relevant shape (a view's global target)
+  Shape key;                        // other integers the outputs' shapes depend on (slice bounds, topk's
+                                    // k): part of the cache key, never read by a rule
   double scalar = 0, scalar2 = 0;   // non-key scalars (dropout probability, random bounds)
   void* extra = nullptr;            // non-key payload (a random op's Generator)
 };

@@ -76,10 +76,11 @@ namespace {
 // Gather-like ops on DTensors: inputs of the output's rank share its placements, the others are
 // Replicate, and dim `dim` is not split.
 Tensor dist_gather_like(const char* op, int dim, const std::vector<Tensor>& in, DistLocalFn local,
-                        bool linear = false) {
+                        bool linear = false, Shape key = {}) {
   DistOp d{op, DistRule::kGatherLike};
   d.args[0] = dim;
   d.args[1] = linear;  // index_add / scatter_add: Partial sources allowed
+  d.key = std::move(key);
   return dist_dispatch1(d, in, local);
 }
 }  // namespace
@@ -254,6 +255,7 @@ std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, TopkOrde
   if (x.is_distributed()) [[unlikely]] {
     DistOp dop{op, DistRule::kSlice};
     dop.args[0] = d;
+    dop.key = Shape{k, static_cast<int64_t>(order)};
     auto r = dist_dispatch(dop, {x}, [&](const std::vector<Tensor>& l, const DistCtx&) {
       auto [v, i] = topk(l[0], k, dim, order);
       return std::vector<Tensor>{v, i};
@@ -296,7 +298,8 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
   check_index_dtype(index, op);
   if (index.is_distributed()) [[unlikely]] {
     MT_CHECK(num_classes >= 0, "{}: num_classes must be given for a DTensor index {}", op, index.desc());
-    return dist_gather_like(op, index.dim(), {index}, MT_DIST_LOCAL(one_hot(l[0], num_classes)));
+    return dist_gather_like(op, index.dim(), {index}, MT_DIST_LOCAL(one_hot(l[0], num_classes)), false,
+                            Shape{num_classes});
   }
   if (num_classes < 0) {  // -1: infer from the largest index, like PyTorch
     MT_CHECK(num_classes == -1, "{}: num_classes must be >= 0 or -1, got {}", op, num_classes);

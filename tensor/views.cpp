@@ -158,6 +158,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
     DistOp op{"slice", DistRule::kSlice};
     op.args[0] = dd;
     op.args[2] = 1;  // linear: Partial passes
+    op.key = Shape{start, end, step};
     return dist_dispatch1(op, {*this}, MT_DIST_LOCAL(l[0].slice(dd, start, end, step)));
   }
   int64_t n = shape()[dd];

@@ -281,6 +281,24 @@ TEST_CASE("dtensor ops: propagation cache, implicit mode, in-place updates", "[m
   auto s1 = dispatch_stats();
   REQUIRE(s1.misses == s0.misses);
   REQUIRE(s1.hits == s0.hits + 10);
+  // The cache keys on every integer the outputs' shapes depend on: slices of one DTensor with
+  // other bounds, topk with another k, one_hot with another class count (they reused the first
+  // call's global shape before 2026-11-28).
+  {
+    Tensor g = r({6, 8}, 34);
+    Tensor x = distribute_tensor(g, m, P("S(0)"));
+    for (int64_t end : {2, 5, 8}) {
+      INFO("slice end " << end);
+      REQUIRE_CLOSE(full_tensor(x.slice(1, 0, end)), g.slice(1, 0, end), 0, 0);
+      REQUIRE_CLOSE(full_tensor(x.slice(1, 1, end, 2)), g.slice(1, 1, end, 2), 0, 0);
+      REQUIRE_CLOSE(full_tensor(x.narrow(1, 8 - end, end)), g.narrow(1, 8 - end, end), 0, 0);
+    }
+    for (const Tensor& piece : split(x, 3, 1)) REQUIRE(full_tensor(piece).shape()[1] == (piece.shape()[1]));
+    REQUIRE(full_tensor(split(x, 3, 1).back()).shape() == Shape{6, 2});
+    for (int64_t k : {1, 3}) REQUIRE_CLOSE(full_tensor(topk(x, k, 1).first), topk(g, k, 1).first, 0, 0);
+    Tensor ids = distribute_tensor(from_vector<int64_t>({0, 1, 2, 1, 0, 2}, Shape{6}, DType::kI64), m, P("S(0)"));
+    for (int64_t n : {3, 5}) REQUIRE(full_tensor(one_hot(ids, n)).shape() == Shape{6, n});
+  }
   // Implicit mode replicates what the rule rejects.
   if (world().size() > 1) {
     Tensor g = r({6, 4}, 32);

@@ -121,12 +121,24 @@ class MpiRequest final : public RequestHandle {
  public:
   MPI_Request req = MPI_REQUEST_NULL;
   std::vector<int> counts_a, displs_a, counts_b, displs_b;
+  // A receive: the element count it must get (MPI lets a shorter message complete it, which would
+  // leave the rest of the buffer as it was), its type, and the peer and tag for the message.
+  int expect = -1;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  int peer = -1, tag = -1;
 
   bool test() override {
     if (req == MPI_REQUEST_NULL) return true;
     MpiLock lock;
     int flag = 0;
-    MT_MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+    MPI_Status status;
+    MT_MPI_CHECK(MPI_Test(&req, &flag, expect >= 0 ? &status : MPI_STATUS_IGNORE));
+    if (flag != 0 && expect >= 0) {
+      int got = 0;
+      MT_MPI_CHECK(MPI_Get_count(&status, type, &got));
+      MT_CHECK(got == expect, "recv from rank {} (tag {}): the message holds {} elements but {} were expected (the "
+               "ranks disagree about the tensor's size)", peer, tag, got, expect);
+    }
     return flag != 0;
   }
   // An unfinished nonblocking collective may be neither freed nor cancelled (MPI 3.1 §5.12);
@@ -305,8 +317,12 @@ RequestPtr backend_isend(CommHandle& c, const void* buf, int64_t count, DType dt
 
 RequestPtr backend_irecv(CommHandle& c, void* buf, int64_t count, DType dtype, int peer, int tag) {
   auto r = std::make_unique<MpiRequest>();
+  r->expect = to_int(count, "recv");
+  r->type = mpi_type(dtype);
+  r->peer = peer;
+  r->tag = tag;
   MpiLock lock;
-  MT_MPI_CHECK(MPI_Irecv(buf, to_int(count, "recv"), mpi_type(dtype), peer, tag, c.comm, &r->req));
+  MT_MPI_CHECK(MPI_Irecv(buf, r->expect, r->type, peer, tag, c.comm, &r->req));
   return r;
 }
 

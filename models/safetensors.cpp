@@ -120,6 +120,12 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
     out.shape.push_back(v);
     has_zero |= v == 0;
   }
+  // An empty tensor still gets strides (the products of the trailing dims): they must fit too.
+  int64_t stride = 1;
+  for (int i = out.shape.size() - 1; i > 0; --i)
+    MT_CHECK(checked_mul(stride, std::max<int64_t>(out.shape[i], 1), &stride),
+             "safetensors '{}': tensor '{}': shape {} of {} is too large: its strides overflow a 64-bit integer "
+             "(a corrupt header?)", path, name, out.shape, dts);
   int64_t nbytes = has_zero ? 0 : dtype_size(out.dtype);
   for (int i = 0; i < out.shape.size() && nbytes > 0; ++i)
     MT_CHECK(checked_mul(nbytes, out.shape[i], &nbytes),

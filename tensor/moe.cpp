@@ -89,6 +89,13 @@ Tensor add_expert_terms(const Tensor& out, const Tensor& rows, const Tensor& tok
 Tensor run_experts_locally(const ExpertRouting& r, const std::vector<Module*>& experts, const std::string& where,
                            std::vector<int64_t>* tokens_per_expert, int64_t* dropped) {
   const Tensor& x = r.x;
+  // Routing reads the selected experts on the host: a split token DTensor (a plan that shards the
+  // batch but does not say how experts run) has no such list on one rank.
+  MT_CHECK(!r.selected.is_distributed() || r.selected.dist_spec()->is_replicated(),
+           "{}: the tokens are split over the mesh ({}) but the layer's experts have no dispatch: a plan for an MoE "
+           "model needs a `dispatch` entry for its MoE layers (e.g. `dispatch model\\.layers\\.\\d+\\."
+           "block_sparse_moe experts ep=all_to_all`, as in plans/mixtral_ep.plan; docs/moe.md)",
+           where, r.selected.dist_spec()->placements_str());
   MT_CHECK(x.dim() == 2 && r.selected.dim() == 2 && r.selected.size(0) == x.size(0),
            "{}: routing of x {} with selected experts {}", where, x.desc(), r.selected.desc());
   const int64_t N = x.size(0), H = x.size(1), k = r.selected.size(1);

@@ -20,6 +20,7 @@
 // P and dS enter the second product of each pair rounded to the input dtype (as in
 // FlashAttention-2); sums, the softmax statistics and every accumulator are f32.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <initializer_list>
 #include <mutex>
@@ -581,15 +582,26 @@ __global__ void __launch_bounds__(kThreads, DM == 64 ? 4 : 1) tc_bwd_dq(const T*
 
 // ---- launch -------------------------------------------------------------------------------------
 
-// Sets the kernel's dynamic shared memory limit once per instantiation.
+constexpr int kMaxDevices = 64;
+
+int current_device_index(const char* op) {
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CHECK(dev >= 0 && dev < kMaxDevices, "{}: device index {} is out of range", op, dev);
+  return dev;
+}
+
+// Sets the kernel's dynamic shared memory limit once per instantiation and device: the attribute
+// belongs to the device current when it is set, so a process that runs attention on two GPUs sets
+// it on each.
 template <auto Kernel>
 void smem_limit(size_t bytes) {
-  static const bool done = [&] {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(Kernel),
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    return true;
-  }();
-  (void)done;
+  static std::atomic<bool> done[kMaxDevices] = {};
+  const int dev = current_device_index("attention");
+  if (done[dev].load(std::memory_order_acquire)) return;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(Kernel),
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  done[dev].store(true, std::memory_order_release);
 }
 
 unsigned grid_of(int64_t blocks, const char* op) {
@@ -616,12 +628,9 @@ struct Fork {
   cudaEvent_t start = nullptr, done = nullptr;
 };
 const Fork& fork_of_current_device() {
-  constexpr int kMaxDevices = 64;
   static std::mutex mu;
   static Fork forks[kMaxDevices];
-  int dev = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&dev));
-  MT_CHECK(dev >= 0 && dev < kMaxDevices, "attention_bwd: device index {} is out of range", dev);
+  const int dev = current_device_index("attention_bwd");
   std::lock_guard<std::mutex> lock(mu);
   Fork& f = forks[dev];
   if (!f.side) {  // lives until the process ends, like the compute streams
@@ -685,13 +694,15 @@ void check_tc(const char* op, std::initializer_list<const KView*> operands, cons
   for (const KView* t : operands)
     MT_CHECK(attention_tc_layout_ok(*t), "{}: operand {} (strides {}) needs unit stride in D, 16-byte aligned rows", op,
              t->sizes, t->strides);
-  static const bool sm80 = [] {
-    int dev = 0, major = 0;
-    MT_CUDA_CHECK(cudaGetDevice(&dev));
+  static std::atomic<int> major_of[kMaxDevices] = {};  // 0: not asked yet (per device: GPUs may differ)
+  const int dev = current_device_index(op);
+  int major = major_of[dev].load(std::memory_order_relaxed);
+  if (major == 0) {
     MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return major >= 8;
-  }();
-  MT_CHECK(sm80, "{}: 16-bit attention needs a GPU of compute capability 8.0 or newer", op);
+    major_of[dev].store(major, std::memory_order_relaxed);
+  }
+  MT_CHECK(major >= 8, "{}: 16-bit attention needs a GPU of compute capability 8.0 or newer (cuda:{} is {}.x)", op,
+           dev, major);
 }
 
 template <class T>

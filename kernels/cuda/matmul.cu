@@ -214,6 +214,27 @@ bool tunable(const Key& key, int64_t outer, double beta) {
   return half_in && outer == 1 && beta == 0 && key.k >= 64 && key.m * key.n * key.batch >= (int64_t{1} << 16);
 }
 
+// How an algorithm cuts K: its split count and the scheme that adds the pieces. A candidate that
+// cuts K otherwise sums in another order, so it is never taken, even when the first call's digest
+// agrees (sums of few distinct or exactly representable values can match in any order, and later
+// calls on real data would then differ in their last bits).
+struct KSplit {
+  int32_t splits = -1;
+  uint32_t scheme = ~0u;
+  bool operator==(const KSplit& o) const { return splits == o.splits && scheme == o.scheme; }  // .cu: C++17
+};
+KSplit k_split_of(const cublasLtMatmulAlgo_t& a) {
+  KSplit k;
+  size_t n = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k.splits, sizeof(k.splits), &n) !=
+      CUBLAS_STATUS_SUCCESS)
+    k.splits = -1;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &k.scheme, sizeof(k.scheme),
+                                           &n) != CUBLAS_STATUS_SUCCESS)
+    k.scheme = ~0u;
+  return k;
+}
+
 // Times cuBLASLt's top candidates for `plan` on this call's operands (pc is overwritten; the
 // caller's call then writes it for real) and keeps the fastest whose output digest equals the
 // current choice's; a candidate must beat it by 2% to be taken. A degenerate output (mostly
@@ -253,9 +274,11 @@ void tune(Plan& plan, const Key& key, cublasLtHandle_t h, const void* alpha, con
   int chosen = -1, tried = 0;
   double best = 0, first = 0;
   if (ref.nonzero * 2 >= static_cast<unsigned long long>(outputs)) {
+    const KSplit first_split = k_split_of(plan.algo);
     best = first = ms_of(plan.algo);
     for (int i = 0; i < found; ++i) {
       if (std::memcmp(&cand[i].algo, &plan.algo, sizeof(plan.algo)) == 0) continue;
+      if (!(k_split_of(cand[i].algo) == first_split)) continue;  // another K order
       if (run(cand[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
       if (!(digest(pc, key, osize, static_cast<unsigned long long*>(buf), stream) == ref)) continue;  // other bits
       ++tried;

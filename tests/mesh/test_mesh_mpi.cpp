@@ -285,6 +285,13 @@ TEST_CASE("send/recv around a ring", "[mpi]") {
   w2.wait();
   REQUIRE(ra.to_vector<double>() == std::vector<double>{1, 1});
   REQUIRE(rb.to_vector<double>() == std::vector<double>{2, 2});
+  // A message shorter than the receiving tensor is an error, not a buffer filled in part.
+  Tensor small = full(Shape{2}, 3.0), big = zeros(Shape{5});
+  Work w3 = wcomm().send_async(small, next, 9);
+  REQUIRE_THROWS_WITH(wcomm().recv(big, prev, 9),
+                      Contains("recv") && (Contains("holds 2 elements but 5 were expected") ||  // MPI
+                                           Contains("the receiving tensor has 40")));           // a world of one
+  w3.wait();
   wcomm().barrier();
 }
 

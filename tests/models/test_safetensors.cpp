@@ -313,6 +313,10 @@ TEST_CASE("safetensors: shape and offsets that disagree or leave the buffer", "[
   auto f = read_safetensors(p);
   REQUIRE(f.tensors.size() == 2);
   REQUIRE(f.tensors[0].second.numel() == 0);
+  // ... but an empty tensor still has strides, which must fit (the error used to name no file).
+  check(R"({"e":{"dtype":"F32","shape":[0,4611686018427387904,4611686018427387904],"data_offsets":[0,0]},)"
+        R"("v":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})", 24,
+        "tensor 'e': shape [0, 4611686018427387904, 4611686018427387904] of F32 is too large: its strides overflow");
   // beyond the buffer
   check(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[8,32]}})", 24, "tensor 'w': data_offsets [8, 32] lie outside");
   // overlap

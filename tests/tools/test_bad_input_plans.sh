@@ -53,6 +53,10 @@ bad_case "uneven KV heads (llama_tp, tp 4, 2 KV heads)" --watch "$plans" \
 bad_case "uneven heads (llama_tp_sp, tp 3)" --watch "$plans" \
   "llama_tp_sp.plan: a forward under the plan on mesh [tp=3]" "model.layers.0.self_attn.q_proj.weight" "'tp' must divide 4" -- \
   "${run[@]}" "$plans/llama_tp_sp.plan" --world 3
+bad_case "an MoE model under a plan without a dispatch entry (mixtral-tiny, llama_dp)" --watch "$plans" \
+  "llama_dp.plan: a forward under the plan on mesh [dp=2]" "model.layers.0.block_sparse_moe" \
+  "the layer's experts have no dispatch" "needs a \`dispatch\` entry" -- \
+  "$bin" plan --config mixtral-tiny --plan "$plans/llama_dp.plan" --world 2
 plan in2 "mesh tp=*\nplace model <in>:0 tp=S(2)\n"
 bad_case "input split on a dim it has not" --watch "$P" "in2.plan:2:20" "splits tensor dim 2" "[2, 8] (2-D)" -- \
   "${run[@]}" "$P/in2.plan" --world 2

@@ -182,6 +182,8 @@ s=$(bin_shard huge_count.bin 20240520 1 2147483647 100)
 train_bad "token shard count 2^31-1 with 100 tokens" "huge_count.bin" "header says 2147483647 tokens" -- --data "$s"
 s=$(bin_shard negative_count.bin 20240520 1 -5 100)
 train_bad "token shard negative count" "negative_count.bin" "negative token count -5" -- --data "$s"
+s=$(bin_shard short.bin 20240520 1 10 10)
+train_bad "token shard shorter than one batch" "--data $WORK/short.bin" "the corpus has 10 tokens" -- --data "$s"
 s=$(bin_shard bad_magic.bin 7 1 100 100)
 train_bad "token shard bad magic" "bad_magic.bin" "bad magic 7" -- --data "$s"
 
@@ -213,7 +215,8 @@ train_bad "--checkpoint-every -1" "--checkpoint-every -1 is out of range" -- --c
 train_bad "--log-every 0" "--log-every 0 is out of range" -- --log-every 0
 train_bad "--stop-at -1" "--stop-at -1 is out of range" -- --stop-at -1
 train_bad "--bucket-mb 1e300" "--bucket-mb 1e300 is out of range" -- --bucket-mb 1e300
-train_bad "batch x seq beyond the corpus" "corpus has" "fewer than one global window" -- --batch 16777216 --seq 1024
+train_bad "batch x seq beyond the corpus" "--data (the embedded corpus)" "corpus has" "fewer than one global window" \
+  -- --batch 16777216 --seq 1024
 bad_case "plan: --world 2^62 (used to plan for ever)" --timeout 20 "--world $TWO62 is out of range" -- \
   "$BIN" plan --plan "$HERE/../../plans/llama_dp.plan" --world $TWO62
 bad_case "init: --seed -1" --watch "$OUTS" "--seed -1 is out of range" -- "$BIN" init --config llama-tiny --seed -1 --out "$OUTS/ck"
@@ -229,8 +232,9 @@ bad_case "grad: inf weight, no gradient file" --watch "$OUTS" "meshtrain grad" "
 c=$(ck_with huge_ck 'for k in range(128): poke("lm_head.weight", 128 * 5 + k, -1e37)')
 bad_case "eval: finite weights, forward overflow" "meshtrain eval" "is inf" "every weight is finite" -- \
   "$BIN" eval --hf "$c" --tokens "$WORK/tokens.txt"
-train_bad "nan weights from --hf: stops before step 1, saves nothing" "step 1: the loss is nan" \
-  "no checkpoint of step 1 is written" -- --hf "$WORK/nan_ck" --checkpoint-every 1 --metrics "$WORK/nan.jsonl"
+train_bad "nan weights from --hf: refused before step 1, naming the tensor, saves nothing" "$WORK/nan_ck" \
+  "weight 'model.layers.1.mlp.up_proj.weight' holds nan at element 5" "refusing to train from non-finite weights" \
+  -- --hf "$WORK/nan_ck" --checkpoint-every 1 --metrics "$WORK/nan.jsonl"
 train_bad "--lr 1e38: weights overflow in the step; the final save refuses them" "refusing to save step 1" \
   "holds" "after the optimizer step" -- --steps 1 --lr 1e38 --min-lr 0 --warmup 0 --metrics "$WORK/lr1.jsonl"
 train_bad "--lr 1e38 with periodic saves: the first save refuses, nothing saved" "refusing to save step 1" -- \

@@ -7,6 +7,7 @@
 // its own chunks of a sharded checkpoint, asynchronously (tools/cli/sharded_save.h; resumes under any
 // plan, or none). The step itself (its flags, the model
 // construction, gradients / clip / apply) is tools/cli/trainer.h, shared with `meshtrain parity`.
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include "models/data.h"
 #include "models/hf_checkpoint.h"
 #include "models/hf_config.h"
+#include "models/safetensors.h"
 #include "models/llama.h"
 #include "optim/adamw.h"
 #include "optim/master_weights.h"
@@ -70,6 +72,9 @@ std::vector<FlagSpec> train_flags() {
                       "sharded checkpoint (the former behaviour; for comparison)", "", true},
       {"resume", "continue from the latest checkpoint in --checkpoint-dir", "", true},
       {"overwrite", "replace checkpoints in --checkpoint-dir that this run did not write (docs/checkpoints.md)", "", true},
+      {"allow-changes", "--resume with settings that differ from the checkpoint's (learning rates, warmup, weight "
+                        "decay, clipping, dropout, optimizer, MoE losses, seed, data): each change is printed "
+                        "instead of refused (docs/cli.md)", "", true},
       {"metrics", "JSONL metrics file (empty: none)", "metrics.jsonl", false},
       {"log-every", "print every N steps", "1", false},
       {"plan", "parallelize with this plan file over the mpirun world (docs/cli.md, --plan)", "", false},
@@ -92,6 +97,86 @@ double flops_per_token(const ModelConfig& c, int64_t seq) {
   }
   double attn = 12.0 * static_cast<double>(c.num_hidden_layers * c.num_attention_heads * c.resolved_head_dim() * seq);
   return 6.0 * n + attn;
+}
+
+// The flags that shape training after a resume, beyond --batch/--seq/--accum/--precision (which
+// must match: check_resume_matches). --steps is recorded too, but only announced when it changes:
+// raising it to continue a finished run is the usual way to train longer.
+constexpr const char* kResumeSettings[] = {"lr", "min-lr", "warmup", "weight-decay", "beta2", "grad-clip",
+                                           "dropout", "optimizer", "moe-aux-loss", "moe-z-loss",
+                                           "moe-capacity-factor"};
+
+// "N bytes, crc32 X of the first and last MiB" of the token file (cheap on a large shard; a file
+// replaced by another of the same size and ends is not caught), or the embedded corpus.
+std::string data_fingerprint(const std::string& path) {
+  if (path.empty()) return "the embedded corpus";
+  std::ifstream f(path, std::ios::binary);
+  MT_CHECK(f.good(), "--data {}: cannot open it", path);
+  f.seekg(0, std::ios::end);
+  const int64_t size = static_cast<int64_t>(f.tellg());
+  const int64_t part = std::min<int64_t>(size, int64_t{1} << 20);
+  std::string buf(static_cast<size_t>(part), '\0');
+  uint32_t crc = 0;
+  for (int64_t at : {int64_t{0}, size - part}) {
+    f.seekg(at);
+    f.read(buf.data(), part);
+    MT_CHECK(f.good() || part == 0, "--data {}: cannot read it", path);
+    crc = crc32_update(crc, buf.data(), buf.size());
+  }
+  return fmt::format("{} bytes, crc32 {:08x} of the first and last MiB", size, crc);
+}
+
+std::vector<std::pair<std::string, std::string>> resume_settings(const Args& args) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* flag : kResumeSettings) out.emplace_back(flag, args.str(flag));
+  out.emplace_back("steps", args.str("steps"));
+  out.emplace_back("seed", args.str("seed"));
+  out.emplace_back("data", data_fingerprint(args.str("data")));
+  return out;
+}
+
+// Two flag values are the same when they are the same string or the same finite number ("3e-3"
+// and "0.003").
+bool same_value(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  auto number = [](const std::string& s, double* v) {
+    char* end = nullptr;
+    *v = std::strtod(s.c_str(), &end);
+    return !s.empty() && end == s.c_str() + s.size();
+  };
+  double x = 0, y = 0;
+  return number(a, &x) && number(b, &y) && x == y;
+}
+
+// --resume: the settings recorded in the checkpoint against this run's. A run that changes them
+// would go on as another run than the one it resumes (another schedule, optimizer, regularization
+// or data) without a word: refused unless --allow-changes, which prints each change. --seed only
+// when given: the checkpoint's seed is the one used.
+void check_resume_settings(const TrainState& s, const Args& args, const std::string& where) {
+  std::vector<std::string> changes;
+  const auto now = resume_settings(args);
+  for (const auto& [key, saved] : s.settings) {
+    if (key == "seed" && !args.has("seed")) continue;
+    if (key == "steps") {
+      if (!same_value(args.str("steps"), saved))
+        fmt::print("--steps {}: the learning-rate schedule now spans {} steps (the checkpoint's run: {}); from "
+                   "step {} on the rate follows the new one\n",
+                   args.str("steps"), args.str("steps"), saved, s.step + 1);
+      continue;
+    }
+    for (const auto& [k, v] : now)
+      if (k == key && !same_value(v, saved))
+        changes.push_back(key == "data" ? fmt::format("--data {} ({}; the checkpoint's: {})",
+                                                       args.str("data").empty() ? "(none)" : args.str("data"), v,
+                                                       saved)
+                                        : fmt::format("--{} {} (the checkpoint's: {})", key, v, saved));
+  }
+  if (changes.empty()) return;
+  MT_CHECK(args.flag("allow-changes"),
+           "--resume: this run's settings differ from those {} was trained with: {}; resuming would go on as "
+           "another run. Pass the checkpoint's values, or --allow-changes to resume with these",
+           where, fmt::join(changes, ", "));
+  fmt::print("resuming with changed settings (--allow-changes): {}\n", fmt::join(changes, ", "));
 }
 
 void check_resume_matches(const TrainState& s, const Args& args) {
@@ -153,6 +238,7 @@ int run_train(int argc, char** argv) {
     // A sharded checkpoint under a plan: each rank reads its own boxes below, after parallelize().
     loaded = load_latest_checkpoint(ckpt_dir, /*full=*/args.str("plan").empty());
     check_resume_matches(loaded.state, args);
+    check_resume_settings(loaded.state, args, loaded.path);
     cfg = loaded.config;
     seed = loaded.state.seed;
   } else if (!args.str("hf").empty()) {
@@ -172,7 +258,14 @@ int run_train(int argc, char** argv) {
   HfCheckpoint start_from;  // --resume or --hf: the model starts from these weights
   const bool sharded_resume = resume && loaded.sharded && plan;
   const bool loaded_weights = (resume && !sharded_resume) || !args.str("hf").empty();
-  if (loaded_weights) start_from.tensors = resume ? std::move(loaded.model) : std::move(start_weights.tensors);
+  if (loaded_weights) {
+    start_from.tensors = resume ? std::move(loaded.model) : std::move(start_weights.tensors);
+    // A NaN or inf in the starting weights: refused here, naming the tensor, rather than as a
+    // non-finite loss at the first step.
+    if (auto bad = first_non_finite(start_from.tensors))
+      MT_FAIL("meshtrain train: {}: weight '{}' holds {} at element {}: refusing to train from non-finite weights",
+              resume ? loaded.path : args.str("hf"), bad->name, bad->value, bad->index);
+  }
   std::shared_ptr<CausalLM> model = build_run_model(cfg, loaded_weights ? &start_from : nullptr, plan != nullptr);
   // --plan: loaded weights are sliced to the shards, meta ones initialized shard-wise (equal to the
   // single-device init). The trainer's reducer hooks every parameter.
@@ -203,7 +296,13 @@ int run_train(int argc, char** argv) {
 
   // Data.
   std::vector<int32_t> tokens = run_tokens(args.str("data"), cfg);
-  DataLoader loader(tokens, batch, seq);
+  DataLoader loader = [&] {
+    try {
+      return DataLoader(tokens, batch, seq);
+    } catch (const std::exception& e) {
+      MT_FAIL("--data {}: {}", args.str("data").empty() ? "(the embedded corpus)" : args.str("data"), e.what());
+    }
+  }();
   // --val-data: the same first --val-batches global batches at every validation.
   std::vector<TokenBatch> val_batches;
   const int64_t val_every = args.integer("val-every");
@@ -277,11 +376,15 @@ int run_train(int argc, char** argv) {
     saver = std::make_unique<ShardedSaver>(
         ShardedSaveOptions{ckpt_dir, overwrite, !args.flag("sync-save"), args.integer("keep")}, *plan, cfg);
   double gather_save_s = 0;  // --gather-save: the time spent in saves
+  // What trainer_state.json records of this run's settings (the seed: the one in use).
+  auto settings = resume_settings(args);
+  for (auto& [k, v] : settings)
+    if (k == "seed") v = std::to_string(seed);
   auto save = [&](int64_t done) {
     if (ckpt_dir.empty()) return;
     const auto t0 = std::chrono::steady_clock::now();
-    TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum,
-                 plan ? plan->world : 1, plan ? plan->path : ""};
+    TrainState s{done,  seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum,
+                 plan ? plan->world : 1, plan ? plan->path : "", settings};
     // Never a checkpoint with non-finite weights (the loop stops before such a step; this guards it).
     auto refuse_non_finite = [&](const NamedTensors& weights) {
       auto bad = first_non_finite(weights);

@@ -111,6 +111,14 @@ TrainState read_train_state(const fs::path& step_dir) {
   s.batch = f.int_at("batch", 1);
   s.seq = f.int_at("seq", 1);
   s.accum = f.int_at("accum", 1);
+  if (const auto settings = j.find("settings"); settings != j.end() && !settings->is_null()) {
+    MT_CHECK(settings->is_object(), "{}: field 'settings' must be an object, got {}", file.string(),
+             json_brief(*settings));
+    for (const auto& [k, v] : settings->items()) {
+      MT_CHECK(v.is_string(), "{}: field 'settings.{}' must be a string, got {}", file.string(), k, json_brief(v));
+      s.settings.emplace_back(k, v.get<std::string>());
+    }
+  }
   return s;
 }
 
@@ -223,6 +231,9 @@ void write_train_state(const std::string& step_dir, const TrainState& s) {
                       {"accum", s.accum},
                       {"world_size", s.world_size},
                       {"plan", s.plan}};
+  nlohmann::json settings = nlohmann::json::object();
+  for (const auto& [k, v] : s.settings) settings[k] = v;
+  j["settings"] = settings;
   write_text_atomic(fs::path(step_dir) / kStateFile, j.dump(2) + "\n");
 }
 

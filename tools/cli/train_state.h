@@ -31,6 +31,10 @@ struct TrainState {
   int64_t batch = 0, seq = 0, accum = 1;
   int64_t world_size = 1;  // ranks that saved it (informational: any world resumes it)
   std::string plan;        // the plan file it was saved under ("" without --plan)
+  // The run's settings that shape training from here on (flag -> value as given, and "data" -> a
+  // fingerprint of the token file), compared on --resume (tools/cli/train.cpp). Empty in a
+  // checkpoint written before 2026-11-28: nothing to compare.
+  std::vector<std::pair<std::string, std::string>> settings;
 };
 
 // Writes the checkpoint for state.step and points `latest` at it; returns its directory. Removes

@@ -53,6 +53,18 @@ bad_case "resume --overwrite with nothing to train" --watch "$WORK/ck" "nothing 
   "$BIN" "${T[@]}" --steps 2 --resume --overwrite --checkpoint-dir "$WORK/ck"
 bad_case "fresh run into a checkpoint dir" --watch "$WORK/ck" "--checkpoint-dir $WORK/ck already holds checkpoints" \
   "--overwrite" -- "$BIN" "${T[@]}" --steps 4 --checkpoint-dir "$WORK/ck"
+bad_case "resume with other settings" --watch "$WORK/ck" "--resume: this run's settings differ" \
+  "--lr 1 (the checkpoint's: 3e-3)" "--dropout 0.3 (the checkpoint's: 0)" "--allow-changes" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --lr 1 --dropout 0.3
+bad_case "resume on other data" --watch "$WORK/ck" "--data $WORK/tokens.txt (" "the checkpoint's: the embedded corpus" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --data "$WORK/tokens.txt"
+copy_ck changes
+"$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/changes" --lr 0.003 --lr 1e-3 --allow-changes \
+  >"$WORK/out" 2>"$WORK/err" \
+  && grep -q "resuming with changed settings (--allow-changes): --lr 1e-3 (the checkpoint's: 3e-3)" "$WORK/out" \
+  && grep -q "the learning-rate schedule now spans 6 steps (the checkpoint's run: 4)" "$WORK/out" \
+  && grep -q '"lr": "1e-3"' "$WORK/changes/step-00000006/trainer_state.json" \
+  && pass "--allow-changes: the change is printed, trained with and recorded" || fail "--allow-changes: $(tail -n 2 "$WORK/err")"
 copy_ck back; echo step-00000002 >"$WORK/back/latest"  # a save killed after its rename, before `latest`
 bad_case "resume would rewrite an existing later step" --watch "$WORK/back" "$WORK/back/step-00000004 already exists" \
   "--overwrite" -- "$BIN" "${T[@]}" --steps 4 --resume --checkpoint-dir "$WORK/back"

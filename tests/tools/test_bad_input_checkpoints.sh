@@ -164,6 +164,21 @@ copy_ck ow
   && "$BIN" init --config llama-tiny --seed 9 --out "$WORK/hf9" >/dev/null && cmp -s "$WORK/hf/model.safetensors" "$WORK/hf9/model.safetensors" \
   && pass "init --overwrite replaces the checkpoint" || fail "init --overwrite: $(tail -n 1 "$WORK/err")"
 
+# --keep prunes only this run's lineage: a fresh --overwrite run leaves another run's step
+# directories alone (it removed them, and its own newer steps, before 2026-11-28); a resumed run
+# prunes the steps it resumed from too.
+copy_ck keepo; mkdir "$WORK/keepo/step-00000100"; echo other >"$WORK/keepo/step-00000100/notes"
+"$BIN" "${T[@]}" --steps 3 --checkpoint-every 1 --keep 2 --overwrite --checkpoint-dir "$WORK/keepo" >/dev/null 2>"$WORK/err"
+got=$(ls "$WORK/keepo" | tr '\n' ' ')
+[ "$got" = "latest step-00000002 step-00000003 step-00000004 step-00000100 " ] && [ "$(cat "$WORK/keepo/latest")" = step-00000003 ] \
+  && pass "--keep 2 --overwrite: this run's newest two kept, another run's step-4 and step-100 left: $got" \
+  || fail "--keep with --overwrite left: $got $(tail -n 1 "$WORK/err")"
+copy_ck keepr
+"$BIN" "${T[@]}" --steps 6 --checkpoint-every 1 --keep 2 --resume --checkpoint-dir "$WORK/keepr" >/dev/null 2>"$WORK/err"
+got=$(ls "$WORK/keepr" | tr '\n' ' ')
+[ "$got" = "latest step-00000005 step-00000006 " ] && pass "--keep 2 on a resumed run prunes the steps it resumed from: $got" \
+  || fail "--keep on a resumed run left: $got $(tail -n 1 "$WORK/err")"
+
 copy_ck stale
 sleep 30 & live=$!
 mkdir -p "$WORK/stale/step-00000005.tmp.999999999" "$WORK/stale/step-00000005.tmp.999999998.tmp.999999998" \

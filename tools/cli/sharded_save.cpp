@@ -156,7 +156,7 @@ void ShardedSaver::commit() {
       write_train_state(p->tmp, p->state);
       write_checkpoint_config(p->tmp, config_);
       final_path = commit_step_directory(opt_.dir, p->tmp, p->state.step, opt_.overwrite);
-      apply_retention(opt_.dir, opt_.keep);
+      apply_retention(opt_.dir, opt_.keep, opt_.resumed_from);
     } catch (const std::exception& e) {
       why = fmt::format("checkpoint of step {}: {}", p->state.step, e.what());
       fs::remove_all(p->tmp, ec);

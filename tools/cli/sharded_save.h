@@ -31,6 +31,7 @@ struct ShardedSaveOptions {
   Overwrite overwrite = Overwrite::kRefuse;
   bool async = true;
   int64_t keep = 0;  // 0: keep all
+  int64_t resumed_from = 0;  // the step a resumed run started from (apply_retention's lineage)
 };
 
 class ShardedSaver {

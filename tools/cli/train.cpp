@@ -374,7 +374,7 @@ int run_train(int argc, char** argv) {
   // Under a pipeline plan too: each stage writes its own tensors (docs/pipeline.md, "Checkpoints").
   if (plan && !ckpt_dir.empty() && !args.flag("gather-save"))
     saver = std::make_unique<ShardedSaver>(
-        ShardedSaveOptions{ckpt_dir, overwrite, !args.flag("sync-save"), args.integer("keep")}, *plan, cfg);
+        ShardedSaveOptions{ckpt_dir, overwrite, !args.flag("sync-save"), args.integer("keep"), start}, *plan, cfg);
   double gather_save_s = 0;  // --gather-save: the time spent in saves
   // What trainer_state.json records of this run's settings (the seed: the one in use).
   auto settings = resume_settings(args);
@@ -394,7 +394,7 @@ int run_train(int argc, char** argv) {
     if (!plan) {
       refuse_non_finite(master.master_params());
       fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s, overwrite));
-      apply_retention(ckpt_dir, args.integer("keep"));
+      apply_retention(ckpt_dir, args.integer("keep"), start);
       return;
     }
     if (!saver) {  // --gather-save: full tensors, gathered by every rank (collective); rank 0 writes
@@ -402,7 +402,7 @@ int run_train(int argc, char** argv) {
                    moments = gather_stages(*plan, opt.state_dict());
       refuse_non_finite(weights);
       if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s, overwrite));
-      if (root) apply_retention(ckpt_dir, args.integer("keep"));
+      if (root) apply_retention(ckpt_dir, args.integer("keep"), start);
       gather_save_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return;
     }

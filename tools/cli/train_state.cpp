@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/shard_reader.h"
@@ -34,6 +36,11 @@ namespace {
 constexpr const char* kLatest = "latest";
 constexpr const char* kStateFile = "trainer_state.json";
 constexpr const char* kStateFormat = "meshtrain-train-state-1";
+
+// The step directories this process committed, per checkpoint directory (as given): --keep prunes
+// among these and its resumed lineage only (apply_retention).
+std::mutex g_written_mu;
+std::map<std::string, std::set<int64_t>> g_written;
 
 std::string step_name(int64_t step) { return step_dir_name(step); }
 
@@ -272,21 +279,31 @@ std::string commit_step_directory(const std::string& dir, const std::string& tmp
     fs::remove_all(tmp, ec);
     throw;
   }
+  {
+    std::lock_guard<std::mutex> lock(g_written_mu);
+    g_written[dir].insert(step);
+  }
   fsync_path(dir);  // the step directory's name is durable before `latest` names it
   write_text_atomic(fs::path(dir) / kLatest, name + "\n");
   fsync_path(dir);
   return final_path.string();
 }
 
-int64_t apply_retention(const std::string& dir, int64_t keep) {
+int64_t apply_retention(const std::string& dir, int64_t keep, int64_t resumed_from) {
   if (keep <= 0) return 0;
+  std::set<int64_t> written;
+  {
+    std::lock_guard<std::mutex> lock(g_written_mu);
+    written = g_written[dir];
+  }
   std::error_code ec;
   std::string named;
   if (fs::exists(fs::path(dir) / kLatest, ec)) {
     named = read_text(fs::path(dir) / kLatest);
     while (!named.empty() && std::isspace(static_cast<unsigned char>(named.back()))) named.pop_back();
   }
-  const std::map<int64_t, fs::path> steps = step_dirs(dir);
+  std::map<int64_t, fs::path> steps = step_dirs(dir);
+  std::erase_if(steps, [&](const auto& e) { return !written.count(e.first) && e.first > resumed_from; });
   int64_t excess = static_cast<int64_t>(steps.size()) - keep, removed = 0;
   for (const auto& [step, path] : steps) {  // oldest first
     if (excess <= 0) break;

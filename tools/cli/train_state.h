@@ -57,8 +57,11 @@ void write_train_state(const std::string& step_dir, const TrainState& state);
 void write_checkpoint_config(const std::string& step_dir, const ModelConfig& config);
 std::string commit_step_directory(const std::string& dir, const std::string& tmp, int64_t step, Overwrite overwrite);
 // --keep N: removes the oldest step directories of `dir` beyond the newest N, never the one
-// `latest` names (N <= 0: keeps all). Returns how many it removed.
-int64_t apply_retention(const std::string& dir, int64_t keep);
+// `latest` names (N <= 0: keeps all). It counts only this run's lineage: the step directories this
+// process committed and, for a resumed run, those up to the step it resumed from (`resumed_from`;
+// 0 for a fresh run). Another run's directories in `dir` (a fresh run with --overwrite) are left
+// alone. Returns how many it removed.
+int64_t apply_retention(const std::string& dir, int64_t keep, int64_t resumed_from);
 // Syncs a file's data or a directory's entries (errors name the path).
 void fsync_path(const std::string& path);
 

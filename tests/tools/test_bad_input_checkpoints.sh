@@ -179,6 +179,18 @@ got=$(ls "$WORK/keepr" | tr '\n' ' ')
 [ "$got" = "latest step-00000005 step-00000006 " ] && pass "--keep 2 on a resumed run prunes the steps it resumed from: $got" \
   || fail "--keep on a resumed run left: $got $(tail -n 1 "$WORK/err")"
 
+# A run that died after its last checkpoint left metrics lines of steps it trains again on resume:
+# they are dropped, so every step appears once (steps 7 and 8 used to appear twice).
+"$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --checkpoint-every 3 --checkpoint-dir "$WORK/met" \
+  --metrics "$WORK/met.jsonl" >/dev/null 2>&1
+rm -rf "$WORK/met/step-00000008"; echo step-00000006 >"$WORK/met/latest"  # as if killed before saving step 8
+"$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --resume --checkpoint-dir "$WORK/met" --metrics "$WORK/met.jsonl" \
+  >"$WORK/out" 2>"$WORK/err"
+got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' "$WORK/met.jsonl")
+[ "$got" = "1 2 3 4 5 6 7 8" ] && grep -q "dropped 2 line(s) of steps after 6" "$WORK/out" \
+  && pass "resume after a crash past the last checkpoint: metrics steps $got, each once" \
+  || fail "metrics after resume: steps '$got' $(tail -n 1 "$WORK/err")"
+
 copy_ck stale
 sleep 30 & live=$!
 mkdir -p "$WORK/stale/step-00000005.tmp.999999999" "$WORK/stale/step-00000005.tmp.999999998.tmp.999999998" \

@@ -179,6 +179,29 @@ void check_resume_settings(const TrainState& s, const Args& args, const std::str
   fmt::print("resuming with changed settings (--allow-changes): {}\n", fmt::join(changes, ", "));
 }
 
+// A resumed run appends to its metrics file. A run that died after its last checkpoint left lines
+// of the steps it is about to train again: those (a "step" above `start`) are dropped first, so that
+// every step appears once. The file is rewritten atomically, and only when something is dropped.
+void drop_metrics_after(const std::string& path, int64_t start) {
+  std::ifstream in(path);
+  if (!in.good()) return;  // a new file
+  std::string line, kept;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > start) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  MT_CHECK(in.eof(), "--metrics {}: cannot read it: {}", path, std::strerror(errno));
+  if (dropped == 0) return;
+  write_file_atomically(path, [&](std::ostream& o) { o << kept; });
+  fmt::print("--metrics {}: dropped {} line(s) of steps after {} (written by a run that went on past its last "
+             "checkpoint)\n", path, dropped, start);
+}
+
 void check_resume_matches(const TrainState& s, const Args& args) {
   auto same = [&](const char* flag, int64_t saved) {
     MT_CHECK(args.integer(flag) == saved, "--resume: --{} is {} but the checkpoint was trained with {}", flag,
@@ -352,6 +375,7 @@ int run_train(int argc, char** argv) {
 
   std::unique_ptr<std::ofstream> metrics;
   if (!args.str("metrics").empty() && root) {
+    if (start > 0) drop_metrics_after(args.str("metrics"), start);
     metrics = std::make_unique<std::ofstream>(args.str("metrics"), start > 0 ? std::ios::app : std::ios::trunc);
     MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file {}", args.str("metrics"));
   }

@@ -7,6 +7,7 @@
 #include "mesh/communicator.h"
 
 #include <algorithm>
+#include <exception>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -93,6 +94,12 @@ struct Communicator::Impl {
   mutable std::vector<std::pair<int, Tensor>> self_messages;
 };
 
+// How long a collective waited on during stack unwinding may still take (Work::State::wait); once
+// one was abandoned, the others of the same error (a reducer's buckets, a pipeline's sends) get
+// only a glance, so that the error is not held back by one grace per handle.
+constexpr std::chrono::milliseconds kUnwindGrace{2000}, kUnwindGlance{50};
+std::atomic<bool> g_abandoning{false};  // set by an abandonment, cleared by a wait outside unwinding
+
 struct Work::State {
   std::string op;
   std::shared_ptr<const Communicator::Impl> comm;
@@ -118,12 +125,39 @@ struct Work::State {
     keep.clear();
     done = true;
   }
+  void abandon() {  // under mutex: see wait()
+    static std::mutex leak_mutex;
+    static std::vector<std::pair<std::vector<detail::RequestPtr>, std::vector<Tensor>>>* leaked =
+        new std::vector<std::pair<std::vector<detail::RequestPtr>, std::vector<Tensor>>>();  // never freed
+    std::lock_guard<std::mutex> lock(leak_mutex);
+    leaked->emplace_back(std::move(requests), std::move(keep));
+    requests.clear();
+    keep.clear();
+    finish = nullptr;
+    done = true;
+  }
   void wait() {
     std::lock_guard<std::mutex> lock(mutex);
     if (done) return;
+    // Waited on while an exception unwinds the stack (a destructor of a bucket, a pending pipeline
+    // send, a dropped handle): the error already ends the job, and peers that did not see it will
+    // not complete this collective. Rather than hold the error back for the whole timeout, give
+    // the collective a short grace, then leave it in flight: its buffers are kept for the rest of
+    // the process (the transport may still write them) and nothing is copied out.
+    const bool unwinding = std::uncaught_exceptions() > 0;
+    if (!unwinding) g_abandoning.store(false);
+    const auto limit = std::min<std::chrono::milliseconds>(timeout, g_abandoning.load() ? kUnwindGlance : kUnwindGrace);
+    const auto wait_start = unwinding ? Clock::now() : start;
     // Spin briefly (collectives on small tensors finish in microseconds), then back off so that
     // oversubscribed ranks leave the cores to their peers.
     for (int64_t iter = 0; !poll(); ++iter) {
+      if (unwinding && Clock::now() - wait_start > limit) {
+        MT_LOG_WARN("{} on {} left in flight: dropped while an error unwinds (the error ends the job)", op,
+                    comm->description);
+        g_abandoning.store(true);
+        abandon();
+        return;
+      }
       const auto elapsed = Clock::now() - start;
       if (elapsed > timeout) {
         const double secs = std::chrono::duration<double>(elapsed).count();

@@ -1,7 +1,9 @@
 // A job in which rank 1 never joins an all_reduce: it sleeps ("hang") or leaves without
 // finalizing ("exit"); or never joins the creation of the communicator ("create": it sleeps
 // first). Rank 0 must end the whole job with an error naming the collective (or the creation)
-// once MT_COLLECTIVE_TIMEOUT_S passes (checked by test_killed_rank.sh), never hang.
+// once MT_COLLECTIVE_TIMEOUT_S passes (checked by test_killed_rank.sh), never hang. In "throw",
+// rank 0 fails with an all_reduce in flight: the error must end the job at once, not after the
+// timeout that the in-flight collective's wait during unwinding would take.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +26,10 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::seconds(120));
     }
     mt::Tensor t = mt::ones(mt::Shape{4});
+    if (mode == "throw") {
+      mt::Work w = comm.all_reduce_async(t);
+      MT_FAIL("rank 0 failed with an all_reduce in flight");
+    }
     comm.all_reduce(t);
     std::printf("rank %d: all_reduce returned, which it must not\n", mt::world().rank());
     return 0;

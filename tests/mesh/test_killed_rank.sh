@@ -4,9 +4,12 @@
 # hang: rank 0 must abort after MT_COLLECTIVE_TIMEOUT_S=5 with a message naming all_reduce.
 # exit: rank 1 leaves without finalizing; the job must still end non-zero.
 # create: rank 1 never joins the communicator's creation; rank 0 must abort after the same time.
+# throw: rank 0 fails with an all_reduce in flight; with MT_COLLECTIVE_TIMEOUT_S=40 the job must
+#   still end within 20 s, with rank 0's error (it used to wait out the timeout while unwinding).
 set -u
 MPIRUN=$1 BIN=$2 MODE=$3
 export MT_COLLECTIVE_TIMEOUT_S=5
+[ "$MODE" = throw ] && export MT_COLLECTIVE_TIMEOUT_S=40
 # Root in containers, more ranks than cores (meson passes these too; a manual run needs them).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 OUT=$(mktemp)
@@ -22,6 +25,9 @@ if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "FAIL: the job hung until the 6
 if [ "$MODE" = hang ]; then
   if ! grep -q "all_reduce timed out after" "$OUT"; then echo "FAIL: no timeout error naming all_reduce"; exit 1; fi
   if ! grep -q "world ranks \[0, 1\]" "$OUT"; then echo "FAIL: the error does not name the group"; exit 1; fi
+elif [ "$MODE" = throw ]; then
+  if ! grep -q "rank 0 failed with an all_reduce in flight" "$OUT"; then echo "FAIL: rank 0's error is missing"; exit 1; fi
+  if [ "$elapsed" -ge 20 ]; then echo "FAIL: the job took ${elapsed}s to end (the in-flight collective's timeout?)"; exit 1; fi
 elif [ "$MODE" = create ]; then
   if ! grep -q "communicator creation timed out after" "$OUT"; then echo "FAIL: no timeout error naming the creation"; exit 1; fi
   if ! grep -q "world ranks \[0, 1\]" "$OUT"; then echo "FAIL: the error does not name the group"; exit 1; fi

@@ -1,0 +1,136 @@
+// Resuming a training run (train_resume.h): the checks against the checkpoint's trainer state and
+// the metrics file's tidy-up.
+#include "tools/cli/train_resume.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/safetensors.h"
+#include "runtime/error.h"
+
+namespace mt::cli {
+
+namespace {
+
+// The flags that shape training after a resume, beyond --batch/--seq/--accum/--precision (which
+// must match: check_resume_matches). --steps is recorded too, but only announced when it changes:
+// raising it to continue a finished run is the usual way to train longer.
+constexpr const char* kResumeSettings[] = {"lr", "min-lr", "warmup", "weight-decay", "beta2", "grad-clip",
+                                           "dropout", "optimizer", "moe-aux-loss", "moe-z-loss",
+                                           "moe-capacity-factor"};
+
+// "N bytes, crc32 X of the first and last MiB" of the token file (cheap on a large shard; a file
+// replaced by another of the same size and ends is not caught), or the embedded corpus.
+std::string data_fingerprint(const std::string& path) {
+  if (path.empty()) return "the embedded corpus";
+  std::ifstream f(path, std::ios::binary);
+  MT_CHECK(f.good(), "--data {}: cannot open it", path);
+  f.seekg(0, std::ios::end);
+  const int64_t size = static_cast<int64_t>(f.tellg());
+  const int64_t part = std::min<int64_t>(size, int64_t{1} << 20);
+  std::string buf(static_cast<size_t>(part), '\0');
+  uint32_t crc = 0;
+  for (int64_t at : {int64_t{0}, size - part}) {
+    f.seekg(at);
+    f.read(buf.data(), part);
+    MT_CHECK(f.good() || part == 0, "--data {}: cannot read it", path);
+    crc = crc32_update(crc, buf.data(), buf.size());
+  }
+  return fmt::format("{} bytes, crc32 {:08x} of the first and last MiB", size, crc);
+}
+
+// Two flag values are the same when they are the same string or the same finite number ("3e-3"
+// and "0.003").
+bool same_value(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  auto number = [](const std::string& s, double* v) {
+    char* end = nullptr;
+    *v = std::strtod(s.c_str(), &end);
+    return !s.empty() && end == s.c_str() + s.size();
+  };
+  double x = 0, y = 0;
+  return number(a, &x) && number(b, &y) && x == y;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> resume_settings(const Args& args) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* flag : kResumeSettings) out.emplace_back(flag, args.str(flag));
+  out.emplace_back("steps", args.str("steps"));
+  out.emplace_back("seed", args.str("seed"));
+  out.emplace_back("data", data_fingerprint(args.str("data")));
+  return out;
+}
+
+// --resume: the settings recorded in the checkpoint against this run's. A run that changes them
+// would go on as another run than the one it resumes (another schedule, optimizer, regularization
+// or data) without a word: refused unless --allow-changes, which prints each change. --seed only
+// when given: the checkpoint's seed is the one used.
+void check_resume_settings(const TrainState& s, const Args& args, const std::string& where) {
+  std::vector<std::string> changes;
+  const auto now = resume_settings(args);
+  for (const auto& [key, saved] : s.settings) {
+    if (key == "seed" && !args.has("seed")) continue;
+    if (key == "steps") {
+      if (!same_value(args.str("steps"), saved))
+        fmt::print("--steps {}: the learning-rate schedule now spans {} steps (the checkpoint's run: {}); from "
+                   "step {} on the rate follows the new one\n",
+                   args.str("steps"), args.str("steps"), saved, s.step + 1);
+      continue;
+    }
+    for (const auto& [k, v] : now)
+      if (k == key && !same_value(v, saved))
+        changes.push_back(key == "data" ? fmt::format("--data {} ({}; the checkpoint's: {})",
+                                                       args.str("data").empty() ? "(none)" : args.str("data"), v,
+                                                       saved)
+                                        : fmt::format("--{} {} (the checkpoint's: {})", key, v, saved));
+  }
+  if (changes.empty()) return;
+  MT_CHECK(args.flag("allow-changes"),
+           "--resume: this run's settings differ from those {} was trained with: {}; resuming would go on as "
+           "another run. Pass the checkpoint's values, or --allow-changes to resume with these",
+           where, fmt::join(changes, ", "));
+  fmt::print("resuming with changed settings (--allow-changes): {}\n", fmt::join(changes, ", "));
+}
+
+// A resumed run appends to its metrics file. A run that died after its last checkpoint left lines
+// of the steps it is about to train again: those (a "step" above `start`) are dropped first, so that
+// every step appears once. The file is rewritten atomically, and only when something is dropped.
+void drop_metrics_after(const std::string& path, int64_t start) {
+  std::ifstream in(path);
+  if (!in.good()) return;  // a new file
+  std::string line, kept;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > start) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  MT_CHECK(in.eof(), "--metrics {}: cannot read it: {}", path, std::strerror(errno));
+  if (dropped == 0) return;
+  write_file_atomically(path, [&](std::ostream& o) { o << kept; });
+  fmt::print("--metrics {}: dropped {} line(s) of steps after {} (written by a run that went on past its last "
+             "checkpoint)\n", path, dropped, start);
+}
+
+void check_resume_matches(const TrainState& s, const Args& args) {
+  auto same = [&](const char* flag, int64_t saved) {
+    MT_CHECK(args.integer(flag) == saved, "--resume: --{} is {} but the checkpoint was trained with {}", flag,
+             args.integer(flag), saved);
+  };
+  same("batch", s.batch);
+  same("seq", s.seq);
+  same("accum", s.accum);
+  MT_CHECK(args.str("precision") == s.precision, "--resume: --precision is {} but the checkpoint used {}",
+           args.str("precision"), s.precision);
+}
+
+}  // namespace mt::cli

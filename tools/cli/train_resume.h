@@ -1,0 +1,33 @@
+// Resuming a training run: what `meshtrain train --resume` checks against the checkpoint's
+// trainer_state.json, and the metrics file's tidy-up (docs/cli.md, "Checkpoints and exact resume").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tools/cli/args.h"
+#include "tools/cli/train_state.h"
+
+namespace mt::cli {
+
+// The settings a run records in its checkpoints (TrainState::settings): the flags that shape
+// training after a resume (learning rates, warmup, weight decay, beta2, clipping, dropout,
+// optimizer, MoE loss coefficients), --steps, --seed as given, and a fingerprint of --data.
+std::vector<std::pair<std::string, std::string>> resume_settings(const Args& args);
+
+// --batch, --seq, --accum and --precision must equal the checkpoint's (throws naming the flag).
+void check_resume_matches(const TrainState& saved, const Args& args);
+
+// The other recorded settings against this run's: a difference is refused, listing each with the
+// checkpoint's value (`where` names the checkpoint), unless --allow-changes, which prints them.
+// --seed counts only when given; a changed --steps is announced, not refused.
+void check_resume_settings(const TrainState& saved, const Args& args, const std::string& where);
+
+// Drops the lines of a JSONL metrics file whose "step" is above `start` (a run killed after its
+// last checkpoint wrote them; the resumed run trains those steps again). Rewrites the file
+// atomically, and only when there is something to drop; a missing file is left missing.
+void drop_metrics_after(const std::string& path, int64_t start);
+
+}  // namespace mt::cli

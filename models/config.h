@@ -51,6 +51,9 @@ struct ModelConfig {
   std::string torch_dtype = "float32";  // dtype written to / read from config.json
   int64_t bos_token_id = 1;
   int64_t eos_token_id = 2;
+  // The further ids of a list-valued eos_token_id, after the first (Llama 3.1 Instruct:
+  // [128001, 128008, 128009]); generation stops at any of them. Written back as the list.
+  std::vector<int64_t> extra_eos_token_ids;
   // Mixtral.
   int64_t num_local_experts = 0;
   int64_t num_experts_per_tok = 2;

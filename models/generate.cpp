@@ -123,7 +123,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const Tensor& prompt
         next[i] = out[i].back();  // a finished row keeps feeding its last token; nothing is recorded
       } else {
         out[i].push_back(next[i]);
-        ended[i] = next[i] == opts.eos_token_id;
+        ended[i] = std::find(opts.eos_token_ids.begin(), opts.eos_token_ids.end(), next[i]) != opts.eos_token_ids.end();
       }
       all_ended = all_ended && ended[i];
     }

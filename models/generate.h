@@ -33,7 +33,7 @@ std::vector<int64_t> sample_next(const Tensor& logits, const SamplingOptions& op
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
   SamplingOptions sampling;
-  int64_t eos_token_id = -1;  // a row ends after this token (-1: never); all rows ended stops
+  std::vector<int64_t> eos_token_ids;  // a row ends after any of these (none: never); all rows ended stops
   bool kv_cache = true;
   uint64_t seed = 1337;
 };

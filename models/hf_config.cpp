@@ -25,13 +25,15 @@ JsonFields config_fields(const json& doc, const std::string& path, std::string p
   return JsonFields(doc, fmt::format("config.json '{}'", path), std::move(prefix));
 }
 
-// bos/eos: an int, a list of ints (the first is the one meshtrain uses) or null (-1: none).
-int64_t token_id(const JsonFields& f, const char* key, int64_t dflt) {
+// bos/eos: an int, a list of ints (the first is the main one; `rest` receives the others) or null
+// (-1: none).
+int64_t token_id(const JsonFields& f, const char* key, int64_t dflt, std::vector<int64_t>* rest = nullptr) {
   if (!f.object().contains(key)) return dflt;
   const json& v = f.object().at(key);
   if (v.is_null()) return -1;
   if (v.is_array()) {
     if (v.empty()) f.fail(key, "is an empty list");
+    for (size_t i = 1; rest && i < v.size(); ++i) rest->push_back(f.as_int(v[i], key));
     return f.as_int(v[0], key);
   }
   return f.as_int(v, key);
@@ -130,7 +132,7 @@ ModelConfig load_hf_config(const std::string& path) {
            "config.json '{}': field 'torch_dtype' is '{}' (float32, bfloat16, float16 or float64)", path,
            c.torch_dtype);
   c.bos_token_id = token_id(f, "bos_token_id", 1);
-  c.eos_token_id = token_id(f, "eos_token_id", 2);
+  c.eos_token_id = token_id(f, "eos_token_id", 2, &c.extra_eos_token_ids);
   c.attention_dropout = f.get_double("attention_dropout", 0.0);
   c.residual_dropout = f.get_double("mt_residual_dropout", 0.0);
   if (moe) {
@@ -194,7 +196,13 @@ void save_hf_config(const ModelConfig& c, const std::string& path) {
   j["initializer_range"] = c.initializer_range;
   j["torch_dtype"] = c.torch_dtype;
   j["bos_token_id"] = c.bos_token_id >= 0 ? ordered_json(c.bos_token_id) : ordered_json(nullptr);
-  j["eos_token_id"] = c.eos_token_id >= 0 ? ordered_json(c.eos_token_id) : ordered_json(nullptr);
+  if (c.eos_token_id >= 0 && !c.extra_eos_token_ids.empty()) {
+    std::vector<int64_t> all = {c.eos_token_id};
+    all.insert(all.end(), c.extra_eos_token_ids.begin(), c.extra_eos_token_ids.end());
+    j["eos_token_id"] = all;
+  } else {
+    j["eos_token_id"] = c.eos_token_id >= 0 ? ordered_json(c.eos_token_id) : ordered_json(nullptr);
+  }
   if (moe) {
     j["num_local_experts"] = c.num_local_experts;
     j["num_experts_per_tok"] = c.num_experts_per_tok;

@@ -125,7 +125,9 @@ Tensor MoeModule::run_experts(const ExpertRouting& routing) {
   std::vector<Module*> experts = expert_modules();
   const std::string where = "MoE layer '" + path() + "'";
   ExpertRouting r = routing;
-  r.capacity_factor = capacity_factor_;
+  // Capacity drops rows in training only: in eval mode (validation, eval, generate) every routed
+  // row is computed, so that a cached decode step (one token) and a full forward agree.
+  r.capacity_factor = is_training() ? capacity_factor_ : 0;
   if (!dispatcher_) return run_experts_locally(r, experts, where, &tokens_per_expert_, &dropped_);
   Tensor out = dispatcher_->run(r, experts, where);
   tokens_per_expert_ = dispatcher_->last_tokens_per_expert();

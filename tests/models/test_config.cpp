@@ -369,11 +369,15 @@ TEST_CASE("config: the published Llama-3.2-1B and Mixtral-8x7B config.json files
   REQUIRE(c.rope_scaling.factor == 32.0);
   REQUIRE(c.num_parameters() == 1235814400);
 
-  // The Instruct variant lists several eos ids: the first is taken.
+  // The Instruct variant lists several eos ids: the first is eos_token_id, the others are kept too.
   std::string instruct = kLlama32_1B;
   auto pos = instruct.find("\"eos_token_id\": 128001");
   instruct.replace(pos, std::string("\"eos_token_id\": 128001").size(), "\"eos_token_id\": [128001, 128008, 128009]");
-  REQUIRE(load_hf_config(dir.write("instruct.json", instruct)).eos_token_id == 128001);
+  const ModelConfig ic = load_hf_config(dir.write("instruct.json", instruct));
+  REQUIRE(ic.eos_token_id == 128001);
+  REQUIRE(ic.extra_eos_token_ids == std::vector<int64_t>{128008, 128009});  // generation stops at any
+  save_hf_config(ic, dir.file("instruct_out.json"));  // and the list round-trips
+  REQUIRE(load_hf_config(dir.file("instruct_out.json")).extra_eos_token_ids == ic.extra_eos_token_ids);
 
   require_same(load_hf_config(dir.write("llama_v5.json", kLlama32_1B_v5)), want);
 

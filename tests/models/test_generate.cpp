@@ -190,11 +190,11 @@ TEST_CASE("generate: a row ends at the eos token, and all rows ended stop the lo
   o.sampling.temperature = 0;
   const auto free = generate(*m, prompt, o);
   // End row 0 at its third token: it keeps 3 tokens, row 1 (unless it meets that token too) all 8.
-  o.eos_token_id = free[0][2];
+  o.eos_token_ids = {free[0][2]};
   const auto ended = generate(*m, prompt, o);
   const auto first_eos = [&](const std::vector<int64_t>& t) {
     for (size_t i = 0; i < t.size(); ++i)
-      if (t[i] == o.eos_token_id) return i + 1;
+      if (t[i] == o.eos_token_ids[0]) return i + 1;
     return t.size();
   };
   REQUIRE(ended[0].size() == first_eos(free[0]));
@@ -202,7 +202,7 @@ TEST_CASE("generate: a row ends at the eos token, and all rows ended stop the lo
   REQUIRE(ended[1].size() == first_eos(free[1]));
   // Both rows ending on their first token stop after one step.
   const auto one = generate(*m, prompt_of({{10, 20, 30}}), o);
-  o.eos_token_id = one[0][0];
+  o.eos_token_ids = {one[0][0]};
   CHECK(generate(*m, prompt_of({{10, 20, 30}}), o)[0].size() == 1);
 }
 

@@ -151,6 +151,24 @@ TEST_CASE("mixtral: sparse MoE block equals a naive loop reference in f64", "[cp
   REQUIRE_CLOSE(out[0].reshape(Shape{N, H}), y, 0, 1e-10);
 }
 
+TEST_CASE("mixtral: the capacity factor drops rows in training only", "[cpu]") {
+  // In eval mode every routed row is computed (HF's Mixtral has no capacity), so a generation step
+  // over one cached token and a full forward agree.
+  ModelConfig c = tiny_mixtral();
+  auto block = std::make_shared<MixtralSparseMoeBlock>(c, DType::kF64);
+  randomize(*block, 21, 1.0);
+  block->set_capacity_factor(0.25);  // C = ceil(0.25 * N * k / E): most rows over it
+  Tensor x = testing::rand(Shape{2, 5, c.hidden_size}, DType::kF64, 5);
+  Tensor train_out = (*block)(std::vector<Tensor>{x})[0];
+  REQUIRE(block->dropped_rows() > 0);
+  block->eval();
+  Tensor eval_out = (*block)(std::vector<Tensor>{x})[0];
+  REQUIRE(block->dropped_rows() == 0);
+  block->set_capacity_factor(0);
+  REQUIRE_CLOSE(eval_out, (*block)(std::vector<Tensor>{x})[0], 0, 0);  // the dropless output
+  CHECK(max(abs(sub(train_out, eval_out))).item() > 0);  // training dropped rows
+}
+
 TEST_CASE("mixtral: load-balancing loss equals a naive computation", "[cpu]") {
   const int64_t E = 4, K = 2;
   std::vector<Tensor> rl = {testing::rand(Shape{6, E}, DType::kF64, 1, -2, 2),

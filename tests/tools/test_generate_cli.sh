@@ -137,8 +137,11 @@ expect_error "a negative temperature" "temperature -1 must be a finite number >=
   "$BIN" generate --hf "$CK" --prompt a --temperature -1
 expect_error "both --hf and --config" "one of the two" -- "$BIN" generate --hf "$CK" --config llama-tiny --prompt a
 expect_error "no prompt" "--prompt TEXT or --prompt-ids" -- "$BIN" generate --hf "$CK"
-expect_error "past max_position_embeddings" "pass the model's max_position_embeddings of 64" -- \
-  "$BIN" generate --hf "$WORK/small" --prompt-ids 0,1,2 --max-new-tokens 62
+expect_error "past max_position_embeddings" "which pass the model's max_position_embeddings of 64" -- \
+  "$BIN" generate --hf "$WORK/small" --prompt-ids 0,1,2 --max-new-tokens 63
+# The last new token is never fed back: 3 + 62 tokens run positions 0..63, which fit.
+"$BIN" generate --hf "$WORK/small" --prompt-ids 0,1,2 --max-new-tokens 62 --eos none >"$WORK/out" 2>"$WORK/err" \
+  && pass "3 prompt tokens + 62 new ones fit 64 positions" || fail "3 + 62 tokens: $(tail -n 1 "$WORK/err")"
 expect_error "a missing checkpoint" "$WORK/nothing" -- "$BIN" generate --hf "$WORK/nothing" --prompt a
 expect_error "train --sample-prompt text for a non-byte vocabulary" "--sample-prompt text needs the 256-token byte vocabulary" -- \
   "$BIN" train --config "$WORK/small.json" --seq 16 --batch 2 --steps 1 --sample-every 1 --sample-prompt hi --metrics ""

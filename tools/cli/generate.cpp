@@ -42,7 +42,8 @@ const std::vector<FlagSpec> kGenerateFlags = {
     {"top-k", "sample among the k highest logits only (0: all)", "0", false},
     {"top-p", "sample among the fewest highest probabilities that sum to p (1: all)", "1.0", false},
     {"seed", "sampling seed (Philox; the same tokens for the same seed)", "1337", false},
-    {"eos", "stop at this token id, or none; auto: the config's eos_token_id (none for the byte vocabulary)",
+    {"eos", "stop at this token id, or none; auto: the config's eos_token_id, every id of a list (none for the "
+            "byte vocabulary)",
      "auto", false},
     {"no-cache", "recompute the whole prefix each step instead of using the KV cache (slower; for checks)", "", true},
     {"device", "cpu, cuda or cuda:N", "cpu", false},
@@ -121,15 +122,18 @@ int run_generate(int argc, char** argv) {
     MT_CHECK(prompt[i] < cfg.vocab_size, "meshtrain generate: prompt token {} (position {}) is outside the vocabulary [0, {})",
              prompt[i], i, cfg.vocab_size);
   const auto T = static_cast<int64_t>(prompt.size());
-  MT_CHECK(T + opts.max_new_tokens <= cfg.max_position_embeddings,
-           "meshtrain generate: the prompt's {} tokens and --max-new-tokens {} pass the model's "
-           "max_position_embeddings of {}",
-           T, opts.max_new_tokens, cfg.max_position_embeddings);
+  // The last new token is never fed back: positions 0 .. T + N - 2 are run.
+  MT_CHECK(T + opts.max_new_tokens - 1 <= cfg.max_position_embeddings,
+           "meshtrain generate: the prompt's {} tokens and --max-new-tokens {} need {} positions (the last new "
+           "token is not fed back), which pass the model's max_position_embeddings of {}",
+           T, opts.max_new_tokens, T + opts.max_new_tokens - 1, cfg.max_position_embeddings);
   const std::string eos = args.str("eos");
-  if (eos == "auto")
-    opts.eos_token_id = bytes ? -1 : cfg.eos_token_id;
-  else if (eos != "none")
-    opts.eos_token_id = args.integer("eos", 0, cfg.vocab_size - 1);
+  if (eos == "auto" && !bytes && cfg.eos_token_id >= 0) {
+    opts.eos_token_ids = {cfg.eos_token_id};  // with every id of a list-valued eos_token_id
+    opts.eos_token_ids.insert(opts.eos_token_ids.end(), cfg.extra_eos_token_ids.begin(), cfg.extra_eos_token_ids.end());
+  } else if (eos != "auto" && eos != "none") {
+    opts.eos_token_ids = {args.integer("eos", 0, cfg.vocab_size - 1)};
+  }
   std::optional<HfTokenDecoder> decoder;
   if (!bytes && !dir.empty()) {
     try {

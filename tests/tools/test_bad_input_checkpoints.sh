@@ -56,6 +56,8 @@ bad_case "fresh run into a checkpoint dir" --watch "$WORK/ck" "--checkpoint-dir 
 bad_case "resume with other settings" --watch "$WORK/ck" "--resume: this run's settings differ" \
   "--lr 1 (the checkpoint's: 3e-3)" "--dropout 0.3 (the checkpoint's: 0)" "--allow-changes" -- \
   "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --lr 1 --dropout 0.3
+bad_case "resume with --config of another model" --watch "$WORK/ck" "--resume: --config mixtral-tiny is mixtral" \
+  "holds llama with 4 layers" -- "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --config mixtral-tiny
 bad_case "resume on other data" --watch "$WORK/ck" "--data $WORK/tokens.txt (" "the checkpoint's: the embedded corpus" -- \
   "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --data "$WORK/tokens.txt"
 copy_ck changes

@@ -102,6 +102,15 @@ mpi 2 "$BIN" $T --plan "$PLANS/llama_dp.plan" --metrics "$WORK/xd.jsonl" --check
 r=$(python3 "$CMP" losses "$WORK/single.jsonl" "$WORK/xd.jsonl" 1e-5 rel 2>&1) \
   && pass "saved under llama_tp np 2, resumed under llama_dp np 2: $r" || fail "cross (llama_dp): $r"
 
+# ---- a run started with --hf resumes with --resume added (the flag is then not read) --------------------
+"$BIN" init --config llama-tiny --seed 3 --out "$WORK/hf0" >/dev/null 2>&1
+mpi 2 "$BIN" $T --plan "$PLANS/llama_tp.plan" --metrics "" --hf "$WORK/hf0" --stop-at 3 --checkpoint-dir "$WORK/hfres" \
+  >/dev/null 2>"$WORK/err" || fail "--hf run: $(tail -n 2 "$WORK/err")"
+mpi 2 "$BIN" $T --plan "$PLANS/llama_tp.plan" --metrics "" --hf "$WORK/hf0" --resume --checkpoint-dir "$WORK/hfres" \
+  >"$WORK/out" 2>"$WORK/err" && grep -q "not read on --resume" "$WORK/out" && grep -q "resumed from $WORK/hfres/step-00000003" "$WORK/out" \
+  && pass "--hf run resumed with --resume added under llama_tp (sharded)" \
+  || fail "--hf + --resume under a plan (it loaded an empty checkpoint before 2026-11-28): $(tail -n 1 "$WORK/err")"
+
 # ---- --keep ---------------------------------------------------------------------------------------------
 mpi 2 "$BIN" $T --plan "$PLANS/llama_tp.plan" --metrics "" --checkpoint-dir "$WORK/keep" --checkpoint-every 1 --keep 2 \
   >/dev/null 2>"$WORK/err" || fail "--keep run exit: $(tail -n 2 "$WORK/err")"

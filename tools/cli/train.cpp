@@ -146,6 +146,7 @@ int run_train(int argc, char** argv) {
     loaded = load_latest_checkpoint(ckpt_dir, /*full=*/args.str("plan").empty());
     check_resume_matches(loaded.state, args);
     check_resume_settings(loaded.state, args, loaded.path);
+    check_resume_model(loaded.config, args, loaded.path);
     cfg = loaded.config;
     seed = loaded.state.seed;
   } else if (!args.str("hf").empty()) {
@@ -164,7 +165,8 @@ int run_train(int argc, char** argv) {
   manual_seed(seed);
   HfCheckpoint start_from;  // --resume or --hf: the model starts from these weights
   const bool sharded_resume = resume && loaded.sharded && plan;
-  const bool loaded_weights = (resume && !sharded_resume) || !args.str("hf").empty();
+  // --hf names the starting weights of a fresh run; a resumed run's weights are the checkpoint's.
+  const bool loaded_weights = resume ? !sharded_resume : !args.str("hf").empty();
   if (loaded_weights) {
     start_from.tensors = resume ? std::move(loaded.model) : std::move(start_weights.tensors);
     // A NaN or inf in the starting weights: refused here, naming the tensor, rather than as a

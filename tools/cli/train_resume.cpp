@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "models/hf_config.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
 
@@ -96,6 +97,23 @@ void check_resume_settings(const TrainState& s, const Args& args, const std::str
            "another run. Pass the checkpoint's values, or --allow-changes to resume with these",
            where, fmt::join(changes, ", "));
   fmt::print("resuming with changed settings (--allow-changes): {}\n", fmt::join(changes, ", "));
+}
+
+void check_resume_model(const ModelConfig& saved, const Args& args, const std::string& where) {
+  if (!args.str("hf").empty())
+    fmt::print("--hf {}: not read on --resume (the weights are {}'s)\n", args.str("hf"), where);
+  if (!args.has("config")) return;
+  const ModelConfig want = resolve_config(args.str("config"));
+  auto shape = [](const ModelConfig& c) {
+    return fmt::format("{} with {} layers, hidden {}, intermediate {}, {} heads ({} kv), vocabulary {}{}",
+                       c.is_moe() ? "mixtral" : "llama", c.num_hidden_layers, c.hidden_size, c.intermediate_size,
+                       c.num_attention_heads, c.num_key_value_heads, c.vocab_size,
+                       c.is_moe() ? fmt::format(", {} experts", c.num_local_experts) : "");
+  };
+  MT_CHECK(shape(want) == shape(saved) && want.num_parameters() == saved.num_parameters(),
+           "--resume: --config {} is {}, but {} holds {}; drop --config (a resumed run's model is the "
+           "checkpoint's) or use another --checkpoint-dir",
+           args.str("config"), shape(want), where, shape(saved));
 }
 
 // A resumed run appends to its metrics file. A run that died after its last checkpoint left lines

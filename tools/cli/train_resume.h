@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/config.h"
 #include "tools/cli/args.h"
 #include "tools/cli/train_state.h"
 
@@ -24,6 +25,11 @@ void check_resume_matches(const TrainState& saved, const Args& args);
 // checkpoint's value (`where` names the checkpoint), unless --allow-changes, which prints them.
 // --seed counts only when given; a changed --steps is announced, not refused.
 void check_resume_settings(const TrainState& saved, const Args& args, const std::string& where);
+
+// The model is the checkpoint's on --resume: --hf (the weights a fresh run started from) is then
+// ignored with a notice, so that a run started with --hf resumes with --resume added; a --config
+// given for another model (type, sizes, layers, experts, vocabulary) is refused, naming both.
+void check_resume_model(const ModelConfig& saved, const Args& args, const std::string& where);
 
 // Drops the lines of a JSONL metrics file whose "step" is above `start` (a run killed after its
 // last checkpoint wrote them; the resumed run trains those steps again). Rewrites the file

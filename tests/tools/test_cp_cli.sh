@@ -33,6 +33,12 @@ if [ "$MODE" = fast ]; then
     mpi 2 "$BIN" parity --plan "$PLANS/llama_cp.plan" --batch 2 --seq 18 --steps 1 --warmup 1
   expect_error "train: --seq not divisible by 2 x cp" "--seq 6" "not divisible by 2 x cp = 4" "llama_cp.plan:8:1" -- \
     mpi 2 "$BIN" train --plan "$PLANS/llama_cp.plan" --batch 2 --seq 6 --steps 1 --warmup 1
+  # eval and grad take the sizes from the token file: it is named (an internal local_layout error
+  # before 2026-11-28).
+  "$BIN" init --config llama-tiny --out "$WORK/hf" >/dev/null 2>&1
+  printf '1,2,3,4,5,6\n7,8,9,10,11,12\n' > "$WORK/tok6.txt"
+  expect_error "eval: an input length not divisible by 2 x cp" "tok6.txt: the input length" "5 is not divisible by 2 x cp = 4" \
+    "llama_cp.plan:8:1" -- mpi 2 "$BIN" eval --hf "$WORK/hf" --tokens "$WORK/tok6.txt" --plan "$PLANS/llama_cp.plan"
   printf 'mesh dp=*\nplace model <in>:0 dp=S(0) cp=ZS(1)\n' > "$WORK/nocp.plan"
   expect_error "a cp dim the mesh lacks" "nocp.plan:2:28" "'cp=ZS(1)' names no mesh dim" -- \
     "$BIN" plan --plan "$WORK/nocp.plan" --world 2

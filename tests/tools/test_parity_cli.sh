@@ -206,6 +206,10 @@ expect_usage "unknown flag" "--bogus" -- mpi 2 "$BIN" parity --plan "$P" --bogus
 expect_usage "no --plan" "--plan is required" -- "$BIN" parity $SMALL
 printf 'mesh dp=3\n' >"$WORK/three.plan"
 expect_usage "plan that does not fit the world" "three.plan" -- mpi 2 "$BIN" parity --plan "$WORK/three.plan" $SMALL
+# (np 4: Open MPI's launcher may die of a signal printing the abort notice, so any failing exit.)
+expect_error "dp x ep with a batch the two dims do not split evenly" "--batch 6 is not divisible by dp x ep = 4" \
+  "mixtral_dp_ep.plan:10:1" "mixtral_dp_ep.plan:8:1" -- \
+  mpi 4 "$BIN" parity --plan "$PLANS/mixtral_dp_ep.plan" --config mixtral-tiny $SMALL --batch 6
 expect_usage "reference of another model" "another model" "mixtral" -- \
   mpi 2 "$BIN" parity --plan "$P" $SMALL --config mixtral-tiny --reference "$WORK/ref"
 expect_usage "mismatched step counts" "mismatched step counts" "step 2" "--steps is 3" -- \

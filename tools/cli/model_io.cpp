@@ -64,6 +64,8 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& comma
   model->eval();
   if (parallel)
     parallel->par = std::make_unique<Parallelized>(parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh));
+  if (parallel)
+    check_input_split(*parallel->par, parallel->ctx, batch.inputs.size(0), batch.inputs.size(1), command, tokens);
   if (!device.is_cpu()) {  // loaded (and sliced) on the host, then moved: the same bytes
     model->to(device);
     batch.inputs = batch.inputs.to(device);
@@ -138,6 +140,7 @@ std::pair<std::shared_ptr<CausalLM>, double> pipeline_loss(const std::string& co
   std::shared_ptr<CausalLM> model = build_run_model(ck.config, &ck, true);
   model->eval();
   parallel.par = std::make_unique<Parallelized>(parallelize_run(*model, ctx));
+  check_input_split(*parallel.par, ctx, batch.inputs.size(0), batch.inputs.size(1), command, tokens);
   if (!device.is_cpu()) {  // loaded and sliced on the host, then moved: the same bytes
     model->to(device);
     batch.inputs = batch.inputs.to(device);

@@ -185,21 +185,40 @@ void quiet_non_root(const PlanContext& ctx) {
   if (!std::freopen("/dev/null", "w", stdout)) MT_FAIL("cannot redirect stdout of rank {}", ctx.rank);
 }
 
-void check_sequence_split(const Parallelized& par, const PlanContext& ctx, int64_t seq, const std::string& command) {
+void check_input_split(const Parallelized& par, const PlanContext& ctx, int64_t batch, int64_t seq,
+                       const std::string& command, const std::string& source) {
+  const std::string where = source.empty() ? "" : source + ": ";
+  const HookRecord* dispatch = nullptr;
+  for (const HookRecord& r : par.ir().records)
+    if (r.action == HookAction::kDispatch) dispatch = &r;
   for (const HookRecord& r : par.ir().records) {
     if (r.hook != HookPoint::kForwardPre || !r.io_input || r.module != "model" || r.io_index != 0 || !r.dst) continue;
     const Placements& ps = *r.dst;
+    const std::string line = r.from.empty() ? ctx.path : r.from.back().str();
+    int64_t batch_ways = 1, batch_dims = 0;
+    std::string batch_names;
     for (size_t d = 0; d < ps.size(); ++d) {
       const Placement& p = ps[d];
-      if (!(p.splits() && p.dim() == 1 && p.mirrored())) continue;
       const int64_t k = ctx.mesh->size(static_cast<int>(d));
       const std::string name = ctx.mesh->names()[d];
-      std::string line = r.from.empty() ? ctx.path : r.from.back().str();
+      if (p.splits() && p.dim() == 0 && k > 1) {
+        batch_ways *= k;
+        batch_names += (batch_dims++ ? " x " : "") + name;
+      }
+      if (!(p.splits() && p.dim() == 1 && p.mirrored())) continue;
       MT_CHECK(seq % (2 * k) == 0,
-               "meshtrain {}: --seq {} is not divisible by 2 x {} = {}: the load-balanced sequence layout {}={} ({}) "
-               "cuts the sequence in 2 x {} chunks, rank r holding chunks r and {}-r (use a --seq multiple of {})",
-               command, seq, name, 2 * k, name, p.str(), line, name, 2 * k - 1, 2 * k);
+               "meshtrain {}: {}{} {} is not divisible by 2 x {} = {}: the load-balanced sequence layout {}={} ({}) "
+               "cuts the sequence in 2 x {} chunks, rank r holding chunks r and {}-r (use {} multiple of {})",
+               command, where, source.empty() ? "--seq" : "the input length (a line's tokens but the last)", seq,
+               name, 2 * k, name, p.str(),
+               line, name, 2 * k - 1, source.empty() ? "a --seq" : "an input length", 2 * k);
     }
+    MT_CHECK(!dispatch || batch_dims < 2 || batch % batch_ways == 0,
+             "meshtrain {}: {}{} {} is not divisible by {} = {}: the batch is split over {} ({}) and the MoE layers' "
+             "token dispatch ({}) needs even shards over more than one mesh dim (use {} multiple of {})",
+             command, where, source.empty() ? "--batch" : "a batch of", batch, batch_names, batch_ways, batch_names,
+             line, dispatch->from.empty() ? ctx.path : dispatch->from.back().str(),
+             source.empty() ? "a --batch" : "a batch", batch_ways);
   }
 }
 

@@ -96,9 +96,13 @@ PlanContext load_plan_context(const std::string& path);
 // A rank other than 0 sends its stdout to /dev/null so that only rank 0 prints results.
 void quiet_non_root(const PlanContext& ctx);
 
-// A load-balanced sequence split (ZS(1) on the model's input, context parallelism) needs --seq
-// divisible by 2 x the dim's size: the error names --seq and the plan line.
-void check_sequence_split(const Parallelized& par, const PlanContext& ctx, int64_t seq, const std::string& command);
+// The batch and sequence sizes the plan's split of the model's input needs, checked before the
+// first forward: a load-balanced sequence split (ZS(1), context parallelism) needs the sequence
+// length divisible by 2 x the dim's size; a batch split over two or more mesh dims (dp x ep) with
+// MoE token dispatch needs the batch divisible by their product. `source` is "" for --batch/--seq,
+// else the token file the sizes come from; errors name it (or the flag) and the plan line.
+void check_input_split(const Parallelized& par, const PlanContext& ctx, int64_t batch, int64_t seq,
+                       const std::string& command, const std::string& source = "");
 
 // The global tensor (the same on every rank) as a DTensor with the placements the plan gives the
 // model's input (ids and targets alike).

@@ -196,7 +196,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
     ro.fuse = !args.flag("no-fuse");
     ro.bucket_bytes = static_cast<int64_t>(args.real("bucket-mb") * (1 << 20));
     reducer_ = std::make_unique<GradReducer>(model, *plan->mesh, ro);
-    if (par) check_sequence_split(*par, *plan, args.integer("seq"), command);
+    if (par) check_input_split(*par, *plan, args.integer("batch"), args.integer("seq"), command);
     if (plan->is_pipeline()) {
       MT_CHECK(plan->pipeline != nullptr, "meshtrain {}: internal: pipeline plan {} not resolved (parallelize_run)",
                command, plan->path);

@@ -92,6 +92,19 @@ else
   fail "step directory made during an asynchronous save: rc $rc, notes '$(cat "$WORK/race/step-00000200/notes" 2>&1)', $(tail -n 2 "$WORK/race.err")"
 fi
 
+# A non-finite loss with an asynchronous save in flight: every rank stops at the same step and the
+# save of the step before is committed first, so it stays the checkpoint to resume from (it was left
+# a temporary, with no `latest`, before 2026-11-28).
+"${MP[@]}" -np 2 "$BIN" "${T[@]}" "${P[@]}" --steps 5 --lr 1e30 --min-lr 0 --grad-clip 0 --warmup 0 --checkpoint-every 1 \
+  --checkpoint-dir "$WORK/nan" >/dev/null 2>"$WORK/nan.err"
+rc=$?
+if [ $rc -ne 0 ] && grep -q "the loss is .*nan" "$WORK/nan.err" && [ "$(cat "$WORK/nan/latest" 2>/dev/null)" = step-00000001 ] \
+    && [ -f "$WORK/nan/step-00000001/index.json" ] && [ -z "$(find "$WORK/nan" -maxdepth 1 -name '*.tmp.*')" ]; then
+  pass "non-finite loss at step 2 with an asynchronous save of step 1 in flight: step 1 committed, latest names it"
+else
+  fail "non-finite stop: rc $rc, latest '$(cat "$WORK/nan/latest" 2>&1)', $(ls "$WORK/nan" | tr '\n' ' ') $(tail -n 1 "$WORK/nan.err")"
+fi
+
 # A disk that fills during an asynchronous save (a 14 MiB tmpfs; a checkpoint of llama-tiny with its
 # moments is 9.5 MiB, so the second does not fit): the error names the file; latest still names the
 # previous checkpoint, which resumes.

@@ -327,72 +327,80 @@ int run_train(int argc, char** argv) {
   // --profile: every step is a marked region of the trace (docs/profiler.md).
   std::unique_ptr<Profiler> profiler;
   if (!args.str("profile").empty()) profiler = std::make_unique<Profiler>();
-  for (int64_t step = start; step < stop_at; ++step) {
-    std::optional<ProfileScope> profiled_step;
-    if (profiler) profiled_step.emplace(ProfileEvent::Kind::kRegion, fmt::format("step {}", step + 1));
-    auto t0 = std::chrono::steady_clock::now();
-    const FsdpCounters fsdp_before = fsdp_counters();
-    StepResult r = trainer.gradients(step, [&] {
-      TokenBatch b = loader.next();
-      if (!device.is_cpu()) b = {b.inputs.to(device), b.targets.to(device)};
-      return b;
-    });
-    const double loss = r.loss, norm = trainer.clip(step, r.loss);
-    trainer.apply();
-    synchronize(device);  // the step's queued kernels belong to its time
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    profiled_step.reset();
-    double tok_s = static_cast<double>(batch * seq * accum) / secs;
-    double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
-    double mem = static_cast<double>(memory_stats(device).peak) / (1 << 20);
-    // The reducer's collectives and the FSDP units' reduce-scatters and HSDP all-reduces.
-    const GradReducer* reducer = trainer.reducer();
-    const FsdpCounters fsdp_after = fsdp_counters();
-    const int64_t collectives = (reducer ? reducer->stats().collectives : 0) +
-                                fsdp_after.reduce_scatters - fsdp_before.reduce_scatters +
-                                fsdp_after.replica_all_reduces - fsdp_before.replica_all_reduces;
-    const std::optional<ExpertTokenRange> experts = expert_token_range(*model);  // MoE: routing balance
-    // --val-data: after the step, every --val-every steps and at the end (collective: every rank).
-    std::optional<double> val_loss;
-    if (!val_batches.empty() && ((val_every > 0 && (step + 1) % val_every == 0) || step + 1 == stop_at)) {
-      val_loss = trainer.validation_loss(val_batches);
-      MT_CHECK(std::isfinite(*val_loss), "meshtrain train: step {}: the validation loss on {} is {}; stopped before "
-               "saving the step", step + 1, args.str("val-data"), *val_loss);
-    }
-    if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
-      fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",
-                 step + 1, steps, loss, norm, opt.lr(), tok_s, 100 * mfu, mem);
-      if (reducer) fmt::print(" | {} grad collectives", collectives);
-      if (experts) fmt::print(" | expert rows {}-{}", experts->min, experts->max);
-      if (experts && cfg.moe_capacity_factor > 0) fmt::print(", {} dropped", experts->dropped);
-      fmt::print("\n");
-    }
-    if (val_loss)
-      fmt::print("step {:5d}/{} | val loss {:.4f} ({} batches of {}x{})\n", step + 1, steps, *val_loss,
-                 val_batches.size(), batch, seq);
-    std::optional<TrainSample> sample;  // --sample-every: eval mode, no gradients, its own generator
-    if (sampler && sampler->due(step + 1, stop_at)) {
-      sample = sampler->take(*model, device, step + 1);
-      fmt::print("{}", TrainSampler::describe(*sample, step + 1, steps));
-    }
-    if (metrics) {
-      nlohmann::json j = {{"step", step + 1}, {"loss", loss},   {"grad_norm", norm}, {"lr", opt.lr()},
-                          {"tokens_per_s", tok_s}, {"mfu", mfu}, {"mem_peak_mib", mem}, {"step_s", secs}};
-      if (reducer) j["grad_collectives"] = collectives;
-      if (experts) j["expert_rows_min"] = experts->min, j["expert_rows_max"] = experts->max;
-      if (experts && cfg.moe_capacity_factor > 0) j["expert_rows_dropped"] = experts->dropped;
-      if (val_loss) j["val_loss"] = *val_loss;
-      if (sample) {
-        j["sample_tokens"] = sample->tokens;
-        if (sample->text) j["sample"] = *sample->text;
+  try {
+    for (int64_t step = start; step < stop_at; ++step) {
+      std::optional<ProfileScope> profiled_step;
+      if (profiler) profiled_step.emplace(ProfileEvent::Kind::kRegion, fmt::format("step {}", step + 1));
+      auto t0 = std::chrono::steady_clock::now();
+      const FsdpCounters fsdp_before = fsdp_counters();
+      StepResult r = trainer.gradients(step, [&] {
+        TokenBatch b = loader.next();
+        if (!device.is_cpu()) b = {b.inputs.to(device), b.targets.to(device)};
+        return b;
+      });
+      const double loss = r.loss, norm = trainer.clip(step, r.loss);
+      trainer.apply();
+      synchronize(device);  // the step's queued kernels belong to its time
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      profiled_step.reset();
+      double tok_s = static_cast<double>(batch * seq * accum) / secs;
+      double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
+      double mem = static_cast<double>(memory_stats(device).peak) / (1 << 20);
+      // The reducer's collectives and the FSDP units' reduce-scatters and HSDP all-reduces.
+      const GradReducer* reducer = trainer.reducer();
+      const FsdpCounters fsdp_after = fsdp_counters();
+      const int64_t collectives = (reducer ? reducer->stats().collectives : 0) +
+                                  fsdp_after.reduce_scatters - fsdp_before.reduce_scatters +
+                                  fsdp_after.replica_all_reduces - fsdp_before.replica_all_reduces;
+      const std::optional<ExpertTokenRange> experts = expert_token_range(*model);  // MoE: routing balance
+      // --val-data: after the step, every --val-every steps and at the end (collective: every rank).
+      std::optional<double> val_loss;
+      if (!val_batches.empty() && ((val_every > 0 && (step + 1) % val_every == 0) || step + 1 == stop_at)) {
+        val_loss = trainer.validation_loss(val_batches);
+        if (!std::isfinite(*val_loss))
+          throw NonFiniteStop(fmt::format("meshtrain train: step {}: the validation loss on {} is {}; stopped before "
+                                          "saving the step", step + 1, args.str("val-data"), *val_loss));
       }
-      *metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-      metrics->flush();
-      MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file '{}' at step {}: {}", args.str("metrics"),
-               step + 1, std::strerror(errno));
+      if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
+        fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",
+                   step + 1, steps, loss, norm, opt.lr(), tok_s, 100 * mfu, mem);
+        if (reducer) fmt::print(" | {} grad collectives", collectives);
+        if (experts) fmt::print(" | expert rows {}-{}", experts->min, experts->max);
+        if (experts && cfg.moe_capacity_factor > 0) fmt::print(", {} dropped", experts->dropped);
+        fmt::print("\n");
+      }
+      if (val_loss)
+        fmt::print("step {:5d}/{} | val loss {:.4f} ({} batches of {}x{})\n", step + 1, steps, *val_loss,
+                   val_batches.size(), batch, seq);
+      std::optional<TrainSample> sample;  // --sample-every: eval mode, no gradients, its own generator
+      if (sampler && sampler->due(step + 1, stop_at)) {
+        sample = sampler->take(*model, device, step + 1);
+        fmt::print("{}", TrainSampler::describe(*sample, step + 1, steps));
+      }
+      if (metrics) {
+        nlohmann::json j = {{"step", step + 1}, {"loss", loss},   {"grad_norm", norm}, {"lr", opt.lr()},
+                            {"tokens_per_s", tok_s}, {"mfu", mfu}, {"mem_peak_mib", mem}, {"step_s", secs}};
+        if (reducer) j["grad_collectives"] = collectives;
+        if (experts) j["expert_rows_min"] = experts->min, j["expert_rows_max"] = experts->max;
+        if (experts && cfg.moe_capacity_factor > 0) j["expert_rows_dropped"] = experts->dropped;
+        if (val_loss) j["val_loss"] = *val_loss;
+        if (sample) {
+          j["sample_tokens"] = sample->tokens;
+          if (sample->text) j["sample"] = *sample->text;
+        }
+        *metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+        metrics->flush();
+        MT_CHECK(metrics->good(), "meshtrain train: cannot write metrics file '{}' at step {}: {}", args.str("metrics"),
+                 step + 1, std::strerror(errno));
+      }
+      int64_t every = args.integer("checkpoint-every");
+      if (every > 0 && (step + 1) % every == 0 && step + 1 != stop_at) save(step + 1);
     }
-    int64_t every = args.integer("checkpoint-every");
-    if (every > 0 && (step + 1) % every == 0 && step + 1 != stop_at) save(step + 1);
+  } catch (const NonFiniteStop&) {
+    // Every rank stops at this step: the save of an earlier step still in flight is committed
+    // (collective), so that it stays the checkpoint to resume from, as with synchronous saves.
+    if (saver) saver->finish();
+    throw;
   }
   if (profiler) {
     profiler->stop();

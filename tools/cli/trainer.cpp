@@ -336,10 +336,11 @@ double Trainer::clip(int64_t step, double loss) {
   // A non-finite loss or gradient stops the run before the optimizer step applies it: the weights
   // stay those of the previous step, and this step is never saved (docs/cli.md, "Bad input and
   // non-finite values").
-  MT_CHECK(std::isfinite(loss) && std::isfinite(norm),
-           "meshtrain {}: step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, "
-           "so no checkpoint of step {} is written (lower --lr, enable --grad-clip, or check the data and the "
-           "starting weights)", command_, step + 1, loss, norm, step + 1);
+  if (!std::isfinite(loss) || !std::isfinite(norm))
+    throw NonFiniteStop(fmt::format(
+        "meshtrain {}: step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, so no "
+        "checkpoint of step {} is written (lower --lr, enable --grad-clip, or check the data and the starting "
+        "weights)", command_, step + 1, loss, norm, step + 1));
   return norm;
 }
 

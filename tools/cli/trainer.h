@@ -75,6 +75,14 @@ struct ExpertTokenRange {
 };
 std::optional<ExpertTokenRange> expert_token_range(Module& model);
 
+// A step whose loss or gradient norm is not finite: the run stops before the optimizer applies it.
+// Every rank sees the same loss and norm (both are reduced over the job), so every rank throws this
+// at the same step, and `train` may still commit a checkpoint save in flight before it exits.
+class NonFiniteStop : public Error {
+ public:
+  using Error::Error;
+};
+
 struct StepResult {
   double loss = 0;       // mean over the micro-batches
   double grad_norm = 0;  // before clipping (set by clip())

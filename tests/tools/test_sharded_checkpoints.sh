@@ -143,6 +143,13 @@ if "$BIN" export --checkpoint "$WORK/x" --hf "$WORK/exp" >/dev/null 2>"$WORK/err
     && [ "$("$BIN" eval --hf "$WORK/exp2" --tokens "$WORK/tok.txt" 2>&1)" = "$("$BIN" eval --hf "$WORK/exp" --tokens "$WORK/tok.txt" 2>&1)" ] \
     && pass "export --max-shard-mb 0.1: $(ls "$WORK/exp2" | grep -c '^model-') HF shards + index, the same eval loss" \
     || fail "export shards: $(tail -n 1 "$WORK/err")"
+  # eval and generate read a sharded step directory directly: the same results as its export.
+  step=$(cat "$WORK/x/latest")
+  [ "$("$BIN" eval --hf "$WORK/x/$step" --tokens "$WORK/tok.txt" 2>&1)" = "$("$BIN" eval --hf "$WORK/exp" --tokens "$WORK/tok.txt" 2>&1)" ] \
+    && [ "$("$BIN" generate --hf "$WORK/x/$step" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0 2>/dev/null)" = \
+         "$("$BIN" generate --hf "$WORK/exp" --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0 2>/dev/null)" ] \
+    && pass "eval and generate --hf on a sharded step directory: the export's loss and tokens" \
+    || fail "eval/generate on a sharded step directory: $("$BIN" eval --hf "$WORK/x/$step" --tokens "$WORK/tok.txt" 2>&1 | tail -n 1)"
 else
   fail "export exit: $(tail -n 1 "$WORK/err")"
 fi

@@ -26,6 +26,7 @@
 #include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/device.h"
+#include "tools/cli/train_state.h"
 #include "tools/cli/trainer.h"
 
 namespace mt::cli {
@@ -74,7 +75,7 @@ std::shared_ptr<CausalLM> load_model(const Args& args, ModelConfig& cfg, std::st
            "of the two");
   if (args.has("hf")) {
     dir = args.str("hf");
-    HfCheckpoint ck = read_hf_checkpoint(dir);
+    HfCheckpoint ck = read_model_checkpoint(dir);
     cfg = ck.config;
     check_model_fits_memory(cfg, ModelUse::kWeights, "generate", dir);
     return build_run_model(cfg, &ck, false);  // built on meta, the file's weights loaded

@@ -33,6 +33,7 @@
 #include "tools/cli/device.h"
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
+#include "tools/cli/train_state.h"
 #include "tools/cli/trainer.h"
 
 namespace mt::cli {
@@ -58,7 +59,7 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& comma
                                                         Parallel* parallel) {
   const std::string dir = args.required("hf"), tokens = args.required("tokens");
   const Device device = resolve_device(command, args.str("device"));
-  HfCheckpoint ck = read_hf_checkpoint(dir);
+  HfCheckpoint ck = read_model_checkpoint(dir);
   TokenBatch batch = read_token_batch(tokens, ck.config, dir);
   std::shared_ptr<CausalLM> model = build_run_model(ck.config, &ck, false);  // on meta, then the file's weights
   model->eval();
@@ -131,7 +132,7 @@ std::pair<std::shared_ptr<CausalLM>, double> pipeline_loss(const std::string& co
                                                           Parallel& parallel, bool backward) {
   const std::string dir = args.required("hf"), tokens = args.required("tokens");
   const Device device = resolve_device(command, args.str("device"));
-  HfCheckpoint ck = read_hf_checkpoint(dir);
+  HfCheckpoint ck = read_model_checkpoint(dir);
   TokenBatch batch = read_token_batch(tokens, ck.config, dir);
   // The loss is the cross-entropy alone (no router losses, which a pipeline could not gather).
   ck.config.router_aux_loss_coef = 0;

@@ -197,7 +197,7 @@ Setup prepare(int argc, char** argv) {
   s.plan = std::make_unique<PlanContext>(load_plan_context(plan_path));
   const std::string hf = args.str("hf");
   if (!hf.empty()) {
-    s.start = read_hf_checkpoint(hf);
+    s.start = read_model_checkpoint(hf);
     s.cfg = s.start.config;
   } else {
     s.cfg = resolve_config(args.str("config"));

@@ -150,7 +150,7 @@ int run_train(int argc, char** argv) {
     cfg = loaded.config;
     seed = loaded.state.seed;
   } else if (!args.str("hf").empty()) {
-    start_weights = read_hf_checkpoint(args.str("hf"));
+    start_weights = read_model_checkpoint(args.str("hf"));
     cfg = start_weights.config;
   } else {
     cfg = resolve_config(args.str("config"));

@@ -418,6 +418,17 @@ void check_checkpoint_history(const CheckpointRun& run) {
   }
 }
 
+HfCheckpoint read_model_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(fs::path(dir) / kShardedIndexFile, ec)) return read_hf_checkpoint(dir);
+  HfCheckpoint out;
+  out.config = load_hf_config((fs::path(dir) / kHfConfigFile).string());
+  ShardedCheckpointReader reader(dir);
+  for (const IndexedTensor& t : reader.index().tensors)
+    if (t.group == "model") out.tensors.emplace_back(t.name, reader.read_full(t));
+  return out;
+}
+
 LoadedCheckpoint load_latest_checkpoint(const std::string& dir, bool full) {
   const Latest latest = read_latest(dir);
   LoadedCheckpoint out;

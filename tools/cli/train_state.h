@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "models/config.h"
+#include "models/hf_checkpoint.h"
 #include "tensor/tensor.h"
 #include "tools/cli/outputs.h"
 
@@ -119,5 +120,10 @@ struct LoadedCheckpoint {
 // time) only when `full` is true; under a plan each rank reads its own boxes instead
 // (ShardedCheckpointReader::load_like).
 LoadedCheckpoint load_latest_checkpoint(const std::string& dir, bool full = true);
+
+// The weights a command's --hf names: a Hugging Face checkpoint directory, or a sharded training step
+// directory (index.json + shard files, `train --plan`), whose model tensors are assembled one full
+// tensor at a time, with its config.json. Errors name the directory.
+HfCheckpoint read_model_checkpoint(const std::string& dir);
 
 }  // namespace mt::cli

@@ -98,7 +98,12 @@ int run_generate(int argc, char** argv) {
   opts.sampling.top_p = args.real("top-p");
   opts.seed = static_cast<uint64_t>(args.integer("seed", 0, std::numeric_limits<int64_t>::max()));
   opts.kv_cache = !args.flag("no-cache");
-  check_sampling(opts.sampling);
+  try {
+    check_sampling(opts.sampling);
+  } catch (const Error& e) {  // name the flags: --temperature, --top-k, --top-p
+    MT_FAIL("meshtrain generate: {} (--temperature {}, --top-k {}, --top-p {})", e.what(), args.str("temperature"),
+            args.str("top-k"), args.str("top-p"));
+  }
   MT_CHECK(args.has("prompt") != args.has("prompt-ids"),
            "meshtrain generate: give the prompt as --prompt TEXT or --prompt-ids 1,2,3, one of the two");
   MT_CHECK(!args.has("prompt") || !args.str("prompt").empty(), "meshtrain generate: --prompt is empty");

@@ -80,26 +80,33 @@ void Optimizer::set_lr(double lr) {
 
 void Optimizer::step() {
   NoGradGuard no_grad;
+  // Every gradient is checked before anything changes: a bad one throws with the step count, the
+  // per-parameter counts and every parameter as they were (some updates, Muon's and 8-bit AdamW's,
+  // apply at once rather than in finish_step()).
+  for (const Slot& slot : slots_) {
+    const Tensor g = slot.param.grad();
+    if (!g.defined()) continue;
+    MT_CHECK(accepts_grad(slot.param, g) && g.device() == slot.param.device(),
+             "{}.step: parameter '{}' is {} but its gradient is {}", name_, slot.name,
+             slot.param.desc(), g.desc());
+    // A DTensor parameter is updated shard by shard: its gradient must have its placements
+    // (Partial gradients are reduced first: plan/grad_reducer.h or redistribute).
+    MT_CHECK(!(slot.param.is_distributed() || g.is_distributed()) || g.dist_spec() == slot.param.dist_spec(),
+             "{}.step: parameter '{}' is {} but its gradient is {}: reduce or redistribute the gradient to "
+             "the parameter's placements before step()",
+             name_, slot.name, slot.param.desc(), g.desc());
+  }
   ++step_;
-  struct Finish {  // runs the queued updates, or drops them when a check below throws
+  struct Finish {  // runs the queued updates, or drops them when an update throws
     Optimizer* o;
     ~Finish() noexcept(false) { o->finish_step(std::uncaught_exceptions() == 0); }
   } finish{this};
   for (Slot& slot : slots_) {
     Tensor g = slot.param.grad();
     if (!g.defined()) continue;
-    MT_CHECK(accepts_grad(slot.param, g) && g.device() == slot.param.device(),
-             "{}.step: parameter '{}' is {} but its gradient is {}", name_, slot.name,
-             slot.param.desc(), g.desc());
     ++slot.steps;
     const ParamGroup& group = groups_[slot.group];
     if (slot.param.is_distributed() || g.is_distributed()) {
-      // A DTensor parameter is updated shard by shard: its gradient must have its placements
-      // (Partial gradients are reduced first: plan/grad_reducer.h or redistribute).
-      MT_CHECK(g.dist_spec() == slot.param.dist_spec(),
-               "{}.step: parameter '{}' is {} but its gradient is {}: reduce or redistribute the gradient to "
-               "the parameter's placements before step()",
-               name_, slot.name, slot.param.desc(), g.desc());
       Slot local = slot;
       local.param = local_view(slot.param);
       for (Tensor& s : local.state) s = local_view(s);

@@ -390,8 +390,14 @@ TEST_CASE("Optimizer construction errors", "[cpu]") {
   Tensor meta = empty({2, 2}, TensorOptions(DType::kF32).with_device(Device::meta()));
   REQUIRE_THROWS_WITH(SGD(std::vector<ParamGroup>{{{{"m.w", meta}}, 0.0}}, SGDOptions{}),
                       Catch::Contains("'m.w'") && Catch::Contains("meta"));
+  // A bad gradient is found before anything changes: the step count, the good parameter and its
+  // update count stay as they were (a retry after fixing the gradient is the first step).
+  const Tensor before = params[1].second.clone();
+  params[1].second.set_grad(ones_like(params[1].second));
   params[0].second.set_grad(zeros_like(params[0].second).to(DType::kF32));
   REQUIRE_THROWS_WITH(opt.step(), Catch::Contains("AdamW.step: parameter 'model.layers.0.mlp.up_proj.weight'"));
+  REQUIRE(opt.step_count() == 0);
+  REQUIRE_CLOSE(params[1].second, before, 0, 0);
 }
 
 TEST_CASE("clip_grad_norm: value, scaling, disabled, non-finite", "[cpu]") {

@@ -100,6 +100,9 @@ int run_plan(int argc, char** argv) {
     if (layout.schedule == PipelineScheduleKind::kOneFOneB && accum < layout.size())
       fmt::print("# note: 1F1B needs --accum >= {} (the stage count); train and parity refuse --accum {}\n",
                  layout.size(), accum);
+    if (layout.schedule == PipelineScheduleKind::kInterleaved && accum % layout.size() != 0)
+      fmt::print("# note: interleaved 1F1B needs --accum a multiple of {} (the stage count); train and parity refuse "
+                 "--accum {}\n", layout.size(), accum);
     if (!ir.fsdp_units.empty()) {
       // FSDP units per stage: each stage lays out the units of its own modules on its stage mesh
       // (the root unit holds other parameters on each stage; docs/pipeline.md).

@@ -3,8 +3,8 @@
 #include "tools/cli/train_state.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -15,8 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/shard_reader.h"

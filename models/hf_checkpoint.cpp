@@ -4,11 +4,7 @@
 
 #include "models/json_io.h"
 
-#include <fcntl.h>
 #include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -30,15 +26,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-// Makes a directory's entries durable (its files are synced by their writers). EINVAL: a file
-// system that cannot sync directories, let through.
-void sync_directory(const fs::path& d, const std::string& what) {
-  const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  const int err = fd < 0 ? errno : ::fsync(fd) != 0 ? errno : 0;
-  if (fd >= 0) ::close(fd);
-  MT_CHECK(err == 0 || err == EINVAL, "{}: cannot sync the directory '{}': {}", what, d.string(), std::strerror(err));
-}
 
 
 constexpr const char* kEmbedName = "model.embed_tokens.weight";
@@ -241,11 +228,10 @@ void write_hf_checkpoint(const std::string& dir_in, const ModelConfig& config,
   MT_CHECK(!ec, "write_hf_checkpoint '{}': cannot create '{}': {}", dir_in, tmp.string(), ec.message());
   try {
     write_files(tmp, config, tensors, dtype, max_shard_bytes);
-    const std::string what = fmt::format("write_hf_checkpoint '{}'", dir_in);
-    sync_directory(tmp, what);  // its entries are durable before its name is
+    fsync_path(tmp.string());  // its entries (the files sync themselves) are durable before its name is
     fs::rename(tmp, dir, ec);
     MT_CHECK(!ec, "write_hf_checkpoint '{}': cannot rename '{}' into place: {}", dir_in, tmp.string(), ec.message());
-    sync_directory(dir.has_parent_path() ? dir.parent_path() : fs::path("."), what);
+    fsync_path(dir.has_parent_path() ? dir.parent_path().string() : ".");
   } catch (...) {
     std::error_code ec2;
     fs::remove_all(tmp, ec2);

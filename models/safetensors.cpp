@@ -383,6 +383,15 @@ Tensor SafetensorsReader::read_block(const std::string& name, const Shape& offse
   return out;
 }
 
+void fsync_path(const std::string& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  MT_CHECK(fd >= 0, "cannot open {} to sync it: {}", p, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  MT_CHECK(rc == 0 || err == EINVAL, "cannot sync {}: {}", p, std::strerror(err));
+}
+
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& fill) {
   const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
   auto cleanup = [&] {
@@ -412,16 +421,14 @@ void write_file_atomically(const std::string& path, const std::function<void(std
       MT_FAIL("cannot write '{}': closing failed", path);
     }
   }
-  // Make the data durable before the rename publishes it (fsync through any descriptor of the file).
-  // A failed sync (EIO, ENOSPC on some file systems) fails the write: renamed in, the file could
-  // name a step that `latest` then points at and --keep prunes the last good one for.
-  // (EINVAL: a file that cannot be synced, e.g. on a special file system, is let through.)
-  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
-  const int sync_errno = fd < 0 ? errno : ::fsync(fd) != 0 ? errno : 0;
-  if (fd >= 0) ::close(fd);
-  if (sync_errno != 0 && sync_errno != EINVAL) {
+  // Make the data durable before the rename publishes it. A failed sync (EIO, ENOSPC on some file
+  // systems) fails the write: renamed in, the file could name a step that `latest` then points at
+  // and --keep prunes the last good one for.
+  try {
+    fsync_path(tmp);
+  } catch (const Error& e) {
     cleanup();
-    MT_FAIL("cannot write '{}': syncing the temporary file failed: {}", path, std::strerror(sync_errno));
+    MT_FAIL("cannot write '{}': {}", path, e.what());
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);

@@ -95,6 +95,11 @@ const char* safetensors_dtype_name(DType t);
 // CRC-32 (IEEE 802.3, the zlib/PNG polynomial), continuing from `crc` (0 to start).
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
 
+// Makes a file's data or a directory's entries durable (fsync through a read-only descriptor).
+// File systems that cannot sync (EINVAL) are let through; any other failure is an error naming the
+// path.
+void fsync_path(const std::string& path);
+
 // Writes a file atomically: `fill` writes the content to a stream on "<path>.tmp.<pid>" in the
 // same directory, which is then flushed and renamed onto `path`. Throws naming `path` if it
 // cannot be written (the temporary file is removed); exceptions from `fill` propagate after the

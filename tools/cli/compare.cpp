@@ -36,13 +36,8 @@ namespace fs = std::filesystem;
 std::pair<NamedTensors, std::string> load_tensors(const std::string& path) {
   MT_CHECK(fs::exists(path), "meshtrain compare: {} does not exist", path);
   if (!fs::is_directory(path)) return {read_safetensors(path).tensors, "safetensors file"};
-  if (fs::exists(fs::path(path) / kShardedIndexFile)) {  // a sharded step directory: its weights, assembled
-    ShardedCheckpointReader reader(path);
-    NamedTensors out;
-    for (const IndexedTensor& t : reader.index().tensors)
-      if (t.group == "model") out.emplace_back(t.name, reader.read_full(t));
-    return {std::move(out), "sharded train checkpoint " + path};
-  }
+  if (fs::exists(fs::path(path) / kShardedIndexFile))  // a sharded step directory: its weights, assembled
+    return {read_model_checkpoint(path).tensors, "sharded train checkpoint " + path};
   if (fs::exists(fs::path(path) / "config.json")) return {read_hf_checkpoint(path).tensors, "Hugging Face checkpoint"};
   if (fs::exists(fs::path(path) / "latest")) {
     LoadedCheckpoint ck = load_latest_checkpoint(path);

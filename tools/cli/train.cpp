@@ -141,11 +141,13 @@ int run_train(int argc, char** argv) {
   ModelConfig cfg;
   uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
   const auto load_t0 = std::chrono::steady_clock::now();
+  // The settings a checkpoint records, read once (the --data fingerprint reads the file's ends).
+  std::vector<std::pair<std::string, std::string>> settings = resume_settings(args);
   if (resume) {
     // A sharded checkpoint under a plan: each rank reads its own boxes below, after parallelize().
     loaded = load_latest_checkpoint(ckpt_dir, /*full=*/args.str("plan").empty());
     check_resume_matches(loaded.state, args);
-    check_resume_settings(loaded.state, args, loaded.path);
+    check_resume_settings(loaded.state, settings, args, loaded.path);
     check_resume_model(loaded.config, args, loaded.path);
     cfg = loaded.config;
     seed = loaded.state.seed;
@@ -286,8 +288,7 @@ int run_train(int argc, char** argv) {
     saver = std::make_unique<ShardedSaver>(
         ShardedSaveOptions{ckpt_dir, overwrite, !args.flag("sync-save"), args.integer("keep"), start}, *plan, cfg);
   double gather_save_s = 0;  // --gather-save: the time spent in saves
-  // What trainer_state.json records of this run's settings (the seed: the one in use).
-  auto settings = resume_settings(args);
+  // What trainer_state.json records of this run's settings: the seed is the one in use.
   for (auto& [k, v] : settings)
     if (k == "seed") v = std::to_string(seed);
   auto save = [&](int64_t done) {

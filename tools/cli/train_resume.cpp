@@ -72,9 +72,9 @@ std::vector<std::pair<std::string, std::string>> resume_settings(const Args& arg
 // would go on as another run than the one it resumes (another schedule, optimizer, regularization
 // or data) without a word: refused unless --allow-changes, which prints each change. --seed only
 // when given: the checkpoint's seed is the one used.
-void check_resume_settings(const TrainState& s, const Args& args, const std::string& where) {
+void check_resume_settings(const TrainState& s, const std::vector<std::pair<std::string, std::string>>& now,
+                           const Args& args, const std::string& where) {
   std::vector<std::string> changes;
-  const auto now = resume_settings(args);
   for (const auto& [key, saved] : s.settings) {
     if (key == "seed" && !args.has("seed")) continue;
     if (key == "steps") {

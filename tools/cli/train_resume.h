@@ -21,10 +21,12 @@ std::vector<std::pair<std::string, std::string>> resume_settings(const Args& arg
 // --batch, --seq, --accum and --precision must equal the checkpoint's (throws naming the flag).
 void check_resume_matches(const TrainState& saved, const Args& args);
 
-// The other recorded settings against this run's: a difference is refused, listing each with the
-// checkpoint's value (`where` names the checkpoint), unless --allow-changes, which prints them.
-// --seed counts only when given; a changed --steps is announced, not refused.
-void check_resume_settings(const TrainState& saved, const Args& args, const std::string& where);
+// The other recorded settings against this run's (`now`: resume_settings(args)): a difference is
+// refused, listing each with the checkpoint's value (`where` names the checkpoint), unless
+// --allow-changes, which prints them. --seed counts only when given; a changed --steps is
+// announced, not refused.
+void check_resume_settings(const TrainState& saved, const std::vector<std::pair<std::string, std::string>>& now,
+                           const Args& args, const std::string& where);
 
 // The model is the checkpoint's on --resume: --hf (the weights a fresh run started from) is then
 // ignored with a notice, so that a run started with --hf resumes with --resume added; a --config

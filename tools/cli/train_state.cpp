@@ -82,6 +82,18 @@ std::string read_text(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
+// `s` without its trailing white space (the newline of `latest` and of the lock file).
+std::string trimmed(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  return s;
+}
+
+// The step directory name `dir`/latest holds, or "" when there is no `latest`.
+std::string latest_name(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(dir / kLatest, ec) ? trimmed(read_text(dir / kLatest)) : "";
+}
+
 // Step directories in `dir`, by step (temporaries and other entries are not step directories).
 std::map<int64_t, fs::path> step_dirs(const fs::path& dir) {
   std::map<int64_t, fs::path> out;
@@ -140,8 +152,7 @@ Latest read_latest(const fs::path& dir) {
   std::error_code ec;
   MT_CHECK(fs::exists(latest, ec), "--resume: no checkpoint in {} (the file {} does not exist)", dir.string(),
            latest.string());
-  std::string name = read_text(latest);
-  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  const std::string name = trimmed(read_text(latest));
   MT_CHECK(!name.empty(), "{}: the file is empty; it must name the newest step directory (e.g. step-00000004)",
            latest.string());
   MT_CHECK(step_of_name(name) >= 0, "{}: '{}' is not a step directory name (step-NNNNNNNN)", latest.string(),
@@ -183,17 +194,6 @@ void replace_directory(const fs::path& fresh, const fs::path& target) {
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:08d}", step); }
 
-// Makes a file's data or a directory's entries durable. File systems that cannot sync a
-// directory (EINVAL) are let through; any other failure is an error naming the path.
-void fsync_path(const std::string& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-  MT_CHECK(fd >= 0, "cannot open {} to sync it: {}", p, std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  MT_CHECK(rc == 0 || err == EINVAL, "cannot sync {}: {}", p, std::strerror(err));
-}
-
 namespace {
 
 // Without --overwrite a save may neither replace a step directory nor move `latest` back. Checked
@@ -206,14 +206,10 @@ void check_save_target(const std::string& dir, int64_t step) {
   MT_CHECK(!fs::exists(final_path, ec),
            "checkpoint {} already exists and this run did not write it; pass --overwrite to replace it",
            final_path.string());
-  const fs::path latest = fs::path(dir) / kLatest;
-  if (fs::exists(latest, ec)) {
-    std::string named = read_text(latest);
-    while (!named.empty() && std::isspace(static_cast<unsigned char>(named.back()))) named.pop_back();
-    MT_CHECK(step_of_name(named) < step,
-             "{} names {}, a later step than {}: saving would move it back; pass --overwrite to allow it",
-             latest.string(), named, name);
-  }
+  const std::string named = latest_name(dir);  // none: step_of_name gives -1
+  MT_CHECK(step_of_name(named) < step,
+           "{} names {}, a later step than {}: saving would move it back; pass --overwrite to allow it",
+           (fs::path(dir) / kLatest).string(), named, name);
 }
 
 }  // namespace
@@ -297,11 +293,7 @@ int64_t apply_retention(const std::string& dir, int64_t keep, int64_t resumed_fr
     written = g_written[dir];
   }
   std::error_code ec;
-  std::string named;
-  if (fs::exists(fs::path(dir) / kLatest, ec)) {
-    named = read_text(fs::path(dir) / kLatest);
-    while (!named.empty() && std::isspace(static_cast<unsigned char>(named.back()))) named.pop_back();
-  }
+  const std::string named = latest_name(dir);
   std::map<int64_t, fs::path> steps = step_dirs(dir);
   std::erase_if(steps, [&](const auto& e) { return !written.count(e.first) && e.first > resumed_from; });
   int64_t excess = static_cast<int64_t>(steps.size()) - keep, removed = 0;
@@ -329,8 +321,7 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir) : dir_(dir) {
     const int err = errno;
     std::string holder(256, '\0');
     const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
-    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
-    while (!holder.empty() && std::isspace(static_cast<unsigned char>(holder.back()))) holder.pop_back();
+    holder = trimmed(holder.substr(0, n > 0 ? static_cast<size_t>(n) : 0));
     ::close(fd_);
     fd_ = -1;
     MT_CHECK(err != EWOULDBLOCK,

@@ -63,8 +63,6 @@ std::string commit_step_directory(const std::string& dir, const std::string& tmp
 // 0 for a fresh run). Another run's directories in `dir` (a fresh run with --overwrite) are left
 // alone. Returns how many it removed.
 int64_t apply_retention(const std::string& dir, int64_t keep, int64_t resumed_from);
-// Syncs a file's data or a directory's entries (errors name the path).
-void fsync_path(const std::string& path);
 
 // What a training run will write into its checkpoint directory.
 enum class RunKind { kFresh, kResume };

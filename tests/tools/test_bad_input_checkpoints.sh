@@ -56,6 +56,13 @@ bad_case "fresh run into a checkpoint dir" --watch "$WORK/ck" "--checkpoint-dir 
 bad_case "resume with other settings" --watch "$WORK/ck" "--resume: this run's settings differ" \
   "--lr 1 (the checkpoint's: 3e-3)" "--dropout 0.3 (the checkpoint's: 0)" "--allow-changes" -- \
   "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --lr 1 --dropout 0.3
+copy_ck longset
+python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); j["settings"]["lr"]="x"*100000; json.dump(j,open(p,"w"))' \
+  "$WORK/longset/step-00000004/trainer_state.json"
+bad_case "resume: a hostile recorded setting is cut short in the message" --watch "$WORK/longset" \
+  "--lr 3e-3 (the checkpoint's: xxxxxxxxxx" "...)" -- "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/longset"
+[ "$(wc -c <"$WORK/case.err")" -lt 2000 ] && pass "  ... in under 2000 bytes of stderr" \
+  || fail "a 100,000-character setting gave $(wc -c <"$WORK/case.err") bytes of stderr"
 bad_case "resume with --config of another model" --watch "$WORK/ck" "--resume: --config mixtral-tiny is mixtral" \
   "holds llama with 4 layers" -- "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --config mixtral-tiny
 bad_case "resume on other data" --watch "$WORK/ck" "--data $WORK/tokens.txt (" "the checkpoint's: the embedded corpus" -- \

@@ -57,6 +57,9 @@ bool same_value(const std::string& a, const std::string& b) {
   return number(a, &x) && number(b, &y) && x == y;
 }
 
+// A recorded value as quoted in a message: cut to 80 characters (trainer_state.json is input).
+std::string brief(const std::string& v) { return v.size() <= 80 ? v : v.substr(0, 77) + "..."; }
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> resume_settings(const Args& args) {
@@ -81,15 +84,15 @@ void check_resume_settings(const TrainState& s, const std::vector<std::pair<std:
       if (!same_value(args.str("steps"), saved))
         fmt::print("--steps {}: the learning-rate schedule now spans {} steps (the checkpoint's run: {}); from "
                    "step {} on the rate follows the new one\n",
-                   args.str("steps"), args.str("steps"), saved, s.step + 1);
+                   args.str("steps"), args.str("steps"), brief(saved), s.step + 1);
       continue;
     }
     for (const auto& [k, v] : now)
       if (k == key && !same_value(v, saved))
         changes.push_back(key == "data" ? fmt::format("--data {} ({}; the checkpoint's: {})",
                                                        args.str("data").empty() ? "(none)" : args.str("data"), v,
-                                                       saved)
-                                        : fmt::format("--{} {} (the checkpoint's: {})", key, v, saved));
+                                                       brief(saved))
+                                        : fmt::format("--{} {} (the checkpoint's: {})", key, v, brief(saved)));
   }
   if (changes.empty()) return;
   MT_CHECK(args.flag("allow-changes"),

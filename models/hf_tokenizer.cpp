@@ -1,8 +1,10 @@
-// tokenizer.json decoding: byte-level and SentencePiece-style decoders.
+// tokenizer.json decoding: the tokenizers library's decoder steps (ByteLevel, Replace,
+// ByteFallback, Fuse, Strip, Metaspace), applied to the list of tokens in order.
 #include "models/hf_tokenizer.h"
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "models/json_io.h"
@@ -23,23 +25,97 @@ std::unordered_map<uint32_t, uint8_t> byte_of_code_point() {
   return m;
 }
 
-// The code points of UTF-8 text; an invalid sequence is an error naming the token.
-std::vector<uint32_t> code_points(const std::string& s, int64_t id, const std::string& path) {
+constexpr const char* kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
+
+// The length of the valid UTF-8 sequence at s[i], or, when there is none, minus the length of the
+// maximal invalid subpart there (Unicode's "U+FFFD substitution of maximal subparts", which
+// Rust's String::from_utf8_lossy follows): its lead byte and the continuation bytes that could
+// still have completed a sequence.
+int utf8_sequence(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  int n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;  // no overlong forms
+    if (c == 0xED) hi = 0x9F;  // no surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;  // nothing past U+10FFFF
+  } else {
+    return -1;
+  }
+  for (int k = 1; k < n; ++k) {
+    const size_t j = i + static_cast<size_t>(k);
+    const auto d = j < s.size() ? static_cast<unsigned char>(s[j]) : 0;
+    const bool ok = k == 1 ? d >= lo && d <= hi : d >= 0x80 && d <= 0xBF;
+    if (j >= s.size() || !ok) return -k;
+  }
+  return n;
+}
+
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const int n = utf8_sequence(s, i);
+    if (n < 0) return false;
+    i += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// `bytes` as UTF-8, with U+FFFD for each maximal invalid subpart.
+std::string utf8_lossy(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    const int n = utf8_sequence(bytes, i);
+    if (n > 0) {
+      out.append(bytes.substr(i, static_cast<size_t>(n)));
+      i += static_cast<size_t>(n);
+    } else {
+      out += kReplacementChar;
+      i += static_cast<size_t>(-n);
+    }
+  }
+  return out;
+}
+
+// The code points of valid UTF-8 text (tokens come from a parsed JSON file, which is valid UTF-8).
+std::vector<uint32_t> code_points(std::string_view s) {
   std::vector<uint32_t> out;
   for (size_t i = 0; i < s.size();) {
+    const int n = std::max(utf8_sequence(s, i), 1);
     const auto c = static_cast<unsigned char>(s[i]);
-    const int n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    MT_CHECK(n > 0 && i + static_cast<size_t>(n) <= s.size(), "{}: token {} is not valid UTF-8", path, id);
     uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-    for (int k = 1; k < n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
-      MT_CHECK((d >> 6) == 0x2, "{}: token {} is not valid UTF-8", path, id);
-      cp = (cp << 6) | (d & 0x3F);
-    }
+    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + static_cast<size_t>(k)]) & 0x3F);
     out.push_back(cp);
     i += static_cast<size_t>(n);
   }
   return out;
+}
+
+std::string utf8_of(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    s.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    s.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return s;
 }
 
 // "<0xNN>" -> NN, else -1.
@@ -55,14 +131,77 @@ int byte_token(const std::string& t) {
   return v;
 }
 
+// `s` with every occurrence of `from` (not empty) replaced by `to`.
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
+  std::string out;
+  for (size_t i = 0;;) {
+    const size_t k = s.find(from, i);
+    if (k == std::string::npos) return out.append(s, i, std::string::npos);
+    out.append(s, i, k - i).append(to);
+    i = k + from.size();
+  }
+}
+
 constexpr const char* kSpaceMark = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 
 }  // namespace
+
 
 std::optional<HfTokenDecoder> HfTokenDecoder::from_dir(const std::string& dir) {
   const std::filesystem::path p = std::filesystem::path(dir) / "tokenizer.json";
   if (!std::filesystem::exists(p)) return std::nullopt;
   return from_file(p.string());
+}
+
+HfTokenDecoder::Step HfTokenDecoder::parse_step(const json& s, const std::string& path, const std::string& prefix) {
+  const JsonFields f(s, path, prefix);
+  const std::string type = f.get_string("type", "");
+  Step step;
+  if (type == "ByteLevel") {
+    step.kind = Step::Kind::kByteLevel;
+  } else if (type == "ByteFallback") {
+    step.kind = Step::Kind::kByteFallback;
+  } else if (type == "Fuse") {
+    step.kind = Step::Kind::kFuse;
+  } else if (type == "Replace") {
+    step.kind = Step::Kind::kReplace;
+    const JsonFields pattern(f.at("pattern"), path, prefix + "pattern.");
+    if (pattern.has("Regex"))
+      MT_FAIL("{}: field '{}pattern' is a regex; meshtrain decodes Replace steps of a string pattern only", path, prefix);
+    step.from = pattern.string_at("String");
+    MT_CHECK(!step.from.empty(), "{}: field '{}pattern.String' is empty", path, prefix);
+    step.to = f.string_at("content");
+  } else if (type == "Strip") {
+    step.kind = Step::Kind::kStrip;
+    const std::vector<uint32_t> c = code_points(f.get_string("content", " "));
+    MT_CHECK(c.size() == 1, "{}: field '{}content' must be one character", path, prefix);
+    step.strip = c[0];
+    step.start = f.get_int("start", 0);
+    step.stop = f.get_int("stop", 0);
+    MT_CHECK(step.start >= 0 && step.stop >= 0, "{}: fields '{}start' and '{}stop' must not be negative", path, prefix,
+             prefix);
+  } else if (type == "Metaspace") {
+    step.kind = Step::Kind::kMetaspace;
+    const std::vector<uint32_t> c = code_points(f.get_string("replacement", kSpaceMark));
+    MT_CHECK(c.size() == 1, "{}: field '{}replacement' must be one character", path, prefix);
+    step.from = utf8_of(c[0]);
+    // prepend_scheme (tokenizers >= 0.15) wins over the older add_prefix_space; both absent is
+    // "always", the library's default.
+    if (f.has("prepend_scheme")) {
+      const std::string scheme = f.get_string("prepend_scheme", "always");
+      MT_CHECK(scheme == "always" || scheme == "first" || scheme == "never",
+               "{}: field '{}prepend_scheme' must be always, first or never, got '{}'", path, prefix,
+               scheme.substr(0, 80));
+      step.drop_first = scheme != "never";
+    } else {
+      step.drop_first = f.get_bool("add_prefix_space", true);
+    }
+  } else {
+    MT_FAIL("{}: decoder type '{}' ({}type) is not supported (meshtrain decodes ByteLevel, Metaspace, and Sequences "
+            "of Replace, ByteFallback, Fuse, Strip, Metaspace and ByteLevel)",
+            path, type.empty() ? std::string("(none)") : type.substr(0, 80), prefix);
+  }
+  return step;
 }
 
 HfTokenDecoder HfTokenDecoder::from_file(const std::string& path) {
@@ -77,7 +216,8 @@ HfTokenDecoder HfTokenDecoder::from_file(const std::string& path) {
   const json& vocab = j["model"]["vocab"];
   if (vocab.is_object()) {  // BPE / WordPiece: token -> id
     for (const auto& [tok, id] : vocab.items()) {
-      MT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: model.vocab['{}'] is not a token id", path, tok);
+      MT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: model.vocab['{}'] is not a token id", path,
+               tok.substr(0, 80));
       d.tokens_[id.get<int64_t>()] = tok;
     }
   } else if (vocab.is_array()) {  // Unigram: [[token, score], ...], the id is the index
@@ -95,82 +235,128 @@ HfTokenDecoder HfTokenDecoder::from_file(const std::string& path) {
                    a["content"].is_string(),
                "{}: an added_tokens entry lacks an integer id or a content string", path);
       const int64_t id = a["id"].get<int64_t>();
-      d.tokens_[id] = a["content"].get<std::string>();
-      d.literal_.insert(id);
+      d.tokens_[id] = a["content"].get<std::string>();  // an added token wins over the vocabulary's
       if (JsonFields(a, path, "added_tokens[].").get_bool("special", false)) d.special_.insert(id);
     }
   }
-  // The decoder: ByteLevel, or SentencePiece-style (Metaspace, or a Sequence of Replace U+2581,
-  // ByteFallback, Fuse, Strip).
+  // The decoder: one step, or a Sequence of steps (nested Sequences flattened, 8 levels at most).
+  // No decoder at all joins the tokens with spaces, as the tokenizers library does.
   const json dec = j.value("decoder", json());
-  const JsonFields decf(dec, path, "decoder.");
-  const std::string type = decf.get_string("type", "");
-  if (type == "ByteLevel") {
-    d.style_ = Style::kByteLevel;
-  } else if (type == "Metaspace") {
-    d.style_ = Style::kSentencePiece;
-    const std::string scheme = decf.get_string("prepend_scheme", "");
-    d.strip_first_space_ = decf.get_bool("add_prefix_space", false) || scheme == "first" || scheme == "always";
-  } else if (type == "Sequence" && dec.contains("decoders") && dec["decoders"].is_array()) {
-    bool space = false;
-    for (const json& s : dec["decoders"]) {
-      const JsonFields step(s, path, "decoder.decoders[].");
-      const std::string t = step.get_string("type", "");
-      if (t == "Replace" && s.contains("pattern") && s["pattern"].is_object() &&
-          JsonFields(s["pattern"], path, "decoder.decoders[].pattern.").get_string("String", "") == kSpaceMark)
-        space = true;
-      if (t == "ByteLevel") MT_FAIL("{}: a ByteLevel decoder inside a Sequence is not supported", path);
-      if (t == "Strip" && step.get_int("start", 0) > 0) d.strip_first_space_ = true;
+  if (dec.is_null()) return d;
+  std::function<void(const json&, const std::string&, int)> add = [&](const json& s, const std::string& prefix,
+                                                                     int depth) {
+    const JsonFields f(s, path, prefix);
+    if (f.get_string("type", "") != "Sequence") {
+      d.steps_.push_back(parse_step(s, path, prefix));
+      return;
     }
-    MT_CHECK(space, "{}: a Sequence decoder without Replace of U+2581 by a space is not a SentencePiece-style decoder "
-             "meshtrain knows", path);
-    d.style_ = Style::kSentencePiece;
-  } else {
-    MT_FAIL("{}: decoder type '{}' is not supported (meshtrain decodes ByteLevel and SentencePiece-style "
-            "tokenizers)", path, type.empty() ? std::string("(none)") : type);
-  }
+    MT_CHECK(depth < 8, "{}: decoder Sequences nested more than 8 deep", path);
+    const json& steps = f.at("decoders");
+    MT_CHECK(steps.is_array(), "{}: field '{}decoders' must be a list", path, prefix);
+    for (const json& step : steps) add(step, prefix + "decoders[].", depth + 1);
+  };
+  add(dec, "decoder.", 0);
   return d;
 }
 
-std::string HfTokenDecoder::decode(const std::vector<int64_t>& ids) const {
+bool HfTokenDecoder::byte_level() const {
+  return steps_.size() == 1 && steps_[0].kind == Step::Kind::kByteLevel;
+}
+
+std::vector<std::string> HfTokenDecoder::run(const Step& step, std::vector<std::string> tokens) {
   static const std::unordered_map<uint32_t, uint8_t> bytes = byte_of_code_point();
-  std::string out;
-  bool first = true;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int64_t id = ids[i];
-    auto it = tokens_.find(id);
-    MT_CHECK(it != tokens_.end(), "{}: token id {} (position {}) is not in the vocabulary", path_, id, i);
-    if (special_.count(id)) continue;
-    const std::string& tok = it->second;
-    if (literal_.count(id)) {
-      out += tok;
-    } else if (style_ == Style::kByteLevel) {
-      for (uint32_t cp : code_points(tok, id, path_)) {
-        auto b = bytes.find(cp);
-        MT_CHECK(b != bytes.end(), "{}: token {} ('{}') has a character that stands for no byte", path_, id, tok);
-        out.push_back(static_cast<char>(b->second));
-      }
-    } else {
-      const int b = byte_token(tok);
-      if (b >= 0) {
-        out.push_back(static_cast<char>(b));
-      } else {
-        std::string piece;
-        for (size_t k = 0; k < tok.size();) {
-          if (tok.compare(k, 3, kSpaceMark) == 0) {
-            piece.push_back(' ');
-            k += 3;
-          } else {
-            piece.push_back(tok[k++]);
+  switch (step.kind) {
+    case Step::Kind::kByteLevel: {
+      // Each token's characters to bytes; a token with a character outside the table is its own
+      // UTF-8. One string: a character may span tokens.
+      std::string raw;
+      for (const std::string& t : tokens) {
+        std::string b;
+        for (uint32_t cp : code_points(t)) {
+          auto it = bytes.find(cp);
+          if (it == bytes.end()) {
+            b = t;
+            break;
           }
+          b.push_back(static_cast<char>(it->second));
         }
-        if (first && strip_first_space_ && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
-        out += piece;
+        raw += b;
       }
+      return {utf8_lossy(raw)};
     }
-    first = false;
+    case Step::Kind::kReplace:
+      for (std::string& t : tokens) t = replace_all(t, step.from, step.to);
+      return tokens;
+    case Step::Kind::kByteFallback: {
+      // A run of <0xNN> tokens becomes its text when it is valid UTF-8, else one U+FFFD per byte.
+      std::vector<std::string> out;
+      std::string run;
+      auto flush = [&] {
+        if (run.empty()) return;
+        if (valid_utf8(run)) {
+          out.push_back(run);
+        } else {
+          for (size_t k = 0; k < run.size(); ++k) out.emplace_back(kReplacementChar);
+        }
+        run.clear();
+      };
+      for (std::string& t : tokens) {
+        const int b = byte_token(t);
+        if (b >= 0) {
+          run.push_back(static_cast<char>(b));
+        } else {
+          flush();
+          out.push_back(std::move(t));
+        }
+      }
+      flush();
+      return out;
+    }
+    case Step::Kind::kFuse: {
+      std::string all;
+      for (const std::string& t : tokens) all += t;
+      return {all};
+    }
+    case Step::Kind::kStrip:
+      for (std::string& t : tokens) {
+        const std::vector<uint32_t> cps = code_points(t);
+        size_t begin = 0, end = cps.size();
+        while (begin < end && begin < static_cast<size_t>(step.start) && cps[begin] == step.strip) ++begin;
+        for (int64_t k = 0; k < step.stop && end > begin && cps[end - 1] == step.strip; ++k) --end;
+        std::string s;
+        for (size_t k = begin; k < end; ++k) s += utf8_of(cps[k]);
+        t = std::move(s);
+      }
+      return tokens;
+    case Step::Kind::kMetaspace:
+      for (size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = replace_all(tokens[i], step.from, i == 0 && step.drop_first ? "" : " ");
+      return tokens;
   }
-  return out;
+  return tokens;
+}
+
+std::string HfTokenDecoder::decode(const std::vector<int64_t>& ids, int64_t* unknown) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  if (unknown) *unknown = 0;
+  for (int64_t id : ids) {
+    auto it = tokens_.find(id);
+    if (it == tokens_.end()) {  // left out, as the tokenizers library does (a padded vocabulary)
+      if (unknown) ++*unknown;
+      continue;
+    }
+    if (!special_.count(id)) tokens.push_back(it->second);
+  }
+  if (steps_.empty()) {  // no decoder: the tokens joined with spaces
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    return out;
+  }
+  for (const Step& step : steps_) tokens = run(step, std::move(tokens));
+  std::string out;
+  for (const std::string& t : tokens) out += t;
+  return utf8_lossy(out);  // valid already, unless a Replace step split a character
 }
 
 }  // namespace mt

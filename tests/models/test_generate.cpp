@@ -218,24 +218,35 @@ TEST_CASE("HfTokenDecoder: byte-level and SentencePiece-style tokenizer.json fil
   REQUIRE(d.has_value());
   CHECK(d->byte_level());
   CHECK(d->decode({5, 0, 1, 3, 4, 2, 6}) == "Hello world\xC3\xA9!\n<tool>");
-  CHECK_THAT(error_of([&] { d->decode({0, 9}); }), Contains("token id 9 (position 1) is not in the vocabulary"));
+  // An id the file does not define (a vocabulary padded past the tokenizer's) is left out and
+  // counted, as the tokenizers library leaves it out.
+  int64_t unknown = -1;
+  CHECK(d->decode({0, 9, 4, -3}, &unknown) == "Hello!");
+  CHECK(unknown == 2);
 
   TempDir sp;  // Llama 2 / Mistral: U+2581 for spaces, <0x0A> a byte, the first space stripped
   sp.write("tokenizer.json", R"({"added_tokens": [{"id": 3, "content": "<s>", "special": true}],
     "decoder": {"type": "Sequence", "decoders": [
       {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
       {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
-    "model": {"type": "BPE", "vocab": {"\u2581Hello": 0, "\u2581world": 1, "<0x0A>": 2, "<0xC3>": 4, "<0xA9>": 5}, "merges": []}})");
+    "model": {"type": "BPE", "vocab": {"\u2581Hello": 0, "\u2581world": 1, "<0x0A>": 2, "<0xC3>": 4, "<0xA9>": 5, "<0x20>": 6, "Hi": 7}, "merges": []}})");
   auto s = HfTokenDecoder::from_dir(sp.path.string());
   REQUIRE(s.has_value());
   CHECK(s->decode({3, 0, 1, 2, 4, 5}) == "Hello world\n\xC3\xA9");
+
+  // A run of byte tokens that is not valid UTF-8 is one U+FFFD per byte (ByteFallback); the Strip
+  // step after Fuse strips a leading space that came from a byte token too.
+  CHECK(s->decode({4, 1}) == "\xEF\xBF\xBD world");
+  CHECK(s->decode({6, 7}) == "Hi");
+  CHECK(s->decode({6, 6, 7}) == " Hi");      // Strip takes at most one
+  CHECK(s->decode({6, 0}) == " Hello");      // one of the two spaces
 
   TempDir none;
   CHECK_FALSE(HfTokenDecoder::from_dir(none.path.string()).has_value());
   TempDir bad;
   bad.write("tokenizer.json", R"({"decoder": {"type": "WordPiece"}, "model": {"vocab": {"a": 0}}})");
   CHECK_THAT(error_of([&] { HfTokenDecoder::from_dir(bad.path.string()); }),
-             Contains("decoder type 'WordPiece' is not supported"));
+             Contains("decoder type 'WordPiece' (decoder.type) is not supported"));
   bad.write("tokenizer.json", "{not json");
   CHECK_THAT(error_of([&] { HfTokenDecoder::from_dir(bad.path.string()); }), Contains("not a JSON object"));
   // A field of the wrong JSON type is an mt::Error naming the file and the field (the fuzzer found a
@@ -265,4 +276,59 @@ TEST_CASE("HfTokenDecoder: byte-level and SentencePiece-style tokenizer.json fil
   // null counts as absent, as in the files the tokenizers library writes.
   bad.write("tokenizer.json", R"({"decoder": {"type": "Metaspace", "prepend_scheme": null}, )" + vocab + "}");
   CHECK(HfTokenDecoder::from_dir(bad.path.string())->decode({0}) == "a");
+}
+
+TEST_CASE("HfTokenDecoder: decodes as the tokenizers library does") {
+  TempDir dir;
+  // Byte-level: a token cut inside a character ("Ã" alone is the first byte of "é") becomes
+  // U+FFFD, one per maximal invalid sequence; an added token with a character outside GPT-2's
+  // table (a space) is its own text, one with only table characters is decoded like any token.
+  dir.write("tokenizer.json", R"({"added_tokens": [{"id": 5, "content": "a b", "special": false},
+      {"id": 6, "content": "\u0120x", "special": false}],
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "vocab": {"Hello": 0, "\u00c3": 1, "\u00a9": 2, "\u00ff": 3}, "merges": []}})");
+  auto b = HfTokenDecoder::from_dir(dir.path.string());
+  REQUIRE(b.has_value());
+  CHECK(b->decode({0, 1}) == "Hello\xEF\xBF\xBD");
+  CHECK(b->decode({1, 2}) == "\xC3\xA9");
+  CHECK(b->decode({1, 1, 2}) == "\xEF\xBF\xBD\xC3\xA9");
+  CHECK(b->decode({3, 0}) == "\xEF\xBF\xBDHello");  // 0xFF is never UTF-8
+  CHECK(b->decode({5, 6}) == "a b x");
+
+  // Metaspace alone: every U+2581 of the first token is dropped (prepend scheme "first"), later
+  // ones are spaces; byte tokens are not converted (no ByteFallback step).
+  dir.write("tokenizer.json", R"({"decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first"},
+    "model": {"vocab": [["\u2581Hi\u2581there", 0], ["\u2581you", 0], ["<0x41>", 0]]}})");
+  auto m = HfTokenDecoder::from_dir(dir.path.string());
+  CHECK(m->decode({0, 1, 2}) == "Hithere you<0x41>");
+  dir.write("tokenizer.json", R"({"decoder": {"type": "Metaspace", "prepend_scheme": "never"},
+    "model": {"vocab": [["\u2581Hi", 0]]}})");
+  CHECK(HfTokenDecoder::from_dir(dir.path.string())->decode({0, 0}) == " Hi Hi");
+
+  // No decoder: the tokens joined by spaces. A nested Sequence is flattened.
+  dir.write("tokenizer.json", R"({"decoder": null, "model": {"vocab": {"ab": 0, "c": 1}}})");
+  CHECK(HfTokenDecoder::from_dir(dir.path.string())->decode({0, 1}) == "ab c");
+  dir.write("tokenizer.json", R"({"decoder": {"type": "Sequence", "decoders": [
+      {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "_"}, "content": "-"}]},
+      {"type": "Fuse"}, {"type": "Strip", "content": "-", "start": 0, "stop": 2}]},
+    "model": {"vocab": {"a_": 0, "_": 1}}})");
+  CHECK(HfTokenDecoder::from_dir(dir.path.string())->decode({0, 1, 1}) == "a-");
+
+  // What meshtrain does not decode is refused, naming the step.
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}]})",
+       "field 'decoder.decoders[].pattern' is a regex"},
+      {R"({"type": "Sequence", "decoders": [{"type": "CTC"}]})", "decoder type 'CTC' (decoder.decoders[].type)"},
+      {R"({"type": "Metaspace", "prepend_scheme": "sometimes"})", "must be always, first or never, got 'sometimes'"},
+      {R"({"type": "Strip", "content": "ab"})", "field 'decoder.content' must be one character"},
+      {R"({"type": "Sequence", "decoders": {"type": "Fuse"}})", "field 'decoder.decoders' must be a list"},
+  };
+  for (const auto& [decoder, message] : refused) {
+    dir.write("tokenizer.json", R"({"model": {"vocab": {"a": 0}}, "decoder": )" + decoder + "}");
+    CHECK_THAT(error_of([&] { HfTokenDecoder::from_dir(dir.path.string()); }), Contains(message));
+  }
+  std::string deep = R"({"type": "Fuse"})";
+  for (int i = 0; i < 12; ++i) deep = R"({"type": "Sequence", "decoders": [)" + deep + "]}";
+  dir.write("tokenizer.json", R"({"model": {"vocab": {"a": 0}}, "decoder": )" + deep + "}");
+  CHECK_THAT(error_of([&] { HfTokenDecoder::from_dir(dir.path.string()); }), Contains("nested more than 8 deep"));
 }

@@ -124,6 +124,26 @@ n2=$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "$E2")
 [ "$n1" = "$WANT_N" ] && [ "$E1" = "$E2" ] \
   && pass "--eos $STOP and --eos auto (config eos_token_id $STOP) stop after $WANT_N tokens" \
   || fail "eos: --eos gave $E1, auto gave $E2, want $WANT_N tokens of $FREE"
+# A model vocabulary padded past the tokenizer's (ids 3..7 undefined here): those ids are left out
+# of the text, as the tokenizers library does, with a notice that counts them.
+python3 - "$WORK/small/tokenizer.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+t["model"]["vocab"] = {k: v for k, v in t["model"]["vocab"].items() if v < 3}
+t["added_tokens"] = [a for a in t["added_tokens"] if a["id"] < 3]
+json.dump(t, open(sys.argv[1], "w"))
+PY
+padded=$("$BIN" generate --hf "$WORK/small" --prompt-ids 0,1 --max-new-tokens 12 --temperature 0 --eos none 2>"$WORK/err")
+python3 - "$(tail -n 1 <<<"$padded")" "$(cat "$WORK/err")" <<'PY' && pass "ids tokenizer.json does not define: left out of the text, counted" \
+  || fail "padded vocabulary: $padded / $(cat "$WORK/err")"
+import json, sys
+j = json.loads(sys.argv[1])
+piece = {1: "a", 2: " b", 0: ""}
+n = sum(t >= 3 for t in j["tokens"])
+ok = j["text"] == "".join(piece.get(t, "") for t in j["tokens"]) and n > 0
+sys.exit(0 if ok and f"notice: {n} of the ids are not defined by" in sys.argv[2] else 1)
+PY
+cp "$WORK/tok/tokenizer.json" "$WORK/small/"
 
 # ---- bad input --------------------------------------------------------------------------------------
 expect_error "--prompt text for a non-byte vocabulary" "give the prompt's token ids with --prompt-ids" -- \

@@ -161,7 +161,11 @@ int run_generate(int argc, char** argv) {
     std::vector<int32_t> b(tokens.begin(), tokens.end());
     text = ByteTokenizer().decode(b);
   } else if (decoder) {
-    text = decoder->decode(tokens);
+    int64_t unknown = 0;
+    text = decoder->decode(tokens, &unknown);
+    if (unknown)
+      fmt::print(stderr, "generate: notice: {} of the ids are not defined by {}/tokenizer.json (a vocabulary padded "
+                 "past the tokenizer's) and are left out of the text\n", unknown, dir);
   }
   if (bytes || decoder) fmt::print("{}\n", text);
   fmt::print(stderr, "generate: {} tokens in {:.3f} s ({:.1f} tokens/s, {}{})\n", tokens.size(), sec,

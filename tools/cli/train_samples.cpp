@@ -73,7 +73,7 @@ TrainSample TrainSampler::take(CausalLM& model, Device device, int64_t done) con
   if (bytes_)
     s.text = ByteTokenizer().decode(std::vector<int32_t>(s.tokens.begin(), s.tokens.end()));
   else if (decoder_)
-    s.text = decoder_->decode(s.tokens);
+    s.text = decoder_->decode(s.tokens, &s.unknown);
   return s;
 }
 
@@ -85,7 +85,10 @@ std::string TrainSampler::describe(const TrainSample& s, int64_t done, int64_t s
       ids += std::to_string(t);
     }
   }
-  return fmt::format("step {:5d}/{} | sample ({} tokens):\n{}\n", done, steps, s.tokens.size(), s.text ? *s.text : ids);
+  const std::string left_out =
+      s.unknown ? fmt::format("; {} ids that tokenizer.json does not define left out", s.unknown) : "";
+  return fmt::format("step {:5d}/{} | sample ({} tokens{}):\n{}\n", done, steps, s.tokens.size(), left_out,
+                     s.text ? *s.text : ids);
 }
 
 }  // namespace mt::cli

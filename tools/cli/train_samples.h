@@ -22,6 +22,7 @@ std::vector<FlagSpec> sample_flags();
 struct TrainSample {
   std::vector<int64_t> tokens;
   std::optional<std::string> text;  // when the vocabulary can be decoded
+  int64_t unknown = 0;               // ids tokenizer.json does not define, left out of `text`
 };
 
 class TrainSampler {

@@ -119,6 +119,10 @@ std::string index_to_json(const ShardedIndex& index) {
       cj["file"] = c.file;
       cj["key"] = c.key;
       cj["crc32"] = c.crc32;
+      if (c.stripe_rows > 0) {
+        cj["stripe_rows"] = c.stripe_rows;
+        cj["stripe_crc32"] = c.stripe_crc32;
+      }
       chunks.push_back(std::move(cj));
     }
     e["chunks"] = std::move(chunks);
@@ -165,6 +169,21 @@ ShardedIndex index_from_json(const std::string& text, const std::string& path, b
       c.file = cf.string_at("file");
       c.key = cf.string_at("key");
       c.crc32 = cf.string_at("crc32");
+      if (cf.has("stripe_rows")) {
+        c.stripe_rows = cf.int_at("stripe_rows", 1);
+        const json& stripes = cf.at("stripe_crc32");
+        const int64_t rows = c.sizes.size() > 0 ? c.sizes[0] : 1;
+        const int64_t want = rows == 0 ? 0 : (rows - 1) / c.stripe_rows + 1;  // no overflow
+        MT_CHECK(stripes.is_array() && static_cast<int64_t>(stripes.size()) == want,
+                 "{}: tensor '{}': chunk '{}': 'stripe_crc32' must list {} CRCs ({} rows in stripes of {}), got {}",
+                 path, t.name, c.key, want, rows, c.stripe_rows, json_brief(stripes));
+        for (const json& h : stripes) {
+          MT_CHECK(h.is_string() && h.get_ref<const std::string&>().size() == 8,
+                   "{}: tensor '{}': chunk '{}': each 'stripe_crc32' entry must be 8 hex digits, got {}", path,
+                   t.name, c.key, json_brief(h));
+          c.stripe_crc32.push_back(h.get<std::string>());
+        }
+      }
       MT_CHECK(!c.file.empty() && c.file.find('/') == std::string::npos && c.file != "." && c.file != "..",
                "{}: tensor '{}': chunk file '{}' must be a file name in the step directory", path, t.name, c.file);
       t.chunks.push_back(std::move(c));

@@ -24,6 +24,11 @@ struct ChunkBox {
   std::string file;  // shard file name, relative to the step directory
   std::string key;   // tensor name inside that file
   std::string crc32;  // CRC-32 of the chunk's bytes (8 hex digits), checked when read whole
+  // Stripes: the CRC-32 of each run of stripe_rows rows (slices of dim 0; the last may be shorter),
+  // so that a read of part of the chunk checks the stripes it touches. 0 / empty in checkpoints
+  // written before stripes (their partial reads are not checked).
+  int64_t stripe_rows = 0;
+  std::vector<std::string> stripe_crc32;
 };
 
 struct IndexedTensor {

@@ -36,6 +36,34 @@ uint64_t ShardedCheckpointReader::bytes_read() const {
   return n;
 }
 
+Tensor ShardedCheckpointReader::read_striped(SafetensorsReader& f, const IndexedTensor& t, const ChunkBox& c,
+                                             const Shape& in_chunk, const Shape& sizes) {
+  // The whole rows of the stripes the box touches, read in one piece and checked stripe by stripe;
+  // the box is a view of them.
+  const int nd = c.sizes.size();
+  const int64_t rows = c.sizes[0], per = c.stripe_rows;
+  const int64_t first = in_chunk[0] / per, last = (in_chunk[0] + sizes[0] - 1) / per;  // sizes[0] > 0
+  const int64_t a = first * per, b = std::min(rows, (last + 1) * per);
+  Shape off(std::vector<int64_t>(static_cast<size_t>(nd), 0)), span = c.sizes;
+  off[0] = a;
+  span[0] = b - a;
+  Tensor striped = f.read_block(c.key, off, span);
+  const int64_t row_bytes = striped.numel() / (b - a) * dtype_size(striped.dtype());
+  const auto* p = static_cast<const uint8_t*>(striped.data_ptr());
+  for (int64_t s = first; s <= last; ++s) {
+    const int64_t r0 = s * per, n = std::min(per, rows - r0);
+    const std::string crc =
+        fmt::format("{:08x}", crc32_update(0, p + (r0 - a) * row_bytes, static_cast<size_t>(n * row_bytes)));
+    MT_CHECK(crc == c.stripe_crc32[static_cast<size_t>(s)],
+             "{}: tensor '{}': chunk '{}', stripe {} (rows {}..{}), has CRC-32 {} but the index records {} (the "
+             "file is corrupt)", f.path(), t.name, c.key, s, r0, r0 + n - 1, crc, c.stripe_crc32[static_cast<size_t>(s)]);
+  }
+  Shape at = in_chunk;
+  at[0] -= a;
+  return block_view(striped, at, sizes);
+}
+
+
 void ShardedCheckpointReader::read_box(const IndexedTensor& t, const Shape& offsets, Tensor dst) {
   NoGradGuard no_grad;
   const int nd = t.shape.size();
@@ -63,12 +91,17 @@ void ShardedCheckpointReader::read_box(const IndexedTensor& t, const Shape& offs
       in_chunk[d] = lo[d] - c.offsets[d];
       in_dst[d] = lo[d] - offsets[d];
     }
-    Tensor block = f.read_block(c.key, in_chunk, Shape(sz));
-    if (!c.crc32.empty() && block.shape() == c.sizes) {
-      const std::string crc = fmt::format(
-          "{:08x}", crc32_update(0, block.data_ptr(), static_cast<size_t>(block.numel() * dtype_size(block.dtype()))));
-      MT_CHECK(crc == c.crc32, "{}: tensor '{}': chunk '{}' has CRC-32 {} but the index records {} (the file is "
-               "corrupt)", f.path(), t.name, c.key, crc, c.crc32);
+    Tensor block;
+    if (c.stripe_rows > 0 && nd > 0) {
+      block = read_striped(f, t, c, in_chunk, Shape(sz));
+    } else {  // a checkpoint without stripes: only a chunk read whole can be checked
+      block = f.read_block(c.key, in_chunk, Shape(sz));
+      if (!c.crc32.empty() && block.shape() == c.sizes) {
+        const std::string crc = fmt::format(
+            "{:08x}", crc32_update(0, block.data_ptr(), static_cast<size_t>(block.numel() * dtype_size(block.dtype()))));
+        MT_CHECK(crc == c.crc32, "{}: tensor '{}': chunk '{}' has CRC-32 {} but the index records {} (the file is "
+                 "corrupt)", f.path(), t.name, c.key, crc, c.crc32);
+      }
     }
     Tensor view = block_view(dst, in_dst, Shape(sz));
     view.copy_(block.dtype() == dst.dtype() ? block : block.to(dst.dtype()));

@@ -1,6 +1,7 @@
 // The load side of sharded checkpoints (docs/checkpoints.md, "Sharded checkpoints"): index.json
-// is read and checked once; each tensor is then read box by box, and only the bytes of the boxes
-// asked for are read from the shard files (SafetensorsReader::read_block). A rank of any plan
+// is read and checked once; each tensor is then read box by box: the whole rows of the chunk
+// stripes a box touches are read (SafetensorsReader::read_block) and checked against their CRC-32,
+// so that every byte loaded is checked, whatever the plan that loads it. A rank of any plan
 // asks for the pieces of its local shards; one process without a plan (or `meshtrain export`)
 // assembles one full tensor at a time.
 #pragma once
@@ -26,9 +27,10 @@ class ShardedCheckpointReader {
   const std::string& index_path() const { return index_path_; }
 
   // Fills `dst` (of the box's sizes; any floating dtype) with the box at `offsets` of tensor `t`,
-  // reading the overlapping part of each chunk. Errors name the shard file and the tensor when a
-  // file is missing, lacks the chunk, or holds it with another shape or dtype, and when a chunk
-  // read whole does not match its CRC-32.
+  // reading the overlapping part of each chunk (the whole rows of its stripes). Errors name the
+  // shard file and the tensor when a file is missing, lacks the chunk, or holds it with another
+  // shape or dtype, and when a stripe (or, in a checkpoint without stripes, a chunk read whole)
+  // does not match its CRC-32.
   void read_box(const IndexedTensor& t, const Shape& offsets, Tensor dst);
   // One full tensor, assembled from its chunks.
   Tensor read_full(const IndexedTensor& t);
@@ -43,6 +45,10 @@ class ShardedCheckpointReader {
 
  private:
   SafetensorsReader& file(const std::string& name, const std::string& tensor);
+  // The box (in_chunk, sizes) of chunk `c`, read as the whole rows of the stripes it touches, each
+  // stripe checked against its CRC-32.
+  Tensor read_striped(SafetensorsReader& f, const IndexedTensor& t, const ChunkBox& c, const Shape& in_chunk,
+                      const Shape& sizes);
   std::string dir_, index_path_;
   ShardedIndex index_;
   std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;

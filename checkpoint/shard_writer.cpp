@@ -2,6 +2,8 @@
 // (shard_writer.h).
 #include "checkpoint/shard_writer.h"
 
+#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "mesh/dtensor.h"
@@ -96,12 +98,29 @@ ShardSnapshot snapshot_shard(const std::vector<TensorGroup>& groups, int64_t ran
   return s;
 }
 
-void write_shard(ShardSnapshot& s, const std::string& dir) {
-  std::map<std::string, std::string> crcs;
-  for (const auto& [key, t] : s.chunks)
-    crcs[key] = fmt::format("{:08x}", crc32_update(0, t.data_ptr(), static_cast<size_t>(t.numel() * dtype_size(t.dtype()))));
+void write_shard(ShardSnapshot& s, const std::string& dir, int64_t stripe_bytes) {
+  MT_CHECK(stripe_bytes > 0, "write_shard: stripe_bytes must be positive, got {}", stripe_bytes);
+  // Each chunk's stripes of whole rows (about stripe_bytes each), their CRCs, and the chunk's CRC
+  // combined from them: the bytes are read once.
+  std::map<std::string, const Tensor*> by_key;
+  for (const auto& [key, t] : s.chunks) by_key[key] = &t;
   for (auto& it : s.part.tensors)
-    for (auto& c : it.chunks) c.crc32 = crcs.at(c.key);
+    for (auto& c : it.chunks) {
+      const Tensor& t = *by_key.at(c.key);
+      const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+      const int64_t rows = t.dim() > 0 ? t.shape()[0] : 1;
+      const int64_t row_bytes = rows > 0 ? t.numel() / rows * dtype_size(t.dtype()) : 0;
+      c.stripe_rows = std::max<int64_t>(1, row_bytes > 0 ? stripe_bytes / row_bytes : 1);
+      c.stripe_crc32.clear();
+      uint32_t whole = 0;
+      for (int64_t r = 0; r < rows; r += c.stripe_rows) {
+        const auto n = static_cast<size_t>(std::min(c.stripe_rows, rows - r) * row_bytes);
+        const uint32_t crc = crc32_update(0, p + r * row_bytes, n);
+        c.stripe_crc32.push_back(fmt::format("{:08x}", crc));
+        whole = r == 0 ? crc : crc32_combine(whole, crc, n);
+      }
+      c.crc32 = fmt::format("{:08x}", whole);
+    }
   write_safetensors(dir + "/" + s.file, s.chunks, {{"format", "meshtrain-shard"}});
   const std::string list = index_to_json(s.part);
   write_file_atomically(dir + "/" + chunk_list_name(s.file), [&](std::ostream& out) { out << list; });

@@ -52,9 +52,11 @@ ShardSnapshot snapshot_shard(const std::vector<TensorGroup>& groups, int64_t ran
                              const std::string& mesh, const SnapshotScope& scope = {});
 
 // Writes <dir>/<s.file> (fsync'ed) and this rank's chunk list <dir>/<s.file>.chunks.json (with each
-// chunk's CRC-32). File work only (no collectives): safe on a background thread. Errors (a full
-// disk) name the file.
-void write_shard(ShardSnapshot& s, const std::string& dir);
+// chunk's CRC-32, and the CRC-32 of each stripe of whole rows of about `stripe_bytes`, at least one
+// row, which a partial read checks). File work only (no collectives): safe on a background
+// thread. Errors (a full disk) name the file.
+inline constexpr int64_t kStripeBytes = int64_t{1} << 20;
+void write_shard(ShardSnapshot& s, const std::string& dir, int64_t stripe_bytes = kStripeBytes);
 
 // The per-rank chunk list file of a shard file.
 std::string chunk_list_name(const std::string& shard_file);

@@ -172,6 +172,38 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
   return ~crc;
 }
 
+namespace {
+
+// Multiplies the 32x32 matrix over GF(2) (column i = what bit i of the input turns into) by `v`.
+uint32_t gf2_apply(const std::array<uint32_t, 32>& m, uint32_t v) {
+  uint32_t out = 0;
+  for (int i = 0; v != 0; ++i, v >>= 1)
+    if (v & 1u) out ^= m[static_cast<size_t>(i)];
+  return out;
+}
+
+std::array<uint32_t, 32> gf2_square(const std::array<uint32_t, 32>& m) {
+  std::array<uint32_t, 32> sq{};
+  for (size_t i = 0; i < 32; ++i) sq[i] = gf2_apply(m, m[i]);
+  return sq;
+}
+
+}  // namespace
+
+uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  // Appending B to A changes A's register as len_b zero bytes would (the CRC is linear), then B's
+  // own CRC is added. The operator "feed one zero bit" is a matrix; squaring it doubles the bits.
+  std::array<uint32_t, 32> op{};
+  op[0] = 0xEDB88320u;  // the reflected polynomial: bit 0 shifted out feeds it back
+  for (size_t i = 1; i < 32; ++i) op[i] = 1u << (i - 1);
+  for (int k = 0; k < 3; ++k) op = gf2_square(op);  // one zero byte (8 bits)
+  for (; len_b != 0; len_b >>= 1) {
+    if (len_b & 1u) crc_a = gf2_apply(op, crc_a);
+    if (len_b > 1) op = gf2_square(op);
+  }
+  return crc_a ^ crc_b;
+}
+
 const char* safetensors_dtype_name(DType t) {
   for (const auto& d : kDTypeNames)
     if (d.dtype == t) return d.name;

@@ -94,6 +94,9 @@ const char* safetensors_dtype_name(DType t);
 
 // CRC-32 (IEEE 802.3, the zlib/PNG polynomial), continuing from `crc` (0 to start).
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
+// The CRC-32 of A followed by B from crc(A), crc(B) and B's length, without the bytes (the
+// polynomial arithmetic zlib's crc32_combine also uses): O(log len_b).
+uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
 // Makes a file's data or a directory's entries durable (fsync through a read-only descriptor).
 // File systems that cannot sync (EINVAL) are let through; any other failure is an error naming the

@@ -4,6 +4,7 @@
 // that each rank gets exactly its local shard (bit for bit), reads no byte outside it, and that
 // replicated chunks are written once.
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -42,7 +43,8 @@ std::vector<std::string> names_for(const Shape& mesh) {
 
 // Saves `global` (as "w") and a plain scalar under `placements` over `mesh`, as every rank would;
 // returns the merged index.
-ShardedIndex save(const std::string& dir, const Tensor& global, const Shape& mesh, const Placements& placements) {
+ShardedIndex save(const std::string& dir, const Tensor& global, const Shape& mesh, const Placements& placements,
+                  int64_t stripe_bytes = kStripeBytes) {
   const int64_t world = mesh.numel();
   std::vector<ShardedIndex> parts;
   for (int64_t r = 0; r < world; ++r) {
@@ -51,7 +53,7 @@ ShardedIndex save(const std::string& dir, const Tensor& global, const Shape& mes
     Tensor dt = from_local(local, m, placements, global.shape());
     ShardSnapshot s = snapshot_shard({{"model", {{"w", dt}}}, {"optimizer", {{"step", scalar_tensor(3, DType::kI64)}}}},
                                      r, world, m.str());
-    write_shard(s, dir);
+    write_shard(s, dir, stripe_bytes);
     parts.push_back(read_sharded_index((fs::path(dir) / chunk_list_name(s.file)).string(), false));
   }
   ShardedIndex ix = merge_indexes(parts, dir);
@@ -71,7 +73,31 @@ void check_load(const std::string& dir, const Tensor& global, const Shape& mesh,
     INFO("load under " << placements_str(placements) << " on " << m.str() << " rank " << r);
     REQUIRE(got.size() == 1);
     CHECK(same_bits(to_local(got[0].second), want));
-    CHECK(reader.bytes_read() == static_cast<uint64_t>(want.numel() * 4));  // its own boxes only
+    // For each piece of the rank's shard and each chunk it overlaps, the whole rows of the stripes
+    // the overlap touches are read (to check their CRC-32), and nothing else.
+    const LocalLayout layout = local_layout(global.shape(), placements, mesh, Shape(coords_of(r, mesh)));
+    uint64_t want_bytes = 0;
+    for (const ChunkBox& c : reader.index().find("model", "w")->chunks)
+      for (const ShardPiece& p : layout.pieces) {
+        bool overlap = true;
+        for (int d = 0; d < 2; ++d)
+          overlap = overlap && std::max(p.global_offset[d], c.offsets[d]) <
+                                   std::min(p.global_offset[d] + p.sizes[d], c.offsets[d] + c.sizes[d]);
+        if (!overlap) continue;
+        const int64_t a = std::max(p.global_offset[0], c.offsets[0]) - c.offsets[0];
+        const int64_t b = std::min(p.global_offset[0] + p.sizes[0], c.offsets[0] + c.sizes[0]) - c.offsets[0];
+        const int64_t rows = std::min(c.sizes[0], (b - 1) / c.stripe_rows * c.stripe_rows + c.stripe_rows) -
+                             a / c.stripe_rows * c.stripe_rows;
+        want_bytes += static_cast<uint64_t>(rows * c.sizes[1] * 4);
+      }
+    CHECK(reader.bytes_read() == want_bytes);
+    bool row_stripes = true;
+    for (const ChunkBox& c : reader.index().find("model", "w")->chunks) row_stripes = row_stripes && c.stripe_rows == 1;
+    if (row_stripes) {  // stripes of one row and boxes of whole rows: exactly the rank's own boxes
+      bool whole_rows = true;
+      for (const ShardPiece& p : layout.pieces) whole_rows = whole_rows && p.sizes[1] == global.shape()[1];
+      if (whole_rows) CHECK(reader.bytes_read() == static_cast<uint64_t>(want.numel() * 4));
+    }
   }
 }
 
@@ -93,9 +119,11 @@ TEST_CASE("sharded checkpoint: saved under one plan, loaded under others, bit fo
       {{2}, {Placement::ragged_shard(0, {3, 4})}},
       {{1}, {Placement::replicate()}},
   };
+  // Stripes of 1 MiB (one per chunk here) and of one 24-byte row.
+  for (const int64_t stripe_bytes : {kStripeBytes, int64_t{24}})
   for (const Layout& from : layouts) {
     mt::testing::TempDir dir;
-    const ShardedIndex ix = save(dir.path.string(), global, from.mesh, from.placements);
+    const ShardedIndex ix = save(dir.path.string(), global, from.mesh, from.placements, stripe_bytes);
     const IndexedTensor* w = ix.find("model", "w");
     REQUIRE(w);
     CHECK(w->shape == global.shape());
@@ -105,6 +133,43 @@ TEST_CASE("sharded checkpoint: saved under one plan, loaded under others, bit fo
     CHECK(same_bits(reader.read_full(*w), global));
     CHECK(reader.read_full(*ix.find("optimizer", "step")).item() == 3);
   }
+}
+
+TEST_CASE("sharded checkpoint: a corrupt stripe is found by a load that reads part of its chunk", "[cpu]") {
+  const Tensor global = arange(0.0, 8.0 * 6, 1.0, DType::kF32).reshape({8, 6});
+  mt::testing::TempDir dir;
+  const ShardedIndex ix = save(dir.path.string(), global, {2}, {Placement::shard(0)}, 24);  // 1-row stripes
+  const ChunkBox& c0 = ix.find("model", "w")->chunks[0];  // rows 0..3, in shard 0
+  REQUIRE(c0.stripe_crc32.size() == 4);
+  const std::string file = (fs::path(dir.path) / c0.file).string();
+  uint64_t at = 0;
+  {
+    SafetensorsReader r(file);
+    std::ifstream in(file, std::ios::binary);
+    uint64_t header = 0;
+    in.read(reinterpret_cast<char*>(&header), 8);
+    at = 8 + header + r.find(c0.key)->begin + 1 * 24 + 5;  // a byte of row 1
+  }
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(&b, 1);
+  }
+  // Under S(0) over 4, rank 0 reads rows 0..1 (part of chunk 0): the corrupt stripe is named.
+  // Rank 1 reads rows 2..3 of the same chunk, whose stripes are intact.
+  auto load_rank = [&](int64_t r) {
+    DeviceMesh m = DeviceMesh::simulated({4}, names_for({4}), coords_of(r, {4}));
+    Tensor live = from_local(zeros({2, 6}, DType::kF32), m, {Placement::shard(0)}, global.shape());
+    ShardedCheckpointReader reader(dir.path.string());
+    return reader.load_like("model", {{"w", live}});
+  };
+  CHECK_THROWS_WITH(load_rank(0), Contains(c0.file) && Contains("tensor 'w'") &&
+                                      Contains("stripe 1 (rows 1..1), has CRC-32") && Contains("the file is corrupt"));
+  CHECK(same_bits(to_local(load_rank(1)[0].second), global.slice(0, 2, 4)));
 }
 
 TEST_CASE("sharded checkpoint: replicated chunks are written once, spread over the replicas", "[cpu]") {
@@ -181,7 +246,7 @@ TEST_CASE("sharded checkpoint: bad indexes name the file and the tensor", "[cpu]
   IndexedTensor t;
   t.name = "w";
   t.shape = Shape{4, 4};
-  t.chunks = {{{0, 0}, {2, 4}, "f", "k0", ""}, {{2, 0}, {2, 3}, "f", "k1", ""}};
+  t.chunks = {{{0, 0}, {2, 4}, "f", "k0", "", 0, {}}, {{2, 0}, {2, 3}, "f", "k1", "", 0, {}}};
   CHECK_THROWS_WITH(check_tiling(t, "ix.json"), Contains("ix.json") && Contains("'w'") && Contains("cover only 14"));
   t.chunks[1].sizes = Shape{2, 4};
   CHECK_NOTHROW(check_tiling(t, "ix.json"));
@@ -209,7 +274,7 @@ TEST_CASE("sharded checkpoint: an index's bad fields are named, with their tenso
   t.shape = Shape{2, 3};
   t.dtype = DType::kF32;
   t.placements = "[S(0)]";
-  t.chunks = {{{0, 0}, {2, 3}, "shard-00000-of-00002.safetensors", "k0", "00000000"}};
+  t.chunks = {{{0, 0}, {2, 3}, "shard-00000-of-00002.safetensors", "k0", "00000000", 0, {}}};
   ix.tensors = {t};
   const nlohmann::json good = nlohmann::json::parse(index_to_json(ix));
   CHECK_NOTHROW(index_from_json(good.dump(), "ix.json"));

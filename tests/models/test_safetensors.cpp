@@ -78,6 +78,15 @@ TEST_CASE("safetensors: crc32 matches the standard check value", "[cpu]") {
   REQUIRE(crc32_update(0, s, 9) == 0xCBF43926u);
   REQUIRE(crc32_update(crc32_update(0, s, 4), s + 4, 5) == 0xCBF43926u);  // incremental
   REQUIRE(crc32_update(0, s, 0) == 0u);
+  // crc32_combine: the CRC of A then B from the two CRCs and B's length, at every split point,
+  // and for a long B (its length has many bits set).
+  for (size_t k = 0; k <= 9; ++k)
+    CHECK(crc32_combine(crc32_update(0, s, k), crc32_update(0, s + k, 9 - k), 9 - k) == 0xCBF43926u);
+  std::vector<uint8_t> big(100003);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  const uint32_t whole = crc32_update(0, big.data(), big.size());
+  CHECK(crc32_combine(crc32_update(0, big.data(), 777), crc32_update(0, big.data() + 777, big.size() - 777),
+                      big.size() - 777) == whole);
 }
 
 TEST_CASE("safetensors: every dtype round-trips bit-exactly", "[cpu]") {

@@ -57,6 +57,26 @@ b[-3] ^= 0xFF
 open(p, "wb").write(b)
 PY
 bad_case "corrupt chunk (CRC-32)" --watch "$WORK/crc" "shard-00000-of-00002.safetensors" "has CRC-32" "the file is corrupt" -- "${R[@]}" "$WORK/crc"
+# A corrupt byte in a chunk that a load reads only part of: gate_proj saved under llama_tp (rows
+# 0..171 and 172..343), resumed under llama_fsdp, whose rank 0 holds rows 0..324, so reads rows
+# 0..152 of the second chunk. Its stripe's CRC-32 finds the byte.
+G=model.layers.0.mlp.gate_proj.weight
+copy_ck stripe; python3 - "$WORK/stripe/$S" "$G" <<'PY'
+import json, os, struct, sys
+d, name = sys.argv[1], sys.argv[2]
+ix = json.load(open(os.path.join(d, "index.json")))
+c = next(e for e in ix["tensors"] if e["name"] == name and e["group"] == "model")["chunks"][1]
+assert c["offsets"][0] == 172 and c["sizes"][0] == 172, c
+p = os.path.join(d, c["file"])
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+begin = json.loads(b[8:8 + n])[c["key"]]["data_offsets"][0]
+b[8 + n + begin + 1] ^= 0x40  # the chunk's row 0
+open(p, "wb").write(b)
+PY
+bad_case "corrupt stripe of a chunk read in part (llama_tp -> llama_fsdp)" --mpi --timeout 90 --watch "$WORK/stripe" \
+  "tensor '$G'" "stripe 0 (rows 0..171), has CRC-32" "the file is corrupt" -- \
+  "${MP[@]}" -np 2 "$BIN" "${T[@]}" --plan "$PLANS/llama_fsdp.plan" --steps 4 --resume --checkpoint-dir "$WORK/stripe"
 copy_ck model; python3 - "$WORK/model/$S/config.json" <<'PY'
 import json, sys
 p = sys.argv[1]

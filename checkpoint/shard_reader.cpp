@@ -36,6 +36,16 @@ uint64_t ShardedCheckpointReader::bytes_read() const {
   return n;
 }
 
+SafetensorsReader& ShardedCheckpointReader::checked_chunk(const IndexedTensor& t, const ChunkBox& c) {
+  SafetensorsReader& f = file(c.file, t.name);
+  const SafetensorsEntry* e = f.find(c.key);
+  MT_CHECK(e, "{}: tensor '{}': chunk '{}' (at {}) is not in {}", index_path_, t.name, c.key, c.offsets, f.path());
+  MT_CHECK(e->shape == c.sizes && e->dtype == t.dtype,
+           "{}: tensor '{}': chunk '{}' is {} {} in {} but the index says {} {}", index_path_, t.name, c.key,
+           e->dtype, e->shape, f.path(), t.dtype, c.sizes);
+  return f;
+}
+
 Tensor ShardedCheckpointReader::read_striped(SafetensorsReader& f, const IndexedTensor& t, const ChunkBox& c,
                                              const Shape& in_chunk, const Shape& sizes) {
   // The whole rows of the stripes the box touches, read in one piece and checked stripe by stripe;
@@ -80,12 +90,7 @@ void ShardedCheckpointReader::read_box(const IndexedTensor& t, const Shape& offs
       sz[d] = b - a;
     }
     if (empty_overlap) continue;
-    SafetensorsReader& f = file(c.file, t.name);
-    const SafetensorsEntry* e = f.find(c.key);
-    MT_CHECK(e, "{}: tensor '{}': chunk '{}' (at {}) is not in {}", index_path_, t.name, c.key, c.offsets, f.path());
-    MT_CHECK(e->shape == c.sizes && e->dtype == t.dtype,
-             "{}: tensor '{}': chunk '{}' is {} {} in {} but the index says {} {}", index_path_, t.name, c.key,
-             e->dtype, e->shape, f.path(), t.dtype, c.sizes);
+    SafetensorsReader& f = checked_chunk(t, c);
     Shape in_chunk(std::vector<int64_t>(static_cast<size_t>(nd))), in_dst(std::vector<int64_t>(static_cast<size_t>(nd)));
     for (int d = 0; d < nd; ++d) {
       in_chunk[d] = lo[d] - c.offsets[d];
@@ -109,6 +114,10 @@ void ShardedCheckpointReader::read_box(const IndexedTensor& t, const Shape& offs
 }
 
 Tensor ShardedCheckpointReader::read_full(const IndexedTensor& t) {
+  // Every chunk is found in its file with the index's shape before the tensor is allocated: the
+  // chunks tile it (checked with the index), so its size is that of data the files really hold,
+  // not a number a damaged index.json made up.
+  for (const ChunkBox& c : t.chunks) checked_chunk(t, c);
   Tensor out = empty(t.shape, t.dtype);
   read_box(t, Shape(std::vector<int64_t>(static_cast<size_t>(t.shape.size()), 0)), out);
   return out;

@@ -45,6 +45,8 @@ class ShardedCheckpointReader {
 
  private:
   SafetensorsReader& file(const std::string& name, const std::string& tensor);
+  // The file of chunk `c`, which holds it under its key with the index's shape and dtype.
+  SafetensorsReader& checked_chunk(const IndexedTensor& t, const ChunkBox& c);
   // The box (in_chunk, sizes) of chunk `c`, read as the whole rows of the stripes it touches, each
   // stripe checked against its CRC-32.
   Tensor read_striped(SafetensorsReader& f, const IndexedTensor& t, const ChunkBox& c, const Shape& in_chunk,

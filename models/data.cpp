@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 
 namespace mt {
 
@@ -46,24 +47,13 @@ std::string read_all(const std::string& path, const char* what) {
   return data;
 }
 
-// Writes "<path>.tmp.<pid>" then renames it over path, so readers never see half a file.
+// Writes the file whole or not at all (runtime/file_io.h: a temporary renamed over `path`, a device
+// written in place); errors name `what`.
 void write_atomic(const std::string& path, const std::string& bytes, const char* what) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    MT_CHECK(out.good(), "{}: cannot create '{}': {}", what, tmp, std::strerror(errno));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      MT_FAIL("{}: error while writing '{}'", what, tmp);
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    MT_FAIL("{}: cannot rename '{}' to '{}': {}", what, tmp, path, ec.message());
+  try {
+    write_file_atomically(path, [&](std::ostream& out) { out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
+  } catch (const Error& e) {
+    MT_FAIL("{}: {}", what, e.what());
   }
 }
 

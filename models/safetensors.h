@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/file_io.h"  // write_file_atomically, fsync_path (declared here before)
 #include "tensor/tensor.h"
 
 namespace mt {
@@ -97,16 +98,5 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
 // The CRC-32 of A followed by B from crc(A), crc(B) and B's length, without the bytes (the
 // polynomial arithmetic zlib's crc32_combine also uses): O(log len_b).
 uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
-
-// Makes a file's data or a directory's entries durable (fsync through a read-only descriptor).
-// File systems that cannot sync (EINVAL) are let through; any other failure is an error naming the
-// path.
-void fsync_path(const std::string& path);
-
-// Writes a file atomically: `fill` writes the content to a stream on "<path>.tmp.<pid>" in the
-// same directory, which is then flushed and renamed onto `path`. Throws naming `path` if it
-// cannot be written (the temporary file is removed); exceptions from `fill` propagate after the
-// same cleanup.
-void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& fill);
 
 }  // namespace mt

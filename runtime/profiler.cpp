@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 
 namespace mt {
 
@@ -129,11 +130,11 @@ void Profiler::write_chrome_trace(const std::string& path, int pid) const {
     events.push_back(std::move(j));
   }
   nlohmann::json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
-  std::ofstream f(path);
-  MT_CHECK(f.good(), "profiler: cannot write the trace file '{}'", path);
-  f << doc.dump() << "\n";
-  f.flush();
-  MT_CHECK(f.good(), "profiler: error writing the trace file '{}'", path);
+  try {
+    write_file_atomically(path, [&](std::ostream& f) { f << doc.dump() << "\n"; });
+  } catch (const Error& e) {
+    MT_FAIL("profiler: the trace file: {}", e.what());
+  }
 }
 
 std::string Profiler::summary(int top) const {

@@ -172,6 +172,29 @@ TEST_CASE("sharded checkpoint: a corrupt stripe is found by a load that reads pa
   CHECK(same_bits(to_local(load_rank(1)[0].second), global.slice(0, 2, 4)));
 }
 
+TEST_CASE("sharded checkpoint: a tensor is sized by the chunks its files hold, not by index.json alone", "[cpu]") {
+  // An index that says a tensor (and its one chunk) has 2^40 elements: the chunk's shape in the
+  // file is checked before anything is allocated (this was a 4 TiB allocation).
+  const Tensor global = arange(0.0, 8.0, 1.0, DType::kF32).reshape({4, 2});
+  mt::testing::TempDir dir;
+  save(dir.path.string(), global, {1}, {Placement::replicate()});
+  const fs::path index = fs::path(dir.path) / kShardedIndexFile;
+  std::ifstream in(index);
+  nlohmann::json j = nlohmann::json::parse(in);
+  in.close();
+  for (auto& t : j["tensors"])
+    if (t["name"] == "w") {
+      t["shape"] = {int64_t{1} << 39, 2};
+      t["chunks"][0]["sizes"] = t["shape"];
+      t["chunks"][0].erase("stripe_rows");
+      t["chunks"][0].erase("stripe_crc32");
+    }
+  std::ofstream(index.string()) << j.dump();
+  ShardedCheckpointReader reader(dir.path.string());
+  CHECK_THROWS_WITH(reader.read_full(*reader.index().find("model", "w")),
+                    Contains("tensor 'w'") && Contains("is f32 [4, 2] in") && Contains("but the index says f32 [549755813888, 2]"));
+}
+
 TEST_CASE("sharded checkpoint: replicated chunks are written once, spread over the replicas", "[cpu]") {
   const Tensor global = arange(0.0, 8.0 * 4, 1.0, DType::kF32).reshape({8, 4});
   mt::testing::TempDir dir;

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iostream>
 
+#include "checkpoint/chunk_index.h"
+#include "checkpoint/shard_writer.h"
 #include "models/config.h"
 #include "models/data.h"
 #include "models/hf_checkpoint.h"
@@ -22,7 +24,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const fs::path root = argv[1];
-  for (const char* d : {"safetensors", "hf_config", "hf_index", "token_bin", "token_lines"})
+  for (const char* d : {"safetensors", "hf_config", "hf_index", "token_bin", "token_lines", "sharded_index"})
     fs::create_directories(root / d);
 
   write_safetensors((root / "safetensors/valid_mixed.safetensors").string(),
@@ -49,6 +51,28 @@ int main(int argc, char** argv) {
                       DType::kF32, 8);
   fs::copy_file(ck / kHfIndexFile, root / "hf_index/valid_three_shards.json", fs::copy_options::overwrite_existing);
   fs::remove_all(ck);
+
+  // The same checkpoint as fuzz_sharded_index.cpp's fixed directory: two shards, stripes of a row.
+  {
+    const fs::path step = root / "sharded_index/.step";
+    fs::create_directories(step);
+    const std::vector<TensorGroup> groups = {
+        {"model",
+         {{"a", arange(0.0, 12.0, 1.0, DType::kF32).reshape({4, 3})},
+          {"b", from_vector<float>({1, 2, 3, 4, 5}, {5}, DType::kBF16)},
+          {"c", arange(0.0, 24.0, 1.0, DType::kF32).reshape({2, 3, 4})}}},
+        {"optimizer", {{"step", scalar_tensor(7, DType::kI64)}}},
+    };
+    std::vector<ShardedIndex> parts;
+    for (int64_t r = 0; r < 2; ++r) {
+      ShardSnapshot s = snapshot_shard(groups, r, 2, "");
+      write_shard(s, step.string(), 1);
+      parts.push_back(read_sharded_index((step / chunk_list_name(s.file)).string(), false));
+    }
+    std::ofstream((root / "sharded_index/valid_two_shards.json").string())
+        << index_to_json(merge_indexes(parts, step.string()));
+    fs::remove_all(step);
+  }
 
   write_token_file((root / "token_bin/valid_u16.bin").string(), {50256, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
   write_token_file((root / "token_bin/valid_u32.bin").string(), {128000, 1, 2, 3, 70000, 5, 6, 7, 8, 9});

@@ -41,6 +41,37 @@ bad_case "grad --out names a directory" --watch "$WORK/hf" "--out $WORK/hf" "is 
   "$BIN" grad --hf "$WORK/hf" --tokens "$WORK/tokens.txt" --out "$WORK/hf"
 bad_case "init --out names a file" "--out $WORK/afile" "not a directory" -- \
   "$BIN" init --config llama-tiny --out "$WORK/afile"
+# An output that is one of the command's inputs would destroy it (grad's gradients over the
+# checkpoint's weights, the metrics over the token file): refused, naming both flags.
+"$BIN" grad --hf "$WORK/hf" --tokens "$WORK/tokens.txt" --out "$WORK/g.safetensors" >/dev/null 2>&1
+cp "$WORK/tokens.txt" "$WORK/tok_copy.txt"
+bad_case "grad --out over the checkpoint's weights" --watch "$WORK/hf" "--out $WORK/hf/model.safetensors" \
+  "is a checkpoint file of --hf $WORK/hf" "would destroy the input" -- \
+  "$BIN" grad --hf "$WORK/hf" --tokens "$WORK/tokens.txt" --out "$WORK/hf/model.safetensors"
+bad_case "grad --out over --tokens (another spelling)" --watch "$WORK/tok_copy.txt" "is the same file as --tokens" -- \
+  "$BIN" grad --hf "$WORK/hf" --tokens "$WORK/tok_copy.txt" --out "$WORK/./tok_copy.txt"
+bad_case "train --metrics over --data" --watch "$WORK/g.safetensors" "--metrics $WORK/g.safetensors" \
+  "is the same file as --data" -- "$BIN" "${T[@]}" --steps 1 --data "$WORK/g.safetensors" --metrics "$WORK/g.safetensors"
+cp "$WORK/g.safetensors" "$WORK/g2.safetensors"
+bad_case "compare --json over B" --watch "$WORK/g2.safetensors" "--json" "is the same file as B" -- \
+  "$BIN" compare "$WORK/g.safetensors" "$WORK/g2.safetensors" --json "$WORK/g2.safetensors"
+# A --json that cannot be written is "no verdict" (exit 2) with no verdict printed; a device is
+# written in place, never replaced by a renamed file (as root, that replaced /dev/full itself).
+"$BIN" compare "$WORK/g.safetensors" "$WORK/g2.safetensors" --json /dev/full >"$WORK/out" 2>"$WORK/err"; rc=$?
+[ $rc -eq 2 ] && ! grep -q "PASS" "$WORK/out" && grep -q -- "--json" "$WORK/err" && [ -c /dev/full ] \
+  && pass "compare --json /dev/full: exit 2, no verdict printed, /dev/full still a device" \
+  || fail "compare --json /dev/full: exit $rc, $(cat "$WORK/out" "$WORK/err" | tail -n 2)"
+"$BIN" compare "$WORK/g.safetensors" "$WORK/g2.safetensors" --json /dev/null >/dev/null 2>&1 && [ -c /dev/null ] \
+  && pass "compare --json /dev/null: exit 0, /dev/null still a device" || fail "compare --json /dev/null"
+bad_case "plan --calibrate --out in a missing directory: refused before measuring" "--out /nonexistent_ro/hw.json" \
+  "does not exist" -- "$BIN" plan --calibrate --out /nonexistent_ro/hw.json
+bad_case "--val-batches x --batch x --seq past 2^63" "--val-batches 1099511627776 x --batch 8388608 x --seq 2" -- \
+  "$BIN" "${T[@]}" --steps 1 --batch 8388608 --seq 2 --val-data "$WORK/g.safetensors" --val-batches 1099511627776
+bad_case "train --hf with --config" "give --config or --hf, not both" -- \
+  "$BIN" "${T[@]}" --steps 1 --hf "$WORK/hf" --config mixtral-tiny
+bad_case "eval --out (eval writes nothing)" "--out" -- \
+  "$BIN" eval --hf "$WORK/hf" --tokens "$WORK/tokens.txt" --out "$WORK/never.safetensors"
+[ ! -e "$WORK/never.safetensors" ] || fail "eval --out wrote a file"
 
 # ---- history: nothing this run did not write is replaced without --overwrite --------------------
 bad_case "resume with --steps below the checkpoint" --watch "$WORK/ck" "step-00000004 is at step 4" \

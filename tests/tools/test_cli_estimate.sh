@@ -100,6 +100,17 @@ grep -qF "pipeline bubble" "$tmp/pp.txt" || fail "pp text: $(cat "$tmp/pp.txt")"
 [ "$(json "$tmp/sweep.json" "[r['step_s'] for r in d['rows'] if r['fits']] == sorted(r['step_s'] for r in d['rows'] if r['fits'])")" = True ] \
   || fail "sweep not sorted"
 "$bin" plan --config llama-tiny --plan "$plans/llama_dp_tp.plan" --sweep "world=8 tp=2,4" --memory-gb 1 > "$tmp/sweep.txt"
+# A tp-only plan takes only tp = world (tp=1 at world 2 is no row, not the plan as written); a plan
+# with three dims gets the tp size asked for, its other dims as written: one row per tp, no twins.
+"$bin" plan --config llama-tiny --plan "$plans/llama_tp.plan" --sweep "world=2 tp=1,2" --memory-gb 1 --batch 8 \
+  --seq 16 --json > "$tmp/sweep_tp.json"
+[ "$(json "$tmp/sweep_tp.json" "[r['mesh'] for r in d['rows']]")" = "['[tp=2]']" ] \
+  || fail "tp-only sweep rows: $(json "$tmp/sweep_tp.json" "[r['mesh'] for r in d['rows']]")"
+"$bin" plan --config llama-tiny --plan "$plans/llama_dp_cp_tp.plan" --sweep "world=8 tp=1,2" --memory-gb 1 --batch 8 \
+  --seq 16 --json > "$tmp/sweep_3d.json"
+meshes=$(json "$tmp/sweep_3d.json" "sorted(r['mesh'] for r in d['rows'])")
+[ "$(json "$tmp/sweep_3d.json" "len(set(r['mesh'] for r in d['rows'])) == len(d['rows']) == 2")" = True ] \
+  || fail "3-dim sweep rows: $meshes"
 grep -qF "# plans that fit" "$tmp/sweep.txt" || fail "sweep text"
 
 # Calibration (np 2 when mpirun is there), read back by --hardware.

@@ -156,6 +156,8 @@ expect_error "--top-p 0" "top_p 0 must be in (0, 1]" -- "$BIN" generate --hf "$C
 expect_error "a negative temperature" "temperature -1 must be a finite number >= 0" -- \
   "$BIN" generate --hf "$CK" --prompt a --temperature -1
 expect_error "both --hf and --config" "one of the two" -- "$BIN" generate --hf "$CK" --config llama-tiny --prompt a
+expect_error "--init-seed with --hf" "--init-seed sets the random weights of --config" -- \
+  "$BIN" generate --hf "$CK" --init-seed 9 --prompt a
 expect_error "no prompt" "--prompt TEXT or --prompt-ids" -- "$BIN" generate --hf "$CK"
 expect_error "past max_position_embeddings" "which pass the model's max_position_embeddings of 64" -- \
   "$BIN" generate --hf "$WORK/small" --prompt-ids 0,1,2 --max-new-tokens 63

@@ -143,6 +143,15 @@ if "$BIN" export --checkpoint "$WORK/x" --hf "$WORK/exp" >/dev/null 2>"$WORK/err
     && [ "$("$BIN" eval --hf "$WORK/exp2" --tokens "$WORK/tok.txt" 2>&1)" = "$("$BIN" eval --hf "$WORK/exp" --tokens "$WORK/tok.txt" 2>&1)" ] \
     && pass "export --max-shard-mb 0.1: $(ls "$WORK/exp2" | grep -c '^model-') HF shards + index, the same eval loss" \
     || fail "export shards: $(tail -n 1 "$WORK/err")"
+  # A tiny --max-shard-mb is one byte, not "no limit": one tensor per shard. A temporary left by
+  # an export that was killed (its process gone) is removed by the next export to that name.
+  mkdir -p "$WORK/exp3.tmp.999999999" && touch "$WORK/exp3.tmp.999999999/model.safetensors.tmp.999999999"
+  "$BIN" export --checkpoint "$WORK/x" --hf "$WORK/exp3" --max-shard-mb 1e-9 >/dev/null 2>"$WORK/err" \
+    && [ "$(ls "$WORK/exp3" | grep -c '^model-.*-of-.*safetensors$')" = \
+         "$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["weight_map"]))' "$WORK/exp3/model.safetensors.index.json")" ] \
+    && [ ! -e "$WORK/exp3.tmp.999999999" ] \
+    && pass "export --max-shard-mb 1e-9: one tensor per shard; a dead export's temporary removed" \
+    || fail "export tiny shards: $(ls "$WORK" | grep exp3) $(tail -n 1 "$WORK/err")"
   # eval and generate read a sharded step directory directly: the same results as its export.
   step=$(cat "$WORK/x/latest")
   [ "$("$BIN" eval --hf "$WORK/x/$step" --tokens "$WORK/tok.txt" 2>&1)" = "$("$BIN" eval --hf "$WORK/exp" --tokens "$WORK/tok.txt" 2>&1)" ] \

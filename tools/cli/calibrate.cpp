@@ -33,8 +33,9 @@
 #include "plan/parallelize.h"
 #include "plan/plan.h"
 #include "plan/roofline.h"
-#include "runtime/profiler.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
+#include "runtime/profiler.h"
 #include "tensor/autograd.h"
 #include "tensor/meta_memory.h"
 #include "tensor/module.h"
@@ -644,10 +645,11 @@ int run_calibrate(const std::string& out) {
     merge_step_efficiency(hw, std::vector<double>(fit.begin() + 7, fit.end()));
   }
   if (w.rank() == 0) {
-    std::ofstream f(out);
-    MT_CHECK(f.good(), "meshtrain plan --calibrate: cannot write --out {}", out);
-    f << hardware_profile_json(hw);
-    MT_CHECK(f.good(), "meshtrain plan --calibrate: writing --out {} failed", out);
+    try {
+      write_file_atomically(out, [&](std::ostream& f) { f << hardware_profile_json(hw); });
+    } catch (const Error& e) {
+      MT_FAIL("meshtrain plan --calibrate: --out: {}", e.what());
+    }
     fmt::print("{}", hardware_profile_json(hw));
     for (const std::string& n : notes) fmt::print("# rank 0 fit, {}\n", n);
     fmt::print("# wrote {}\n", out);

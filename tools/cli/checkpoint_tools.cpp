@@ -3,6 +3,9 @@
 // tensor at a time (never the whole model in memory).
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -97,7 +100,8 @@ int run_export(int argc, char** argv) {
             argc, argv, 2);
   const std::string src = args.required("checkpoint"), out = args.required("hf");
   const double max_mb = args.real("max-shard-mb");
-  MT_CHECK(max_mb >= 0, "meshtrain export: --max-shard-mb must be >= 0, got {}", max_mb);
+  MT_CHECK(max_mb >= 0 && std::isfinite(max_mb), "meshtrain export: --max-shard-mb must be a number >= 0, got {}",
+           args.str("max-shard-mb"));
   std::error_code ec;
   MT_CHECK(!fs::exists(out, ec), "meshtrain export: --hf {} already exists; choose a new directory", out);
   const std::string step_dir = resolve_step_dir(src, "meshtrain export: --checkpoint");
@@ -108,7 +112,9 @@ int run_export(int argc, char** argv) {
     if (t.group == "model" && !(cfg.tie_word_embeddings && t.name == "lm_head.weight")) tensors.push_back(&t);
   MT_CHECK(!tensors.empty(), "meshtrain export: {} holds no model tensors", reader.index_path());
   // Shards of at most max-shard-mb (a larger tensor gets one of its own), in index order.
-  const int64_t max_bytes = static_cast<int64_t>(max_mb * (1 << 20));
+  // At least one byte (a tiny value is not "no limit"); past 2^43 MiB every file is one shard.
+  const int64_t max_bytes =
+      max_mb == 0 ? 0 : max_mb >= 0x1p43 ? INT64_MAX : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(max_mb * (1 << 20))));
   std::vector<std::vector<const IndexedTensor*>> shards(1);
   int64_t cur = 0, total = 0;
   for (const IndexedTensor* t : tensors) {
@@ -121,6 +127,7 @@ int run_export(int argc, char** argv) {
     cur += b;
     total += b;
   }
+  remove_stale_temporaries_of(out);  // what an interrupted export left
   const fs::path tmp = out + ".tmp." + std::to_string(::getpid());
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);

@@ -36,7 +36,13 @@ void validate_train_flags(const Args& args) {
   args.integer("checkpoint-every", 0, kMaxSteps);
   args.integer("log-every", 1, kMaxSteps);
   args.integer("val-every", 0, kMaxSteps);
-  args.integer("val-batches", 1, kMaxSteps);
+  const int64_t n = args.integer("val-batches", 1, kMaxSteps);
+  // The validation rows, n x batch x seq tokens (+1), must be a count before any file is read.
+  int64_t need = 0;
+  MT_CHECK(!__builtin_mul_overflow(n, args.integer("batch"), &need) &&
+               !__builtin_mul_overflow(need, args.integer("seq"), &need) && need < INT64_MAX,
+           "meshtrain train: --val-batches {} x --batch {} x --seq {} tokens is past any token file", n,
+           args.integer("batch"), args.integer("seq"));
 }
 
 void validate_train_flags(const Args& args, const ModelConfig& cfg, const std::string& source,

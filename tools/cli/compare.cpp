@@ -19,6 +19,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
 #include "tools/cli/checks.h"
@@ -98,6 +99,7 @@ int run_compare(int argc, char** argv) {
     tol = parsed->real("tol");
     MT_CHECK(tol >= 0, "meshtrain compare: --tol {} must be >= 0", parsed->str("tol"));
     check_output_file(parsed->str("json"), "--json");
+    check_not_input(parsed->str("json"), "--json", {{"A", files[0]}, {"B", files[1]}});
     a = load_tensors(files[0]);
     b = load_tensors(files[1]);
   } catch (const HelpShown&) {
@@ -127,6 +129,21 @@ int run_compare(int argc, char** argv) {
     if (!worst || r.rel() > worst->rel()) worst = &r;
   }
 
+  const bool pass = failures.empty();
+  // The file first: an unwritable --json is "no verdict" (2), with nothing printed as a verdict.
+  if (!args.str("json").empty()) {
+    nlohmann::json j = {{"a", files[0]}, {"b", files[1]}, {"tol", tol}, {"pass", pass}, {"failures", failures}};
+    for (const Row& r : rows)
+      j["tensors"].push_back({{"name", r.name}, {"shape", fmt::format("{}", r.shape)}, {"max_abs", r.max_abs},
+                              {"ref_max", r.ref_max}, {"rel", std::isfinite(r.rel()) ? r.rel() : -1.0},
+                              {"worst_index", r.worst}, {"problem", r.problem}});
+    try {
+      write_file_atomically(args.str("json"), [&](std::ostream& f) { f << j.dump(2) << "\n"; });
+    } catch (const Error& e) {
+      throw ExitError(fmt::format("meshtrain compare: --json: {}", e.what()), 2, true);
+    }
+  }
+
   fmt::print("A: {} ({}, {} tensors)\nB: {} ({}, {} tensors), the reference\n", files[0], a.second, a.first.size(),
              files[1], b.second, b.first.size());
   size_t width = 6;
@@ -135,23 +152,11 @@ int run_compare(int argc, char** argv) {
   for (const Row& r : rows)
     fmt::print("{:<{}} | {:>14} | {:9.2e} {:9.2e} | {}\n", r.name, width, fmt::format("{}", r.shape), r.max_abs, r.rel(),
                r.worst < 0 ? std::string("-") : std::to_string(r.worst));
-  const bool pass = failures.empty();
   if (pass)
     fmt::print("PASS: {} tensors within {:g}{}\n", rows.size(), tol,
                worst ? fmt::format(" (worst: {} at rel {:.2e})", worst->name, worst->rel()) : "");
   else
     fmt::print("FAIL: {} check(s) failed (--tol {:g}):\n  {}\n", failures.size(), tol, fmt::join(failures, "\n  "));
-  if (!args.str("json").empty()) {
-    nlohmann::json j = {{"a", files[0]}, {"b", files[1]}, {"tol", tol}, {"pass", pass}, {"failures", failures}};
-    for (const Row& r : rows)
-      j["tensors"].push_back({{"name", r.name}, {"shape", fmt::format("{}", r.shape)}, {"max_abs", r.max_abs},
-                              {"ref_max", r.ref_max}, {"rel", std::isfinite(r.rel()) ? r.rel() : -1.0},
-                              {"worst_index", r.worst}, {"problem", r.problem}});
-    std::ofstream f(args.str("json"));
-    f << j.dump(2) << "\n";
-    f.close();
-    MT_CHECK(f.good(), "meshtrain compare: cannot write --json {}", args.str("json"));
-  }
   flush_stdout("compare");
   return pass ? 0 : 1;
 }

@@ -74,6 +74,8 @@ std::shared_ptr<CausalLM> load_model(const Args& args, ModelConfig& cfg, std::st
            "meshtrain generate: give the model as --hf DIR (a checkpoint) or --config NAME (random weights), one "
            "of the two");
   if (args.has("hf")) {
+    MT_CHECK(!args.has("init-seed"), "meshtrain generate: --init-seed sets the random weights of --config; --hf {} "
+             "brings its own weights", args.str("hf"));
     dir = args.str("hf");
     HfCheckpoint ck = read_model_checkpoint(dir);
     cfg = ck.config;

@@ -165,7 +165,10 @@ std::pair<std::shared_ptr<CausalLM>, double> pipeline_loss(const std::string& co
 }  // namespace
 
 int run_eval(int argc, char** argv) {
-  Args args("eval", kEvalFlags, argc, argv, 2);
+  std::vector<FlagSpec> flags;  // grad's, less --out: eval writes no file
+  for (const FlagSpec& f : kEvalFlags)
+    if (f.name != "out") flags.push_back(f);
+  Args args("eval", flags, argc, argv, 2);
   NoGradGuard no_grad;
   auto parallel = parallel_from(args);
   if (parallel && parallel->ctx.is_pipeline()) {
@@ -181,6 +184,7 @@ int run_grad(int argc, char** argv) {
   Args args("grad", kEvalFlags, argc, argv, 2);
   const std::string out = args.required("out");
   check_output_file(out, "--out");
+  check_not_input(out, "--out", {{"--hf", args.str("hf")}, {"--tokens", args.str("tokens")}});
   auto parallel = parallel_from(args);
   const bool pipeline = parallel && parallel->ctx.is_pipeline();
   std::shared_ptr<CausalLM> model;

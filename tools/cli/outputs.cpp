@@ -49,6 +49,29 @@ void check_output_file(const std::string& path, const std::string& flag) {
   }
 }
 
+void check_not_input(const std::string& out, const std::string& out_flag,
+                     const std::vector<std::pair<std::string, std::string>>& inputs) {
+  std::error_code ec;
+  if (out.empty() || !fs::is_regular_file(out, ec)) return;  // a file not yet there is no input
+  const fs::path name = fs::path(out).filename();
+  const std::string ext = name.extension().string();
+  const bool checkpoint_file = name == "config.json" || name == "tokenizer.json" || name == "index.json" ||
+                               name == "trainer_state.json" || name == "model.safetensors.index.json" ||
+                               ext == ".safetensors";
+  for (const auto& [flag, path] : inputs) {
+    if (path.empty() || !fs::exists(path, ec)) continue;
+    const bool same = fs::is_directory(path, ec)
+                          ? checkpoint_file && fs::equivalent(fs::path(out).parent_path().empty()
+                                                                  ? fs::path(".")
+                                                                  : fs::path(out).parent_path(),
+                                                              path, ec)
+                          : fs::equivalent(out, path, ec);
+    MT_CHECK(!same, "{} {}: is {} {}{}: writing it would destroy the input; give another path", out_flag, out,
+             fs::is_directory(path, ec) ? "a checkpoint file of" : "the same file as", flag,
+             fs::is_directory(path, ec) ? " " + path : (path == out ? std::string() : " " + path));
+  }
+}
+
 void check_output_dir(const std::string& path, const std::string& flag) {
   MT_CHECK(!path.empty(), "{}: the directory name is empty", flag);
   fs::path p(path);

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace mt::cli {
 
@@ -16,6 +18,14 @@ enum class Overwrite { kRefuse, kAllow };
 // `path` will be written as a file: it must not be a directory, its directory must exist and be
 // writable, and an existing file must be writable. An empty path (output off) passes.
 void check_output_file(const std::string& path, const std::string& flag);
+
+// `out` (a file the command will write, named by `out_flag`) must not be a file the command reads:
+// each of `inputs` is (flag, path) of an input file, or of a checkpoint directory, whose config,
+// weight, index, state and tokenizer files count as inputs. Refused naming both flags (writing it
+// would destroy the input: `grad --out DIR/model.safetensors --hf DIR`, `--metrics` = `--data`).
+// Paths are compared as files (same device and inode), so links and other spellings are caught.
+void check_not_input(const std::string& out, const std::string& out_flag,
+                     const std::vector<std::pair<std::string, std::string>>& inputs);
 
 // `path` is, or will be created as, a directory: it must not be a file, and it (or, when it does
 // not exist yet, the nearest existing directory it will be created under) must be writable.

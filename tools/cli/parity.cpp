@@ -18,6 +18,7 @@
 #include "models/hf_config.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "tensor/random.h"
 #include "tools/cli/args.h"
 #include "tools/cli/checks.h"
@@ -194,6 +195,9 @@ Setup prepare(int argc, char** argv) {
   MT_CHECK(!(args.has("config") && args.has("hf")), "meshtrain parity: give --config or --hf, not both");
   MT_CHECK(!(args.has("tokens") && args.has("data")), "meshtrain parity: give --tokens or --data, not both");
   check_output_file(args.str("json"), "--json");
+  check_not_input(args.str("json"), "--json",
+                  {{"--hf", args.str("hf")}, {"--tokens", args.str("tokens")}, {"--data", args.str("data")},
+                   {"--reference", args.str("reference")}, {"--config", args.str("config")}});
   s.plan = std::make_unique<PlanContext>(load_plan_context(plan_path));
   const std::string hf = args.str("hf");
   if (!hf.empty()) {
@@ -355,13 +359,15 @@ int parity_main(int argc, char** argv) {
                                          plan, s.tol);
   }
 
-  print_report(report);
+  // The file first: an unwritable --json is "no verdict" (2), with no verdict printed before it.
   if (!args.str("json").empty() && plan.is_root()) {
-    std::ofstream f(args.str("json"));
-    f << report_json(report).dump(2) << "\n";
-    f.close();
-    MT_CHECK(f.good(), "meshtrain parity: cannot write --json {}", args.str("json"));
+    try {
+      write_file_atomically(args.str("json"), [&](std::ostream& f) { f << report_json(report).dump(2) << "\n"; });
+    } catch (const Error& e) {
+      throw ExitError(fmt::format("meshtrain parity: --json: {}", e.what()), 2, false);
+    }
   }
+  print_report(report);
   flush_stdout("parity");
   return report.pass() ? 0 : 1;
 }

@@ -22,6 +22,7 @@
 #include "tools/cli/calibrate.h"
 #include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/outputs.h"
 
 namespace mt::cli {
 namespace {
@@ -309,8 +310,9 @@ std::map<std::string, std::vector<int64_t>> parse_sweep(const std::string& spec)
 }
 
 // The plan with tp ranks on its tp dim (0: the plan as it is) and its mesh for `world` ranks, or
-// nothing with the reason. A plan with a tp dim and one other dim gets the other dim as '*' (the
-// plan text is re-read with its mesh line replaced); a plan without tp only takes tp 1.
+// nothing with the reason. A plan without tp takes only tp 1; a plan whose only dim is tp only
+// tp = world. Otherwise the plan text is re-read with its mesh line's tp size replaced; a plan
+// with a tp dim and one other dim gets the other dim as '*', larger meshes keep their other dims.
 std::optional<std::pair<Plan, PlanMesh>> sweep_plan(const Plan& plan, int64_t world, int64_t tp, std::string& why) {
   Plan p = plan;
   const auto& dims = plan.mesh_dims();
@@ -320,17 +322,27 @@ std::optional<std::pair<Plan, PlanMesh>> sweep_plan(const Plan& plan, int64_t wo
     why = "the plan has no tp dim";
     return std::nullopt;
   }
-  if (tp > 0 && has_tp && dims.size() == 2) {
-    std::string line = "mesh";
-    for (const auto& d : dims) line += d.name == "tp" ? fmt::format(" tp={}", tp) : fmt::format(" {}=*", d.name);
+  if (tp > 0 && has_tp && dims.size() == 1 && tp != world) {
+    why = "the plan's only dim is tp (tp = world)";
+    return std::nullopt;
+  }
+  if (tp > 0 && has_tp && dims.size() >= 2) {
     std::string text = plan.str(), out;
     std::stringstream in(text);
     std::string l;
-    while (std::getline(in, l)) out += (l.rfind("mesh ", 0) == 0 ? line : l) + "\n";
+    while (std::getline(in, l)) {
+      if (l.rfind("mesh ", 0) == 0) {
+        std::stringstream words(l.substr(5));
+        std::string w;
+        l = "mesh";
+        while (words >> w) {
+          const std::string name = w.substr(0, w.find('='));
+          l += " " + (name == "tp" ? fmt::format("tp={}", tp) : dims.size() == 2 ? name + "=*" : w);
+        }
+      }
+      out += l + "\n";
+    }
     p = parse_plan(out, plan.source());
-  } else if (tp > 1 && has_tp && dims.size() == 1 && tp != world) {
-    why = "the plan's only dim is tp (tp = world)";
-    return std::nullopt;
   }
   try {
     PlanMesh m = p.resolve_mesh(world);
@@ -475,7 +487,10 @@ bool wants_estimate(const Args& args) {
 }
 
 int run_plan_estimate(const Args& args) {
-  if (args.flag("calibrate")) return run_calibrate(args.required("out"));
+  if (args.flag("calibrate")) {
+    check_output_file(args.required("out"), "--out");  // before the measurements, not after them
+    return run_calibrate(args.required("out"));
+  }
   const std::string config_name = args.str("config");
   ModelConfig cfg = resolve_config(config_name);
   const EstimateOptions o = options_from(args);
@@ -504,6 +519,7 @@ int run_plan_estimate(const Args& args) {
   } else {
     print_text(r, config_name, cfg, o, hw);
   }
+  flush_stdout("plan");
   return 0;
 }
 

@@ -110,11 +110,20 @@ int run_train(int argc, char** argv) {
   const std::string ckpt_dir = args.str("checkpoint-dir");
   const bool resume = args.flag("resume");
   MT_CHECK(!resume || !ckpt_dir.empty(), "meshtrain train: --resume needs --checkpoint-dir");
+  MT_CHECK(!(args.has("hf") && args.has("config")),
+           "meshtrain train: give --config or --hf, not both (--hf {} brings its own config.json)", args.str("hf"));
   MT_CHECK(args.integer("keep") >= 0, "meshtrain train: --keep must be >= 0, got {}", args.integer("keep"));
   // Every output path and the checkpoint history rules, on every rank, before anything is built.
   const Overwrite overwrite = args.flag("overwrite") ? Overwrite::kAllow : Overwrite::kRefuse;
   check_output_file(args.str("metrics"), "--metrics");
   check_output_file(args.str("profile"), "--profile");
+  const std::vector<std::pair<std::string, std::string>> inputs = {
+      {"--data", args.str("data")}, {"--val-data", args.str("val-data")}, {"--hf", args.str("hf")},
+      {"--config", args.str("config")}, {"--checkpoint-dir", ckpt_dir}};
+  check_not_input(args.str("metrics"), "--metrics", inputs);
+  check_not_input(args.str("profile"), "--profile", inputs);
+  MT_CHECK(args.str("metrics").empty() || args.str("profile").empty() || args.str("metrics") != args.str("profile"),
+           "meshtrain train: --metrics and --profile are both {}: give each its own file", args.str("metrics"));
   if (!ckpt_dir.empty())
     check_checkpoint_history({ckpt_dir, resume ? RunKind::kResume : RunKind::kFresh, overwrite, stop_at,
                               args.integer("checkpoint-every")});
@@ -220,7 +229,7 @@ int run_train(int argc, char** argv) {
   if (!args.str("val-data").empty()) {
     const int64_t n = args.integer("val-batches");
     std::vector<int32_t> val_tokens = run_tokens(args.str("val-data"), cfg);
-    const int64_t need = n * batch * seq + 1;
+    const int64_t need = n * batch * seq + 1;  // no overflow: validate_train_flags checked it
     MT_CHECK(static_cast<int64_t>(val_tokens.size()) >= need,
              "meshtrain train: --val-data {} holds {} tokens, fewer than the {} that --val-batches {} x --batch {} x "
              "--seq {} (+1 for the last target) need", args.str("val-data"), val_tokens.size(), need, n, batch, seq);
@@ -378,6 +387,7 @@ int run_train(int argc, char** argv) {
         sample = sampler->take(*model, device, step + 1);
         fmt::print("{}", TrainSampler::describe(*sample, step + 1, steps));
       }
+      std::fflush(stdout);  // a step's lines whole in a log file or pipe, as they happen (a killed run keeps them)
       if (metrics) {
         nlohmann::json j = {{"step", step + 1}, {"loss", loss},   {"grad_norm", norm}, {"lr", opt.lr()},
                             {"tokens_per_s", tok_s}, {"mfu", mfu}, {"mem_peak_mib", mem}, {"step_s", secs}};

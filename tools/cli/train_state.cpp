@@ -364,6 +364,22 @@ void remove_stale_temporaries(const std::string& dir) {
   for (const fs::path& p : stale) fs::remove_all(p, ec);
 }
 
+void remove_stale_temporaries_of(const std::string& path) {
+  const fs::path p = fs::path(path).lexically_normal();
+  const std::string prefix = (p.has_filename() ? p.filename() : p.parent_path().filename()).string() + ".tmp.";
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() - prefix.size() > 9) continue;
+    if (name.find_first_not_of("0123456789", prefix.size()) != std::string::npos) continue;
+    const long pid = std::stol(name.substr(prefix.size()));
+    if (pid > 0 && pid != ::getpid() && !process_alive(pid)) stale.push_back(it->path());
+  }
+  for (const fs::path& s : stale) fs::remove_all(s, ec);
+}
+
 std::string save_checkpoint(const std::string& dir, const ModelConfig& config, const NamedTensors& model_f32,
                             const NamedTensors& optimizer_state, const TrainState& s, Overwrite overwrite) {
   prepare_checkpoint_save(dir, s.step, overwrite);

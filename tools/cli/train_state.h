@@ -103,6 +103,8 @@ class CheckpointDirLock {
 // Removes what killed saves left in `dir`: `step-*.tmp.PID`, `step-*.old.PID` and `latest.tmp.PID`
 // whose process PID no longer runs on this host. Temporaries of live processes are kept.
 void remove_stale_temporaries(const std::string& dir);
+// The same for the temporaries `<path>.tmp.PID` beside an output `path` (an interrupted `export`).
+void remove_stale_temporaries_of(const std::string& path);
 
 struct LoadedCheckpoint {
   std::string path;

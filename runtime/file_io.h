@@ -1,0 +1,23 @@
+// Writing files so that a reader never sees half of one: durable data (fsync) and atomic
+// replacement (a temporary file renamed over the target).
+#pragma once
+
+#include <functional>
+#include <ostream>
+#include <string>
+
+namespace mt {
+
+// Makes a file's data or a directory's entries durable (fsync through a read-only descriptor).
+// File systems that cannot sync (EINVAL) are let through; any other failure is an error naming the
+// path.
+void fsync_path(const std::string& path);
+
+// Writes a file atomically: `fill` writes the content to a stream on "<path>.tmp.<pid>" in the
+// same directory, which is then flushed, synced and renamed onto `path`. Throws naming `path` if
+// it cannot be written (the temporary file is removed); exceptions from `fill` propagate after the
+// same cleanup. An existing `path` that is a device, pipe or socket (/dev/null, /dev/stdout) is
+// written in place instead (a rename would replace the device node).
+void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& fill);
+
+}  // namespace mt

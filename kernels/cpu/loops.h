@@ -89,7 +89,9 @@ void strided_loop(const Shape& sizes, const std::array<const KView*, N>& views, 
     inner(p.data(), n, static_cast<const int64_t*>(inner_stride));
   };
   if (numel >= grain && tasks > 1) {
+#ifdef _OPENMP  // an installed header: a consumer built without -fopenmp gets serial loops
 #pragma omp parallel for schedule(static)
+#endif
     for (int64_t t = 0; t < tasks; ++t) run_task(t);
   } else {
     for (int64_t t = 0; t < tasks; ++t) run_task(t);
@@ -100,7 +102,9 @@ void strided_loop(const Shape& sizes, const std::array<const KView*, N>& views, 
 template <class F>
 void parallel_for(int64_t n, int64_t cost_per_item, F&& f) {
   if (n > 1 && n * cost_per_item >= kParallelGrain) {
+#ifdef _OPENMP
 #pragma omp parallel for schedule(static)
+#endif
     for (int64_t i = 0; i < n; ++i) f(i);
   } else {
     for (int64_t i = 0; i < n; ++i) f(i);

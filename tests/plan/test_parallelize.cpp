@@ -11,6 +11,7 @@
 #include "mesh/world.h"
 #include "model_testing.h"
 #include "models/config.h"
+#include "models/generate.h"
 #include "models/llama.h"
 #include "plan/parallelize.h"
 #include "tensor/ops.h"
@@ -196,4 +197,20 @@ TEST_CASE("parallelize: errors in a parallelized forward name the module path an
                  Contains("parameter model.layers.0.self_attn.k_proj.weight [32, 128] is split S(0)") &&
                      Contains("'tp' must divide 1") && Contains("(plan " + path + ":8:1)"));
   }
+}
+
+TEST_CASE("parallelize: generate() refuses a parallelized model, naming a parameter", "[cpu]") {
+  // Generation runs on one device (a KV cache of plain tensors): a sharded model used to fail deep
+  // inside the cache's copy_ or the sampler's to_vector.
+  const int64_t world = mt::world().size();
+  Plan plan = load_plan(plans_dir() + "/llama_dp.plan");
+  PlanMesh pm = plan.resolve_mesh(world);
+  DeviceMesh mesh(pm.shape, pm.names);
+  auto model = build("llama-tiny", true);
+  Parallelized par = parallelize(*model, plan, mesh);
+  GenerateOptions o;
+  o.max_new_tokens = 2;
+  CHECK_THROWS_WITH(generate(*model, from_vector<int64_t>({1, 2}, Shape{1, 2}, DType::kI64), o),
+                    Catch::Matchers::Contains("generate: parameter model.embed_tokens.weight is a DTensor") &&
+                        Catch::Matchers::Contains("full_tensors(hf_state(model, config))"));
 }

@@ -19,6 +19,18 @@ PC=$(find "$WORK/moved" -name meshtrain.pc | head -n 1)
 grep -q '^prefix=${pcfiledir}' "$PC" || { echo "FAIL: meshtrain.pc hard-codes its prefix:"; head -n 3 "$PC"; exit 1; }
 if grep -E '^Cflags:.*(-std=|-fopenmp)' "$PC"; then echo "FAIL: meshtrain.pc imposes -std or -fopenmp"; exit 1; fi
 grep -q '^Cflags: -I${includedir}$' "$PC" || { echo "FAIL: meshtrain.pc Cflags should be -I\${includedir} only:"; grep Cflags "$PC"; exit 1; }
+# Only what the public headers use is required: not the library's own Eigen, OpenBLAS, RE2, MPI.
+if grep -E '^Requires.private:' "$PC"; then echo "FAIL: meshtrain.pc lists private build dependencies"; exit 1; fi
+grep -q '^Requires: fmt, nlohmann_json$' "$PC" || { echo "FAIL: meshtrain.pc Requires:"; grep Requires "$PC"; exit 1; }
+# A CUDA build adds meshtrain-cuda.pc: meshtrain's flags plus the toolkit's headers, with which the
+# installed CUDA stream header compiles.
+if grep -q 'MT_HAVE_CUDA 1' "$(find "$WORK/moved" -name config.h -path '*meshtrain/config.h' | head -n 1)" 2>/dev/null; then
+  CPC=$(dirname "$PC")/meshtrain-cuda.pc
+  [ -f "$CPC" ] || { echo "FAIL: a CUDA build installed no meshtrain-cuda.pc"; exit 1; }
+  echo '#include <meshtrain/runtime/cuda/stream.h>' | ${MT_CONSUMER_CXX:-c++} -std=c++20 -x c++ -fsyntax-only \
+    $(PKG_CONFIG_PATH=$(dirname "$PC") pkg-config --cflags meshtrain-cuda) - \
+    || { echo "FAIL: <meshtrain/runtime/cuda/stream.h> with meshtrain-cuda.pc"; exit 1; }
+fi
 # Installed headers name each other <meshtrain/...>: none is left with an in-tree "tensor/ops.h".
 if grep -rEn '#\s*include\s+"(runtime|kernels|tensor|mesh|optim|plan|models|checkpoint)/' "$WORK/moved"; then
   echo "FAIL: installed headers still include meshtrain headers by their in-tree paths"; exit 1

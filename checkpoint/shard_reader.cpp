@@ -66,7 +66,8 @@ Tensor ShardedCheckpointReader::read_striped(SafetensorsReader& f, const Indexed
         fmt::format("{:08x}", crc32_update(0, p + (r0 - a) * row_bytes, static_cast<size_t>(n * row_bytes)));
     MT_CHECK(crc == c.stripe_crc32[static_cast<size_t>(s)],
              "{}: tensor '{}': chunk '{}', stripe {} (rows {}..{}), has CRC-32 {} but the index records {} (the "
-             "file is corrupt)", f.path(), t.name, c.key, s, r0, r0 + n - 1, crc, c.stripe_crc32[static_cast<size_t>(s)]);
+             "file is corrupt)",
+             f.path(), t.name, c.key, s, r0, r0 + n - 1, crc, c.stripe_crc32[static_cast<size_t>(s)]);
   }
   Shape at = in_chunk;
   at[0] -= a;
@@ -102,8 +103,8 @@ void ShardedCheckpointReader::read_box(const IndexedTensor& t, const Shape& offs
     } else {  // a checkpoint without stripes: only a chunk read whole can be checked
       block = f.read_block(c.key, in_chunk, Shape(sz));
       if (!c.crc32.empty() && block.shape() == c.sizes) {
-        const std::string crc = fmt::format(
-            "{:08x}", crc32_update(0, block.data_ptr(), static_cast<size_t>(block.numel() * dtype_size(block.dtype()))));
+        const auto bytes = static_cast<size_t>(block.numel() * dtype_size(block.dtype()));
+        const std::string crc = fmt::format("{:08x}", crc32_update(0, block.data_ptr(), bytes));
         MT_CHECK(crc == c.crc32, "{}: tensor '{}': chunk '{}' has CRC-32 {} but the index records {} (the file is "
                  "corrupt)", f.path(), t.name, c.key, crc, c.crc32);
       }

@@ -51,7 +51,8 @@ std::string read_all(const std::string& path, const char* what) {
 // written in place); errors name `what`.
 void write_atomic(const std::string& path, const std::string& bytes, const char* what) {
   try {
-    write_file_atomically(path, [&](std::ostream& out) { out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
+    write_file_atomically(
+        path, [&](std::ostream& out) { out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
   } catch (const Error& e) {
     MT_FAIL("{}: {}", what, e.what());
   }
@@ -221,29 +222,35 @@ void check_token_range(const TokenRows& rows, int64_t vocab_size, const std::str
 
 // ---- DataLoader ----
 
-DataLoader::DataLoader(std::vector<int32_t> tokens, int64_t batch, int64_t seq, int rank, int world)
-    : tokens_(std::move(tokens)), batch_(batch), seq_(seq), rank_(rank), world_(world) {
+DataLoader::DataLoader(std::vector<int32_t> tokens, int64_t batch, int64_t seq, int rank, int world, int64_t accum)
+    : tokens_(std::move(tokens)), batch_(batch), seq_(seq), rank_(rank), world_(world), accum_(accum) {
   MT_CHECK(batch > 0 && seq > 0, "DataLoader: batch ({}) and sequence length ({}) must be positive", batch,
            seq);
+  MT_CHECK(accum > 0, "DataLoader: accum ({}) must be positive", accum);
   MT_CHECK(world >= 1 && rank >= 0 && rank < world, "DataLoader: rank {} is not in [0, world {})", rank,
            world);
-  // W*B*T + 1 must not overflow: a huge batch would otherwise wrap to a window that "fits".
+  // accum*W*B*T + 1 must not overflow: a huge batch would otherwise wrap to a window that "fits".
   int64_t window = 0;
-  MT_CHECK(checked_mul(world, batch, &window) && checked_mul(window, seq, &window) && checked_add(window, 1, &window),
-           "DataLoader: a window of world {} x batch {} x seq {} tokens overflows int64 (the corpus has {} tokens)",
-           world, batch, seq, num_tokens());
+  MT_CHECK(checked_mul(world, batch, &window) && checked_mul(window, seq, &window) &&
+               checked_mul(window, accum, &window) && checked_add(window, 1, &window),
+           "DataLoader: a window of accum {} x world {} x batch {} x seq {} tokens overflows int64 (the corpus has {} "
+           "tokens)", accum, world, batch, seq, num_tokens());
   MT_CHECK(num_tokens() >= tokens_per_step() + 1,
-           "DataLoader: the corpus has {} tokens, fewer than one global window of world {} x batch {} x "
+           "DataLoader: the corpus has {} tokens, fewer than one global window of {}world {} x batch {} x "
            "seq {} + 1 = {} tokens",
-           num_tokens(), world, batch, seq, tokens_per_step() + 1);
+           num_tokens(), accum > 1 ? fmt::format("accum {} x ", accum) : "", world, batch, seq,
+           tokens_per_step() + 1);
 }
 
 void DataLoader::set_position(int64_t pos) {
-  // num_tokens() >= tokens_per_step() + 1 (constructor), so the bound below cannot overflow.
-  MT_CHECK(pos >= 0 && pos <= num_tokens() - tokens_per_step() - 1,
+  // num_tokens() >= tokens_per_step() + 1 (constructor), so the bounds below cannot overflow.
+  MT_CHECK(pos >= 0 && pos <= num_tokens() - tokens_per_micro() - 1,
            "DataLoader::set_position: position {} leaves no room for a window of {} tokens in a corpus of {}",
-           pos, tokens_per_step() + 1, num_tokens());
-  pos_ = pos;
+           pos, tokens_per_micro() + 1, num_tokens());
+  // A position where a micro-batch fits but not a whole step (saved before the wrap was decided per
+  // step) is where the step rule wraps: the start.
+  pos_ = pos + tokens_per_step() + 1 > num_tokens() ? 0 : pos;
+  micro_ = 0;
 }
 
 TokenBatch DataLoader::next() {
@@ -255,8 +262,11 @@ TokenBatch DataLoader::next() {
     x[static_cast<size_t>(i)] = tokens_[static_cast<size_t>(base + i)];
     y[static_cast<size_t>(i)] = tokens_[static_cast<size_t>(base + i + 1)];
   }
-  pos_ += tokens_per_step();
-  if (pos_ + tokens_per_step() + 1 > num_tokens()) pos_ = 0;
+  pos_ += tokens_per_micro();
+  if (++micro_ == accum_) {  // the step's last micro-batch: wrap when the next step does not fit
+    micro_ = 0;
+    if (pos_ + tokens_per_step() + 1 > num_tokens()) pos_ = 0;
+  }
   return {from_vector<int64_t>(x, Shape{batch_, seq_}), from_vector<int64_t>(y, Shape{batch_, seq_})};
 }
 

@@ -51,20 +51,26 @@ struct TokenBatch {
   Tensor targets;  // [B, T] i64: inputs shifted left by one token
 };
 
-// Consecutive windows over a token stream. With W = world, a step consumes a global window of
-// W*B*T + 1 tokens starting at position(): global row g (0 <= g < W*B) has inputs
-// tokens[pos + g*T, pos + g*T + T) and targets one token later. Rank r returns global rows
-// [r*B, (r+1)*B), so the ranks' batches stacked in rank order equal the batch a world-1 loader
-// with batch W*B returns. After a step, pos += W*B*T; when the next window would run past the
-// end (pos + W*B*T + 1 > n), pos wraps to 0. The final partial window is skipped, never padded.
+// Consecutive windows over a token stream. With W = world, a micro-batch (a call of next())
+// consumes a global window of W*B*T + 1 tokens starting at position(): global row g
+// (0 <= g < W*B) has inputs tokens[pos + g*T, pos + g*T + T) and targets one token later. Rank r
+// returns global rows [r*B, (r+1)*B), so the ranks' batches stacked in rank order equal the batch a
+// world-1 loader with batch W*B returns. After each micro-batch, pos += W*B*T. An optimizer step
+// is `accum` micro-batches, and the wrap is decided per step: after a step's last micro-batch,
+// when the next step's window (accum*W*B*T + 1 tokens) would run past the end, pos wraps to 0. So
+// accum micro-batches of B rows draw exactly the rows one batch of accum*B rows would, wrap
+// included. The final partial window is skipped, never padded.
 class DataLoader {
  public:
-  DataLoader(std::vector<int32_t> tokens, int64_t batch, int64_t seq, int rank = 0, int world = 1);
+  DataLoader(std::vector<int32_t> tokens, int64_t batch, int64_t seq, int rank = 0, int world = 1,
+             int64_t accum = 1);
 
   TokenBatch next();
-  // Start of the next global window (the same on every rank). Save it to resume exactly.
+  // Start of the next global window (the same on every rank). Save it, between optimizer steps, to
+  // resume exactly.
   int64_t position() const { return pos_; }
-  // Throws unless 0 <= pos and a whole global window fits from pos.
+  // Throws unless 0 <= pos and a whole step's window fits from pos. The next call of next() is a
+  // step's first micro-batch.
   void set_position(int64_t pos);
 
   int64_t batch() const { return batch_; }
@@ -72,8 +78,11 @@ class DataLoader {
   int rank() const { return rank_; }
   int world() const { return world_; }
   int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
-  // Tokens consumed per step by all ranks together: W*B*T.
-  int64_t tokens_per_step() const { return static_cast<int64_t>(world_) * batch_ * seq_; }
+  int64_t accum() const { return accum_; }
+  // Tokens consumed per optimizer step by all ranks together: accum*W*B*T.
+  int64_t tokens_per_step() const { return accum_ * tokens_per_micro(); }
+  // Tokens consumed per micro-batch (a call of next()) by all ranks together: W*B*T.
+  int64_t tokens_per_micro() const { return static_cast<int64_t>(world_) * batch_ * seq_; }
   // Steps in one pass over the tokens before wrapping.
   int64_t steps_per_epoch() const { return (num_tokens() - 1) / tokens_per_step(); }
 
@@ -83,7 +92,9 @@ class DataLoader {
   int64_t seq_;
   int rank_;
   int world_;
+  int64_t accum_;
   int64_t pos_ = 0;
+  int64_t micro_ = 0;  // micro-batches of the current step drawn so far
 };
 
 }  // namespace mt

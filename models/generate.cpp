@@ -89,8 +89,9 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const Tensor& prompt
   for (const auto& [name, p] : model.named_parameters())
     MT_CHECK(!p.is_distributed(),
              "generate: parameter {} is a DTensor (the model was parallelized); generation runs on one device: "
-             "gather the weights (full_tensors(hf_state(model, config))) into a model built without a plan and generate "
-             "with that (docs/generate.md)", name);
+             "gather the weights (full_tensors(hf_state(model, config))) into a model built without a plan and "
+             "generate with that (docs/generate.md)",
+             name);
   MT_CHECK(prompt.dim() == 2 && prompt.dtype() == DType::kI64 && prompt.size(0) >= 1 && prompt.size(1) >= 1,
            "generate: the prompt must be i64 [B, T] with B, T >= 1, got {}", prompt.desc());
   MT_CHECK(opts.max_new_tokens >= 1, "generate: max_new_tokens {} must be >= 1", opts.max_new_tokens);

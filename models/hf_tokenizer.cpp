@@ -167,7 +167,8 @@ HfTokenDecoder::Step HfTokenDecoder::parse_step(const json& s, const std::string
     step.kind = Step::Kind::kReplace;
     const JsonFields pattern(f.at("pattern"), path, prefix + "pattern.");
     if (pattern.has("Regex"))
-      MT_FAIL("{}: field '{}pattern' is a regex; meshtrain decodes Replace steps of a string pattern only", path, prefix);
+      MT_FAIL("{}: field '{}pattern' is a regex; meshtrain decodes Replace steps of a string pattern only", path,
+              prefix);
     step.from = pattern.string_at("String");
     MT_CHECK(!step.from.empty(), "{}: field '{}pattern.String' is empty", path, prefix);
     step.to = f.string_at("content");

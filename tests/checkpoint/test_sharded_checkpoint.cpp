@@ -192,7 +192,8 @@ TEST_CASE("sharded checkpoint: a tensor is sized by the chunks its files hold, n
   std::ofstream(index.string()) << j.dump();
   ShardedCheckpointReader reader(dir.path.string());
   CHECK_THROWS_WITH(reader.read_full(*reader.index().find("model", "w")),
-                    Contains("tensor 'w'") && Contains("is f32 [4, 2] in") && Contains("but the index says f32 [549755813888, 2]"));
+                    Contains("tensor 'w'") && Contains("is f32 [4, 2] in") &&
+                        Contains("but the index says f32 [549755813888, 2]"));
 }
 
 TEST_CASE("sharded checkpoint: replicated chunks are written once, spread over the replicas", "[cpu]") {

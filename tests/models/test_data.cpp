@@ -283,6 +283,32 @@ TEST_CASE("check_token_range names file, line, id and vocab size", "[cpu]") {
 
 // ---- DataLoader ----
 
+TEST_CASE("DataLoader with accum: the micro-batches of a step are one big batch's rows, wrap included", "[cpu]") {
+  // 40 tokens, rows of 3: a step of 2 micro-batches of 2 rows is 12 tokens (+1), as one batch of 4
+  // rows. Three steps fit (0, 12, 24); the fourth starts over at 0. Deciding the wrap per
+  // micro-batch made the third step's second half the corpus's start, and every later step half a
+  // batch off the big batch's.
+  const auto tokens = iota_tokens(40);
+  DataLoader big(tokens, 4, 3), acc(tokens, 2, 3, 0, 1, 2);
+  REQUIRE(acc.tokens_per_step() == 12);
+  REQUIRE(acc.tokens_per_micro() == 6);
+  REQUIRE(acc.steps_per_epoch() == big.steps_per_epoch());
+  for (int step = 0; step < 7; ++step) {
+    INFO("step " << step);
+    REQUIRE(acc.position() == big.position());
+    const std::vector<int64_t> want = big.next().inputs.to_vector<int64_t>();
+    std::vector<int64_t> got = acc.next().inputs.to_vector<int64_t>();
+    const std::vector<int64_t> second = acc.next().inputs.to_vector<int64_t>();
+    got.insert(got.end(), second.begin(), second.end());
+    CHECK(got == want);
+  }
+  // A saved position where one micro-batch fits but not a whole step is the start.
+  acc.set_position(30);
+  CHECK(acc.position() == 0);
+  CHECK_THROWS_WITH(acc.set_position(34), Contains("position 34 leaves no room"));
+  CHECK_THROWS_WITH(DataLoader(iota_tokens(12), 2, 3, 0, 1, 2), Contains("accum 2 x world 1 x batch 2 x seq 3"));
+}
+
 TEST_CASE("DataLoader windows, wrap-around and steps", "[cpu]") {
   const auto tokens = iota_tokens(20);
   DataLoader dl(tokens, 2, 3);

@@ -145,6 +145,25 @@ done
 "$BIN" train $T "$WORK/bf8.jsonl" --precision bf16 --steps 2 --optimizer adamw8bit >/dev/null \
   && pass "adamw8bit with bf16 trains" || fail "adamw8bit bf16 train"
 expect_error "unknown optimizer" "--optimizer must be adamw, adamw8bit or muon" -- "$BIN" train --optimizer sgd --steps 1
+expect_error "resume with another optimizer, even with --allow-changes" "--optimizer muon" "trained with adamw8bit" \
+  "state cannot become muon's" -- "$BIN" train --batch 2 --seq 32 --steps 8 --lr 3e-3 --warmup 2 --optimizer muon \
+  --metrics "" --resume --allow-changes --checkpoint-dir "$WORK/adamw8bit_part"
+
+# ---- train: the schedule of a resumed run, and --min-lr's default --------------------------------
+# A run of 4 steps with --warmup 10 warms up over its 4 steps; resumed with --steps 12 it keeps that
+# warmup (step 5 is the cosine's first step at --lr), instead of warming up again to step 10.
+W="--batch 2 --seq 16 --warmup 10 --lr 1e-3 --metrics"
+"$BIN" train $W "$WORK/wu.jsonl" --steps 4 --checkpoint-dir "$WORK/wu" >/dev/null \
+  && "$BIN" train $W "$WORK/wu.jsonl" --steps 12 --resume --checkpoint-dir "$WORK/wu" >/dev/null \
+  && python3 - "$WORK/wu.jsonl" <<'PY' && pass "a resumed run keeps its warmup; --min-lr defaults to --lr / 10" || fail "resumed schedule: $(cat "$WORK/wu.jsonl")"
+import json, math, sys
+lr = {j["step"]: j["lr"] for j in map(json.loads, open(sys.argv[1]))}
+want = lambda s: 1e-4 + (1e-3 - 1e-4) * 0.5 * (1 + math.cos(math.pi * (s - 4) / 8))  # warmup 4, total 12
+ok = abs(lr[4] - 1e-3) < 1e-12 and all(abs(lr[s + 1] - want(s)) < 1e-12 for s in range(4, 12))
+sys.exit(0 if ok and len(lr) == 12 else 1)
+PY
+"$BIN" train --batch 2 --seq 16 --steps 2 --lr 1e-4 --metrics "" >/dev/null && pass "--lr 1e-4 without --min-lr" \
+  || fail "--lr 1e-4 without --min-lr"
 
 # ---- train: --recompute full / selective give the same bits with less memory -----------------------
 # 6 steps with dropout (masks replayed from the checkpoint's generator state): the weights after the

@@ -113,8 +113,9 @@ int run_export(int argc, char** argv) {
   MT_CHECK(!tensors.empty(), "meshtrain export: {} holds no model tensors", reader.index_path());
   // Shards of at most max-shard-mb (a larger tensor gets one of its own), in index order.
   // At least one byte (a tiny value is not "no limit"); past 2^43 MiB every file is one shard.
-  const int64_t max_bytes =
-      max_mb == 0 ? 0 : max_mb >= 0x1p43 ? INT64_MAX : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(max_mb * (1 << 20))));
+  const int64_t max_bytes = max_mb == 0        ? 0
+                            : max_mb >= 0x1p43 ? INT64_MAX
+                                               : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(max_mb * (1 << 20))));
   std::vector<std::vector<const IndexedTensor*>> shards(1);
   int64_t cur = 0, total = 0;
   for (const IndexedTensor* t : tensors) {

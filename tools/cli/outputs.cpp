@@ -60,15 +60,11 @@ void check_not_input(const std::string& out, const std::string& out_flag,
                                ext == ".safetensors";
   for (const auto& [flag, path] : inputs) {
     if (path.empty() || !fs::exists(path, ec)) continue;
-    const bool same = fs::is_directory(path, ec)
-                          ? checkpoint_file && fs::equivalent(fs::path(out).parent_path().empty()
-                                                                  ? fs::path(".")
-                                                                  : fs::path(out).parent_path(),
-                                                              path, ec)
-                          : fs::equivalent(out, path, ec);
+    const bool dir = fs::is_directory(path, ec);
+    const bool same =
+        dir ? checkpoint_file && fs::equivalent(parent_or_cwd(out), path, ec) : fs::equivalent(out, path, ec);
     MT_CHECK(!same, "{} {}: is {} {}{}: writing it would destroy the input; give another path", out_flag, out,
-             fs::is_directory(path, ec) ? "a checkpoint file of" : "the same file as", flag,
-             fs::is_directory(path, ec) ? " " + path : (path == out ? std::string() : " " + path));
+             dir ? "a checkpoint file of" : "the same file as", flag, dir || path != out ? " " + path : std::string());
   }
 }
 

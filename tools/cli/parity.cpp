@@ -264,8 +264,9 @@ int parity_main(int argc, char** argv) {
   if (!args.str("tokens").empty()) {
     par_next = ref_next = [&s] { return s.fixed; };
   } else {
-    par_loader = std::make_unique<DataLoader>(s.tokens, args.integer("batch"), args.integer("seq"));
-    ref_loader = std::make_unique<DataLoader>(s.tokens, args.integer("batch"), args.integer("seq"));
+    const int64_t b = args.integer("batch"), t = args.integer("seq"), accum = args.integer("accum");
+    par_loader = std::make_unique<DataLoader>(s.tokens, b, t, 0, 1, accum);
+    ref_loader = std::make_unique<DataLoader>(s.tokens, b, t, 0, 1, accum);
     par_next = [&] { return par_loader->next(); };
     ref_next = [&] { return ref_loader->next(); };
   }

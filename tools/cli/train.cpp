@@ -218,7 +218,7 @@ int run_train(int argc, char** argv) {
   std::vector<int32_t> tokens = run_tokens(args.str("data"), cfg);
   DataLoader loader = [&] {
     try {
-      return DataLoader(tokens, batch, seq);
+      return DataLoader(tokens, batch, seq, 0, 1, accum);
     } catch (const std::exception& e) {
       MT_FAIL("--data {}: {}", args.str("data").empty() ? "(the embedded corpus)" : args.str("data"), e.what());
     }
@@ -245,6 +245,14 @@ int run_train(int argc, char** argv) {
   MasterWeights& master = trainer.master();
   Optimizer& opt = trainer.optimizer();
   int64_t start = 0;
+  if (resume && loaded.state.warmup_steps >= 0) {
+    // The schedule's warmup is the run's, not recomputed from a new --steps (which would restart a
+    // finished warmup), unless --warmup itself was changed (--allow-changes).
+    bool same_flag = true;
+    for (const auto& [k, v] : loaded.state.settings)
+      if (k == "warmup") same_flag = v == args.str("warmup");
+    if (same_flag) trainer.keep_warmup(loaded.state.warmup_steps);
+  }
   if (resume) {
     // Checkpoints hold full tensors: with --plan, each rank takes its shards of the moments.
     // Sharded checkpoints: this rank's boxes of the moments only.
@@ -303,8 +311,9 @@ int run_train(int argc, char** argv) {
   auto save = [&](int64_t done) {
     if (ckpt_dir.empty()) return;
     const auto t0 = std::chrono::steady_clock::now();
-    TrainState s{done, seed, default_generator().offset(), loader.position(), args.str("precision"), batch, seq, accum,
-                 plan ? plan->world : 1, plan ? plan->path : "", settings};
+    TrainState s{done,    seed,  default_generator().offset(), loader.position(), args.str("precision"),
+                 batch,   seq,   accum, plan ? plan->world : 1, plan ? plan->path : "",
+                 settings, trainer.warmup_steps()};
     // Never a checkpoint with non-finite weights (the loop stops before such a step; this guards it).
     auto refuse_non_finite = [&](const NamedTensors& weights) {
       auto bad = first_non_finite(weights);

@@ -12,6 +12,7 @@
 #include "models/hf_config.h"
 #include "models/safetensors.h"
 #include "runtime/error.h"
+#include "tools/cli/trainer.h"
 
 namespace mt::cli {
 
@@ -64,7 +65,8 @@ std::string brief(const std::string& v) { return v.size() <= 80 ? v : v.substr(0
 
 std::vector<std::pair<std::string, std::string>> resume_settings(const Args& args) {
   std::vector<std::pair<std::string, std::string>> out;
-  for (const char* flag : kResumeSettings) out.emplace_back(flag, args.str(flag));
+  for (const char* flag : kResumeSettings)
+    out.emplace_back(flag, std::string_view(flag) == "min-lr" ? fmt::format("{}", min_lr_of(args)) : args.str(flag));
   out.emplace_back("steps", args.str("steps"));
   out.emplace_back("seed", args.str("seed"));
   out.emplace_back("data", data_fingerprint(args.str("data")));
@@ -80,6 +82,13 @@ void check_resume_settings(const TrainState& s, const std::vector<std::pair<std:
   std::vector<std::string> changes;
   for (const auto& [key, saved] : s.settings) {
     if (key == "seed" && !args.has("seed")) continue;
+    // Another optimizer has other state (Muon's momentum, 8-bit codes): what the checkpoint holds
+    // cannot become it, with --allow-changes or without.
+    if (key == "optimizer" && !same_value(args.str("optimizer"), saved))
+      MT_FAIL("--resume: --optimizer {}, but {} was trained with {}, whose state cannot become {}'s; resume with "
+              "--optimizer {}, or start a new run from its weights (meshtrain export --checkpoint DIR --hf OUT, "
+              "then train --hf OUT --optimizer {})",
+              args.str("optimizer"), where, brief(saved), args.str("optimizer"), brief(saved), args.str("optimizer"));
     if (key == "steps") {
       if (!same_value(args.str("steps"), saved))
         fmt::print("--steps {}: the learning-rate schedule now spans {} steps (the checkpoint's run: {}); from "

@@ -130,6 +130,7 @@ TrainState read_train_state(const fs::path& step_dir) {
   s.batch = f.int_at("batch", 1);
   s.seq = f.int_at("seq", 1);
   s.accum = f.int_at("accum", 1);
+  s.warmup_steps = f.has("warmup_steps") ? f.int_at("warmup_steps", 0) : -1;
   if (const auto settings = j.find("settings"); settings != j.end() && !settings->is_null()) {
     MT_CHECK(settings->is_object(), "{}: field 'settings' must be an object, got {}", file.string(),
              json_brief(*settings));
@@ -233,7 +234,8 @@ void write_train_state(const std::string& step_dir, const TrainState& s) {
                       {"seq", s.seq},
                       {"accum", s.accum},
                       {"world_size", s.world_size},
-                      {"plan", s.plan}};
+                      {"plan", s.plan},
+                      {"warmup_steps", s.warmup_steps}};
   nlohmann::json settings = nlohmann::json::object();
   for (const auto& [k, v] : s.settings) settings[k] = v;
   j["settings"] = settings;

@@ -36,6 +36,9 @@ struct TrainState {
   // fingerprint of the token file), compared on --resume (tools/cli/train.cpp). Empty in a
   // checkpoint written before 2026-11-28: nothing to compare.
   std::vector<std::pair<std::string, std::string>> settings;
+  // The warmup the run's schedule used (Trainer::warmup_steps); -1 in a checkpoint written before
+  // 2026-11-28: the resumed run computes it from its flags.
+  int64_t warmup_steps = -1;
 };
 
 // Writes the checkpoint for state.step and points `latest` at it; returns its directory. Removes

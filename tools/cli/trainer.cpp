@@ -57,7 +57,7 @@ std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::st
       {"seq", "tokens per sequence", default_seq, false},
       {"accum", "micro-batches per optimizer step (gradient accumulation)", "1", false},
       {"lr", "peak learning rate", "3e-3", false},
-      {"min-lr", "final learning rate of the cosine schedule", "3e-4", false},
+      {"min-lr", "final learning rate of the cosine schedule (default: --lr / 10)", "", false},
       {"warmup", "linear warmup steps", "20", false},
       {"weight-decay", "AdamW decoupled weight decay (matrices only)", "0.1", false},
       {"beta2", "AdamW beta2", "0.95", false},
@@ -89,10 +89,12 @@ void validate_step_flags(const Args& args, const std::string& command) {
   const double inf = std::numeric_limits<double>::infinity();
   const double lr = args.real("lr");
   MT_CHECK(lr > 0, "meshtrain {}: --lr {} must be positive", command, args.str("lr"));
-  real_in(args, command, "min-lr", 0, inf, false, "the final learning rate must be >= 0");
-  MT_CHECK(args.real("min-lr") <= lr,
-           "meshtrain {}: --min-lr {} is above --lr {}: the cosine schedule decays from --lr to --min-lr", command,
-           args.str("min-lr"), args.str("lr"));
+  if (args.has("min-lr")) {
+    real_in(args, command, "min-lr", 0, inf, false, "the final learning rate must be >= 0");
+    MT_CHECK(args.real("min-lr") <= lr,
+             "meshtrain {}: --min-lr {} is above --lr {}: the cosine schedule decays from --lr to --min-lr", command,
+             args.str("min-lr"), args.str("lr"));
+  }
   real_in(args, command, "weight-decay", 0, inf, false, "weight decay must be >= 0");
   real_in(args, command, "beta2", 0, 1, true, "AdamW's beta2 must be in [0, 1)");
   real_in(args, command, "grad-clip", 0, inf, false, "the clipping norm must be >= 0 (0: off)");
@@ -180,6 +182,8 @@ void apply_moe_loss_flags(const Args& args, ModelConfig& cfg, const std::string&
   }
 }
 
+double min_lr_of(const Args& args) { return args.has("min-lr") ? args.real("min-lr") : args.real("lr") / 10; }
+
 Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, int64_t total_steps, DType compute,
                  const PlanContext* plan, const Parallelized* par)
     : model_(model),
@@ -189,7 +193,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
       accum_(args.integer("accum")),
       grad_clip_(args.real("grad-clip")),
       // A run shorter than the warmup warms up over the whole run.
-      sched_{args.real("lr"), args.real("min-lr"), std::min(args.integer("warmup"), total_steps), total_steps} {
+      sched_{args.real("lr"), min_lr_of(args), std::min(args.integer("warmup"), total_steps), total_steps} {
   apply_recompute(model, parse_recompute(args.str("recompute"), "meshtrain " + command + " --recompute"));
   if (plan) {
     GradReducerOptions ro;

@@ -44,6 +44,9 @@ std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::st
 
 // Each step flag in its range (errors name `command` and the flag).
 void validate_step_flags(const Args& args, const std::string& command);
+// The cosine schedule's final rate: --min-lr, or --lr / 10 when it is not given (a fixed default
+// refused every --lr below it).
+double min_lr_of(const Args& args);
 
 // --moe-aux-loss / --moe-z-loss into a Mixtral config (given flags only; errors name `command`
 // and the flag). `eval` and `grad` never read them: their loss is the cross-entropy alone.
@@ -115,6 +118,11 @@ class Trainer {
 
   MasterWeights& master() { return *master_; }
   Optimizer& optimizer() { return *opt_; }
+  // The warmup in use: --warmup, or the whole run when --steps is shorter. A resumed run keeps
+  // the one its checkpoint recorded (keep_warmup), so that a longer --steps does not restart the
+  // warmup of a run that had finished it (capped at --steps, when a run is shortened below it).
+  int64_t warmup_steps() const { return sched_.warmup_steps; }
+  void keep_warmup(int64_t recorded) { sched_.warmup_steps = std::min(recorded, sched_.total_steps); }
   const GradReducer* reducer() const { return reducer_.get(); }
   // Pipeline plans: this stage's runner (its schedule may be changed between steps), else null.
   PipelineRunner* pipeline() { return pipe_.get(); }

@@ -186,17 +186,17 @@ HfTokenDecoder::Step HfTokenDecoder::parse_step(const json& s, const std::string
     const std::vector<uint32_t> c = code_points(f.get_string("replacement", kSpaceMark));
     MT_CHECK(c.size() == 1, "{}: field '{}replacement' must be one character", path, prefix);
     step.from = utf8_of(c[0]);
-    // prepend_scheme (tokenizers >= 0.15) wins over the older add_prefix_space; both absent is
-    // "always", the library's default.
-    if (f.has("prepend_scheme")) {
-      const std::string scheme = f.get_string("prepend_scheme", "always");
-      MT_CHECK(scheme == "always" || scheme == "first" || scheme == "never",
-               "{}: field '{}prepend_scheme' must be always, first or never, got '{}'", path, prefix,
-               scheme.substr(0, 80));
-      step.drop_first = scheme != "never";
-    } else {
-      step.drop_first = f.get_bool("add_prefix_space", true);
-    }
+    // prepend_scheme (tokenizers >= 0.15) or the older add_prefix_space; both absent is "always",
+    // the library's default.
+    // add_prefix_space false means "never" and contradicts another scheme, as the library reads it.
+    const std::string scheme = f.get_string("prepend_scheme", "always");
+    MT_CHECK(scheme == "always" || scheme == "first" || scheme == "never",
+             "{}: field '{}prepend_scheme' must be always, first or never, got '{}'", path, prefix, scheme.substr(0, 80));
+    const bool prefix_space = f.get_bool("add_prefix_space", true);
+    MT_CHECK(prefix_space || !f.has("prepend_scheme") || scheme == "never",
+             "{}: fields '{}add_prefix_space' (false) and '{}prepend_scheme' ('{}') disagree", path, prefix, prefix,
+             scheme);
+    step.drop_first = prefix_space && scheme != "never";
   } else {
     MT_FAIL("{}: decoder type '{}' ({}type) is not supported (meshtrain decodes ByteLevel, Metaspace, and Sequences "
             "of Replace, ByteFallback, Fuse, Strip, Metaspace and ByteLevel)",
@@ -244,6 +244,7 @@ HfTokenDecoder HfTokenDecoder::from_file(const std::string& path) {
   // No decoder at all joins the tokens with spaces, as the tokenizers library does.
   const json dec = j.value("decoder", json());
   if (dec.is_null()) return d;
+  d.has_decoder_ = true;
   std::function<void(const json&, const std::string&, int)> add = [&](const json& s, const std::string& prefix,
                                                                      int depth) {
     const JsonFields f(s, path, prefix);
@@ -349,7 +350,7 @@ std::string HfTokenDecoder::decode(const std::vector<int64_t>& ids, int64_t* unk
     }
     if (!special_.count(id)) tokens.push_back(it->second);
   }
-  if (steps_.empty()) {  // no decoder: the tokens joined with spaces
+  if (!has_decoder_) {  // no decoder: the tokens joined with spaces
     std::string out;
     for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
     return out;

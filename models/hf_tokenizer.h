@@ -54,6 +54,7 @@ class HfTokenDecoder {
   static std::vector<std::string> run(const Step& step, std::vector<std::string> tokens);
 
   std::string path_;
+  bool has_decoder_ = false;  // false: tokens joined by spaces; true: steps_ (maybe none) in order
   std::vector<Step> steps_;
   std::unordered_map<int64_t, std::string> tokens_;
   std::unordered_set<int64_t> special_;

@@ -30,17 +30,26 @@ void fsync_path(const std::string& p) {
   MT_CHECK(rc == 0 || err == EINVAL, "cannot sync {}: {}", p, std::strerror(err));
 }
 
-void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& fill) {
+void write_file_atomically(const std::string& path_in, const std::function<void(std::ostream&)>& fill) {
   std::error_code ec;
+  // A symbolic link is followed: the file it names is replaced, the link stays.
+  std::string path = path_in;
+  if (fs::is_symlink(fs::symlink_status(path_in, ec))) {
+    const fs::path target = fs::canonical(path_in, ec);
+    if (!ec) path = target.string();
+  }
   const fs::file_status st = fs::status(path, ec);
-  if (!ec && fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st)) {
-    // A device, pipe or socket (/dev/null, /dev/stdout, a FIFO) is written in place: renaming a
-    // temporary file over it would replace the device node itself.
-    std::ofstream out(path, std::ios::binary);
-    MT_CHECK(out.is_open(), "cannot write '{}': {}", path, errno_text());
+  const bool special = !ec && fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st);
+  if (special || path_in.starts_with("/dev/") || path_in.starts_with("/proc/") || path.starts_with("/dev/") ||
+      path.starts_with("/proc/")) {
+    // A device, pipe or socket (/dev/null, a FIFO), or anything reached through /dev or /proc
+    // (/dev/stdout redirected to a file, maybe with >>), is written in place: a temporary renamed
+    // over it would replace the device node, or the file a shell appends to.
+    std::ofstream out(path_in, std::ios::binary | std::ios::app);  // no O_TRUNC: a >> redirect keeps its file
+    MT_CHECK(out.is_open(), "cannot write '{}': {}", path_in, errno_text());
     fill(out);
     out.flush();
-    MT_CHECK(out.good(), "cannot write '{}': {}", path, errno_text());
+    MT_CHECK(out.good(), "cannot write '{}': {}", path_in, errno_text());
     return;
   }
   const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));

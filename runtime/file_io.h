@@ -16,8 +16,10 @@ void fsync_path(const std::string& path);
 // Writes a file atomically: `fill` writes the content to a stream on "<path>.tmp.<pid>" in the
 // same directory, which is then flushed, synced and renamed onto `path`. Throws naming `path` if
 // it cannot be written (the temporary file is removed); exceptions from `fill` propagate after the
-// same cleanup. An existing `path` that is a device, pipe or socket (/dev/null, /dev/stdout) is
-// written in place instead (a rename would replace the device node).
+// same cleanup. A symbolic link is followed (the file it names is replaced). A device, pipe or
+// socket, or any path under /dev or /proc (/dev/null, /dev/stdout redirected to a file), is
+// written in place, appending (a rename would replace the device node, or the file a shell
+// redirect appends to).
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& fill);
 
 }  // namespace mt

@@ -305,9 +305,15 @@ TEST_CASE("HfTokenDecoder: decodes as the tokenizers library does") {
     "model": {"vocab": [["\u2581Hi", 0]]}})");
   CHECK(HfTokenDecoder::from_dir(dir.path.string())->decode({0, 0}) == " Hi Hi");
 
-  // No decoder: the tokens joined by spaces. A nested Sequence is flattened.
+  // No decoder: the tokens joined by spaces; an empty Sequence joins them with nothing. A nested
+  // Sequence is flattened. add_prefix_space false is prepend scheme "never".
   dir.write("tokenizer.json", R"({"decoder": null, "model": {"vocab": {"ab": 0, "c": 1}}})");
   CHECK(HfTokenDecoder::from_dir(dir.path.string())->decode({0, 1}) == "ab c");
+  dir.write("tokenizer.json", R"({"decoder": {"type": "Sequence", "decoders": []}, "model": {"vocab": {"ab": 0, "c": 1}}})");
+  CHECK(HfTokenDecoder::from_dir(dir.path.string())->decode({0, 1}) == "abc");
+  dir.write("tokenizer.json", R"({"decoder": {"type": "Metaspace", "add_prefix_space": false},
+    "model": {"vocab": [["\u2581Hi", 0]]}})");
+  CHECK(HfTokenDecoder::from_dir(dir.path.string())->decode({0}) == " Hi");
   dir.write("tokenizer.json", R"({"decoder": {"type": "Sequence", "decoders": [
       {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "_"}, "content": "-"}]},
       {"type": "Fuse"}, {"type": "Strip", "content": "-", "start": 0, "stop": 2}]},
@@ -320,6 +326,8 @@ TEST_CASE("HfTokenDecoder: decodes as the tokenizers library does") {
        "field 'decoder.decoders[].pattern' is a regex"},
       {R"({"type": "Sequence", "decoders": [{"type": "CTC"}]})", "decoder type 'CTC' (decoder.decoders[].type)"},
       {R"({"type": "Metaspace", "prepend_scheme": "sometimes"})", "must be always, first or never, got 'sometimes'"},
+      {R"({"type": "Metaspace", "prepend_scheme": "first", "add_prefix_space": false})",
+       "'decoder.add_prefix_space' (false) and 'decoder.prepend_scheme' ('first') disagree"},
       {R"({"type": "Strip", "content": "ab"})", "field 'decoder.content' must be one character"},
       {R"({"type": "Sequence", "decoders": {"type": "Fuse"}})", "field 'decoder.decoders' must be a list"},
   };

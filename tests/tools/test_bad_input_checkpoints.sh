@@ -63,6 +63,16 @@ bad_case "compare --json over B" --watch "$WORK/g2.safetensors" "--json" "is the
   || fail "compare --json /dev/full: exit $rc, $(cat "$WORK/out" "$WORK/err" | tail -n 2)"
 "$BIN" compare "$WORK/g.safetensors" "$WORK/g2.safetensors" --json /dev/null >/dev/null 2>&1 && [ -c /dev/null ] \
   && pass "compare --json /dev/null: exit 0, /dev/null still a device" || fail "compare --json /dev/null"
+# A link is followed (the file it names is replaced, the link stays); /dev/stdout appended to a file
+# by the shell is written in place, after what the file held.
+echo old >"$WORK/real.json" && ln -sf "$WORK/real.json" "$WORK/link.json"
+"$BIN" compare "$WORK/g.safetensors" "$WORK/g2.safetensors" --json "$WORK/link.json" >/dev/null 2>&1 \
+  && [ -L "$WORK/link.json" ] && grep -q '"pass": true' "$WORK/real.json" \
+  && pass "compare --json LINK: the linked file written, the link kept" || fail "compare --json through a link"
+echo before >"$WORK/appended.txt"
+"$BIN" compare "$WORK/g.safetensors" "$WORK/g2.safetensors" --json /dev/stdout >>"$WORK/appended.txt" 2>/dev/null \
+  && [ -c /dev/null ] && [ "$(head -n 1 "$WORK/appended.txt")" = before ] && grep -q '"pass": true' "$WORK/appended.txt" \
+  && pass "compare --json /dev/stdout >> FILE: appended in place" || fail "--json /dev/stdout >>: $(head -n 3 "$WORK/appended.txt")"
 bad_case "plan --calibrate --out in a missing directory: refused before measuring" "--out /nonexistent_ro/hw.json" \
   "does not exist" -- "$BIN" plan --calibrate --out /nonexistent_ro/hw.json
 bad_case "--val-batches x --batch x --seq past 2^63" "--val-batches 1099511627776 x --batch 8388608 x --seq 2" -- \

@@ -164,6 +164,19 @@ sys.exit(0 if ok and len(lr) == 12 else 1)
 PY
 "$BIN" train --batch 2 --seq 16 --steps 2 --lr 1e-4 --metrics "" >/dev/null && pass "--lr 1e-4 without --min-lr" \
   || fail "--lr 1e-4 without --min-lr"
+# A checkpoint written before these rules (min-lr recorded as the old default 3e-4, no
+# warmup_steps) resumes without --min-lr, keeping 3e-4 (and, as before, warmup min(10, 14)): the
+# last step's rate is 3e-4 + (1e-3 - 3e-4) (1 + cos(pi 3/4)) / 2.
+cp -r "$WORK/wu" "$WORK/wu_old"
+python3 - "$WORK/wu_old/$(cat "$WORK/wu_old/latest")/trainer_state.json" <<'PY'
+import json, sys
+p = sys.argv[1]; j = json.load(open(p))
+j["settings"]["min-lr"] = "3e-4"; del j["warmup_steps"]
+json.dump(j, open(p, "w"))
+PY
+"$BIN" train $W "$WORK/wu_old.jsonl" --steps 14 --resume --checkpoint-dir "$WORK/wu_old" >/dev/null 2>"$WORK/err" \
+  && python3 -c 'import json,math,sys; l=[json.loads(x) for x in open(sys.argv[1])]; sys.exit(0 if l[-1]["step"] == 14 and abs(l[-1]["lr"] - (3e-4 + 7e-4 * 0.5 * (1 + math.cos(math.pi * 0.75)))) < 1e-12 else 1)' "$WORK/wu_old.jsonl" \
+  && pass "an older checkpoint resumes without --min-lr, keeping its 3e-4" || fail "old checkpoint min-lr: $(tail -n 1 "$WORK/err")"
 
 # ---- train: --recompute full / selective give the same bits with less memory -----------------------
 # 6 steps with dropout (masks replayed from the checkpoint's generator state): the weights after the

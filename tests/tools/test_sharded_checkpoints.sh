@@ -145,8 +145,9 @@ if "$BIN" export --checkpoint "$WORK/x" --hf "$WORK/exp" >/dev/null 2>"$WORK/err
     || fail "export shards: $(tail -n 1 "$WORK/err")"
   # A tiny --max-shard-mb is one byte, not "no limit": one tensor per shard. A temporary left by
   # an export that was killed (its process gone) is removed by the next export to that name.
+  # (--hf OUT/ names OUT: its temporary is OUT.tmp.PID beside it, not inside.)
   mkdir -p "$WORK/exp3.tmp.999999999" && touch "$WORK/exp3.tmp.999999999/model.safetensors.tmp.999999999"
-  "$BIN" export --checkpoint "$WORK/x" --hf "$WORK/exp3" --max-shard-mb 1e-9 >/dev/null 2>"$WORK/err" \
+  "$BIN" export --checkpoint "$WORK/x" --hf "$WORK/exp3/" --max-shard-mb 1e-9 >/dev/null 2>"$WORK/err" \
     && [ "$(ls "$WORK/exp3" | grep -c '^model-.*-of-.*safetensors$')" = \
          "$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["weight_map"]))' "$WORK/exp3/model.safetensors.index.json")" ] \
     && [ ! -e "$WORK/exp3.tmp.999999999" ] \

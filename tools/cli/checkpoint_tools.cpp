@@ -98,7 +98,9 @@ int run_export(int argc, char** argv) {
              {"hf", "the Hugging Face checkpoint directory to write (must not exist)", "", false},
              {"max-shard-mb", "safetensors files of at most this many MiB (0: one model.safetensors)", "0", false}},
             argc, argv, 2);
-  const std::string src = args.required("checkpoint"), out = args.required("hf");
+  const std::string src = args.required("checkpoint");
+  std::string out = args.required("hf");
+  while (out.size() > 1 && out.back() == '/') out.pop_back();  // OUT/ names OUT (its temporary is OUT.tmp.PID)
   const double max_mb = args.real("max-shard-mb");
   MT_CHECK(max_mb >= 0 && std::isfinite(max_mb), "meshtrain export: --max-shard-mb must be a number >= 0, got {}",
            args.str("max-shard-mb"));

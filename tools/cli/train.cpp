@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -252,6 +253,22 @@ int run_train(int argc, char** argv) {
     for (const auto& [k, v] : loaded.state.settings)
       if (k == "warmup") same_flag = v == args.str("warmup");
     if (same_flag) trainer.keep_warmup(loaded.state.warmup_steps);
+  }
+  if (resume && !args.has("min-lr")) {
+    // The final rate the checkpoint's run used: recorded exactly (the shortest round-trip form);
+    // a checkpoint without settings was written when the default was 3e-4.
+    std::string recorded = "3e-4";
+    for (const auto& [k, v] : loaded.state.settings)
+      if (k == "min-lr") recorded = v;
+    char* end = nullptr;
+    const double v = std::strtod(recorded.c_str(), &end);
+    MT_CHECK(!recorded.empty() && end == recorded.c_str() + recorded.size() && std::isfinite(v) && v >= 0 &&
+                 v <= args.real("lr"),
+             "--resume: {}/trainer_state.json: the recorded --min-lr '{}' is not a rate in [0, --lr {}]; give "
+             "--min-lr", loaded.path, recorded.substr(0, 80), args.str("lr"));
+    trainer.keep_min_lr(v);
+    for (auto& [k, value] : settings)
+      if (k == "min-lr") value = recorded;
   }
   if (resume) {
     // Checkpoints hold full tensors: with --plan, each rank takes its shards of the moments.

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -81,14 +82,18 @@ void check_resume_settings(const TrainState& s, const std::vector<std::pair<std:
                            const Args& args, const std::string& where) {
   std::vector<std::string> changes;
   for (const auto& [key, saved] : s.settings) {
-    if (key == "seed" && !args.has("seed")) continue;
+    // Not given: the checkpoint's seed and final rate are the ones used (train.cpp).
+    if ((key == "seed" || key == "min-lr") && !args.has(key)) continue;
     // Another optimizer has other state (Muon's momentum, 8-bit codes): what the checkpoint holds
     // cannot become it, with --allow-changes or without.
-    if (key == "optimizer" && !same_value(args.str("optimizer"), saved))
+    if (key == "optimizer" && !same_value(args.str("optimizer"), saved)) {
+      const bool sharded = std::filesystem::exists(std::filesystem::path(where) / "index.json");
       MT_FAIL("--resume: --optimizer {}, but {} was trained with {}, whose state cannot become {}'s; resume with "
-              "--optimizer {}, or start a new run from its weights (meshtrain export --checkpoint DIR --hf OUT, "
-              "then train --hf OUT --optimizer {})",
-              args.str("optimizer"), where, brief(saved), args.str("optimizer"), brief(saved), args.str("optimizer"));
+              "--optimizer {}, or start a new run from its weights ({}train --hf {} --optimizer {})",
+              args.str("optimizer"), where, brief(saved), args.str("optimizer"), brief(saved),
+              sharded ? fmt::format("meshtrain export --checkpoint {} --hf OUT, then ", where) : "",
+              sharded ? "OUT" : where, args.str("optimizer"));
+    }
     if (key == "steps") {
       if (!same_value(args.str("steps"), saved))
         fmt::print("--steps {}: the learning-rate schedule now spans {} steps (the checkpoint's run: {}); from "

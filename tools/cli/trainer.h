@@ -123,6 +123,8 @@ class Trainer {
   // warmup of a run that had finished it (capped at --steps, when a run is shortened below it).
   int64_t warmup_steps() const { return sched_.warmup_steps; }
   void keep_warmup(int64_t recorded) { sched_.warmup_steps = std::min(recorded, sched_.total_steps); }
+  // A resumed run without --min-lr keeps the checkpoint's final rate (not --lr / 10 of this run).
+  void keep_min_lr(double recorded) { sched_.min_lr = recorded; }
   const GradReducer* reducer() const { return reducer_.get(); }
   // Pipeline plans: this stage's runner (its schedule may be changed between steps), else null.
   PipelineRunner* pipeline() { return pipe_.get(); }

@@ -328,9 +328,8 @@ int run_train(int argc, char** argv) {
   auto save = [&](int64_t done) {
     if (ckpt_dir.empty()) return;
     const auto t0 = std::chrono::steady_clock::now();
-    TrainState s{done,    seed,  default_generator().offset(), loader.position(), args.str("precision"),
-                 batch,   seq,   accum, plan ? plan->world : 1, plan ? plan->path : "",
-                 settings, trainer.warmup_steps()};
+    TrainState s{done,  seed,  default_generator().offset(), loader.position(), args.str("precision"), batch, seq,
+                 accum, plan ? plan->world : 1, plan ? plan->path : "", settings, trainer.warmup_steps()};
     // Never a checkpoint with non-finite weights (the loop stops before such a step; this guards it).
     auto refuse_non_finite = [&](const NamedTensors& weights) {
       auto bad = first_non_finite(weights);

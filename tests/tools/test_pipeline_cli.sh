@@ -101,6 +101,9 @@ PY
   [ -f "$s2/index.json" ] && [ "$(ls "$s2" | grep -c '^shard-.*-of-00002.safetensors$')" = 2 ] && [ ! -e "$s2/model.safetensors" ] \
     && pass "a pp 2 save is a sharded checkpoint (index.json, one shard file per rank)" \
     || fail "a pp 2 save is not sharded: $(ls "$s2" | tr '\n' ' ')"
+  "$BIN" checkpoint inspect "$WORK/pp2" 2>&1 | head -n 1 | grep -qF 'saved by world 2 on DeviceMesh([2], ["pp"])' \
+    && pass "checkpoint inspect names the plan's mesh [pp=2]" \
+    || fail "inspect of a pp checkpoint: $("$BIN" checkpoint inspect "$WORK/pp2" 2>&1 | head -n 1)"
   resume() {  # TAG NP [--plan P]
     local tag=$1 np=$2; shift 2
     rm -rf "$WORK/ck" && cp -r "$WORK/pp2" "$WORK/ck"

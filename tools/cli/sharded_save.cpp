@@ -101,7 +101,11 @@ void ShardedSaver::save(const TrainState& state, const NamedTensors& model, cons
     const std::vector<std::vector<int64_t>> holders = stages_holding(plan_, keys);
     for (size_t i = 0; i < keys.size(); ++i)
       if (holders[i].front() != plan_.stage) scope.written_elsewhere.insert(keys[i]);
-    mesh = plan_.world_mesh->str();
+    // The plan's mesh as the user wrote it ([pp=2]), not the runtime's (a pure pp plan runs each
+    // stage on a mesh of one rank, an internal "stage" dim).
+    std::vector<std::string> quoted;
+    for (const std::string& n : plan_.full_mesh.names) quoted.push_back("\"" + n + "\"");
+    mesh = fmt::format("DeviceMesh({}, [{}])", plan_.full_mesh.shape, fmt::join(quoted, ", "));
   }
   p->snapshot = snapshot_shard(groups, plan_.rank, plan_.world, mesh, scope);
   Pending* raw = p.get();

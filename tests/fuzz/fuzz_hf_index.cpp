@@ -1,28 +1,20 @@
 // Fuzzes the sharded checkpoint index, model.safetensors.index.json, through read_hf_checkpoint
 // (models/hf_checkpoint.h). The directory holds a valid config.json and three one-tensor shards
-// (written once at start-up by write_hf_checkpoint); the input replaces the index. Why: the index
+// (written once at start-up: write_hf_index_checkpoint, seed_checkpoints.h); the input replaces the index. Why: the index
 // names files to open, so it must never reach outside the directory, and every disagreement with
 // the shards (missing, extra, duplicated or misplaced tensors) must be an error naming both.
-#include <filesystem>
 #include <set>
 
-#include "models/config.h"
 #include "models/hf_checkpoint.h"
-#include "tensor/tensor.h"
 #include "tests/fuzz/fuzz_common.h"
+#include "tests/fuzz/seed_checkpoints.h"
 
 namespace {
 
 const std::string& checkpoint_dir() {
   static const std::string dir = [] {
-    using namespace mt;
-    const std::string d = (fuzz::scratch_dir() / "ckpt").string();
-    const std::vector<std::pair<std::string, Tensor>> tensors = {
-        {"model.embed_tokens.weight", from_vector<float>({1, 2})},
-        {"model.norm.weight", from_vector<float>({3, 4})},
-        {"lm_head.weight", from_vector<float>({5, 6})},
-    };
-    write_hf_checkpoint(d, builtin_config("llama-tiny"), tensors, DType::kF32, /*max_shard_bytes=*/8);
+    const std::string d = (mt::fuzz::scratch_dir() / "ckpt").string();
+    mt::fuzz::write_hf_index_checkpoint(d);
     return d;
   }();
   return dir;

@@ -1,38 +1,23 @@
 // Fuzzes the index of a sharded checkpoint, index.json, through ShardedCheckpointReader
 // (checkpoint/shard_reader.h). The directory holds two shard files written once at start-up by
-// write_shard (stripes of one row, so partial reads check stripes); the input replaces index.json.
+// write_sharded_index_checkpoint (seed_checkpoints.h: stripes of one row, so partial reads check stripes); the input replaces index.json.
 // Why: the index comes with a checkpoint a user may have copied or downloaded, it names files to
 // open and boxes to read, and its shapes size the tensors a load allocates. Every tensor it lists
 // is read whole and by halves; each read must give the bytes or refuse with an error naming the
 // index or the shard file.
-#include <filesystem>
 #include <optional>
 
 #include "checkpoint/shard_reader.h"
-#include "checkpoint/shard_writer.h"
-#include "mesh/shard_layout.h"
 #include "tensor/tensor.h"
 #include "tests/fuzz/fuzz_common.h"
+#include "tests/fuzz/seed_checkpoints.h"
 
 namespace {
 
 const std::string& checkpoint_dir() {
   static const std::string dir = [] {
-    using namespace mt;
-    const std::string d = (fuzz::scratch_dir() / "step").string();
-    std::filesystem::create_directories(d);
-    // Plain tensors: each is written whole by one of the two ranks (hash of its name).
-    const std::vector<TensorGroup> groups = {
-        {"model",
-         {{"a", arange(0.0, 12.0, 1.0, DType::kF32).reshape({4, 3})},
-          {"b", from_vector<float>({1, 2, 3, 4, 5}, {5}, DType::kBF16)},
-          {"c", arange(0.0, 24.0, 1.0, DType::kF32).reshape({2, 3, 4})}}},
-        {"optimizer", {{"step", scalar_tensor(7, DType::kI64)}}},
-    };
-    for (int64_t r = 0; r < 2; ++r) {
-      ShardSnapshot s = snapshot_shard(groups, r, 2, "");
-      write_shard(s, d, 1);
-    }
+    const std::string d = (mt::fuzz::scratch_dir() / "step").string();
+    mt::fuzz::write_sharded_index_checkpoint(d);
     return d;
   }();
   return dir;

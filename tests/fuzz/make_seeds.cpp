@@ -7,13 +7,13 @@
 #include <iostream>
 
 #include "checkpoint/chunk_index.h"
-#include "checkpoint/shard_writer.h"
 #include "models/config.h"
 #include "models/data.h"
 #include "models/hf_checkpoint.h"
 #include "models/hf_config.h"
 #include "models/safetensors.h"
 #include "tensor/tensor.h"
+#include "tests/fuzz/seed_checkpoints.h"
 
 namespace fs = std::filesystem;
 using namespace mt;
@@ -42,33 +42,15 @@ int main(int argc, char** argv) {
   for (const char* name : {"llama-tiny", "mixtral-tiny", "llama-3-8b"})
     save_hf_config(builtin_config(name), (root / "hf_config" / ("valid_" + std::string(name) + ".json")).string());
 
-  // The same layout as fuzz_hf_index.cpp's fixed directory: three one-tensor shards.
+  // The fixed directories of fuzz_hf_index and fuzz_sharded_index (seed_checkpoints.h): their indexes.
   const fs::path ck = root / "hf_index/.ckpt";
-  write_hf_checkpoint(ck.string(), builtin_config("llama-tiny"),
-                      {{"model.embed_tokens.weight", from_vector<float>({1, 2})},
-                       {"model.norm.weight", from_vector<float>({3, 4})},
-                       {"lm_head.weight", from_vector<float>({5, 6})}},
-                      DType::kF32, 8);
+  fuzz::write_hf_index_checkpoint(ck.string());
   fs::copy_file(ck / kHfIndexFile, root / "hf_index/valid_three_shards.json", fs::copy_options::overwrite_existing);
   fs::remove_all(ck);
 
-  // The same checkpoint as fuzz_sharded_index.cpp's fixed directory: two shards, stripes of a row.
   {
     const fs::path step = root / "sharded_index/.step";
-    fs::create_directories(step);
-    const std::vector<TensorGroup> groups = {
-        {"model",
-         {{"a", arange(0.0, 12.0, 1.0, DType::kF32).reshape({4, 3})},
-          {"b", from_vector<float>({1, 2, 3, 4, 5}, {5}, DType::kBF16)},
-          {"c", arange(0.0, 24.0, 1.0, DType::kF32).reshape({2, 3, 4})}}},
-        {"optimizer", {{"step", scalar_tensor(7, DType::kI64)}}},
-    };
-    std::vector<ShardedIndex> parts;
-    for (int64_t r = 0; r < 2; ++r) {
-      ShardSnapshot s = snapshot_shard(groups, r, 2, "");
-      write_shard(s, step.string(), 1);
-      parts.push_back(read_sharded_index((step / chunk_list_name(s.file)).string(), false));
-    }
+    const std::vector<ShardedIndex> parts = fuzz::write_sharded_index_checkpoint(step.string());
     std::ofstream((root / "sharded_index/valid_two_shards.json").string())
         << index_to_json(merge_indexes(parts, step.string()));
     fs::remove_all(step);

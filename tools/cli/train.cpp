@@ -249,17 +249,14 @@ int run_train(int argc, char** argv) {
   if (resume && loaded.state.warmup_steps >= 0) {
     // The schedule's warmup is the run's, not recomputed from a new --steps (which would restart a
     // finished warmup), unless --warmup itself was changed (--allow-changes).
-    bool same_flag = true;
-    for (const auto& [k, v] : loaded.state.settings)
-      if (k == "warmup") same_flag = v == args.str("warmup");
-    if (same_flag) trainer.keep_warmup(loaded.state.warmup_steps);
+    const std::string* warmup = loaded.state.setting("warmup");
+    if (!warmup || *warmup == args.str("warmup")) trainer.keep_warmup(loaded.state.warmup_steps);
   }
   if (resume && !args.has("min-lr")) {
     // The final rate the checkpoint's run used: recorded exactly (the shortest round-trip form);
     // a checkpoint without settings was written when the default was 3e-4.
-    std::string recorded = "3e-4";
-    for (const auto& [k, v] : loaded.state.settings)
-      if (k == "min-lr") recorded = v;
+    const std::string* min_lr = loaded.state.setting("min-lr");
+    const std::string recorded = min_lr ? *min_lr : "3e-4";
     char* end = nullptr;
     const double v = std::strtod(recorded.c_str(), &end);
     MT_CHECK(!recorded.empty() && end == recorded.c_str() + recorded.size() && std::isfinite(v) && v >= 0 &&

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -356,30 +357,34 @@ CheckpointDirLock::~CheckpointDirLock() {
   ::close(fd_);  // drops the lock
 }
 
-void remove_stale_temporaries(const std::string& dir) {
+namespace {
+
+// Removes (recursively) the entries of `dir` that `owner(name)` gives a PID (> 0) of a process no
+// longer running on this host; entries of live processes and of this one are kept.
+void remove_dead_owners(const fs::path& dir, const std::function<long(const std::string&)>& owner) {
   std::vector<fs::path> stale;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const long pid = temporary_owner(it->path().filename().string());
+    const long pid = owner(it->path().filename().string());
     if (pid > 0 && pid != ::getpid() && !process_alive(pid)) stale.push_back(it->path());
   }
   for (const fs::path& p : stale) fs::remove_all(p, ec);
 }
 
+}  // namespace
+
+void remove_stale_temporaries(const std::string& dir) { remove_dead_owners(dir, temporary_owner); }
+
 void remove_stale_temporaries_of(const std::string& path) {
-  const fs::path p = fs::path(path).lexically_normal();
-  const std::string prefix = (p.has_filename() ? p.filename() : p.parent_path().filename()).string() + ".tmp.";
-  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  std::vector<fs::path> stale;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() - prefix.size() > 9) continue;
-    if (name.find_first_not_of("0123456789", prefix.size()) != std::string::npos) continue;
-    const long pid = std::stol(name.substr(prefix.size()));
-    if (pid > 0 && pid != ::getpid() && !process_alive(pid)) stale.push_back(it->path());
-  }
-  for (const fs::path& s : stale) fs::remove_all(s, ec);
+  const fs::path p(path);
+  if (!p.has_filename()) return;  // "OUT/": the caller names OUT
+  const std::string prefix = p.filename().string() + ".tmp.";
+  remove_dead_owners(p.has_parent_path() ? p.parent_path() : fs::path("."), [&](const std::string& name) -> long {
+    if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() - prefix.size() > 9 ||
+        name.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
+      return 0;
+    return std::stol(name.substr(prefix.size()));
+  });
 }
 
 std::string save_checkpoint(const std::string& dir, const ModelConfig& config, const NamedTensors& model_f32,

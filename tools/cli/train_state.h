@@ -39,6 +39,13 @@ struct TrainState {
   // The warmup the run's schedule used (Trainer::warmup_steps); -1 in a checkpoint written before
   // 2026-11-28: the resumed run computes it from its flags.
   int64_t warmup_steps = -1;
+
+  // The value `key` had in the checkpoint's run (`settings`), or null when it is not recorded.
+  const std::string* setting(const std::string& key) const {
+    for (const auto& [k, v] : settings)
+      if (k == key) return &v;
+    return nullptr;
+  }
 };
 
 // Writes the checkpoint for state.step and points `latest` at it; returns its directory. Removes
@@ -106,7 +113,8 @@ class CheckpointDirLock {
 // Removes what killed saves left in `dir`: `step-*.tmp.PID`, `step-*.old.PID` and `latest.tmp.PID`
 // whose process PID no longer runs on this host. Temporaries of live processes are kept.
 void remove_stale_temporaries(const std::string& dir);
-// The same for the temporaries `<path>.tmp.PID` beside an output `path` (an interrupted `export`).
+// The same for the temporaries `<path>.tmp.PID` beside an output `path` (an interrupted `export`;
+// `path` without a trailing '/').
 void remove_stale_temporaries_of(const std::string& path);
 
 struct LoadedCheckpoint {

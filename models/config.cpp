@@ -108,6 +108,9 @@ void ModelConfig::validate(const std::string& source) const {
     f.non_negative("router_aux_loss_coef", router_aux_loss_coef);
     f.non_negative("mt_router_z_loss_coef", router_z_loss_coef);
     f.non_negative("mt_moe_capacity_factor", moe_capacity_factor);
+    MT_CHECK(!attention_bias && !mlp_bias,
+             "{}: mixtral has no biases (attention_bias {}, mlp_bias {}): Hugging Face's Mixtral builds its attention "
+             "and experts without them", source, attention_bias, mlp_bias);
   }
   f.probability("attention_dropout", attention_dropout);
   f.probability("mt_residual_dropout", residual_dropout);

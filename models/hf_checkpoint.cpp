@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -95,6 +96,7 @@ void read_indexed(const fs::path& dir, HfCheckpoint& ck) {
       MT_CHECK(m->second == shard, "shard '{}' holds tensor '{}', but checkpoint index '{}' maps it to '{}'",
                sp.string(), name, ip, m->second);
       found.emplace(name, shard);
+      ck.file_of[name] = shard;
       ck.tensors.emplace_back(name, std::move(t));
     }
   }
@@ -187,10 +189,12 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir_in) {
     read_indexed(dir, ck);
   } else if (fs::exists(dir / kHfSingleFile, ec)) {
     ck.tensors = read_safetensors((dir / kHfSingleFile).string()).tensors;
+    for (const auto& [name, t] : ck.tensors) ck.file_of[name] = kHfSingleFile;
   } else {
     MT_FAIL("checkpoint '{}': neither {} nor {} exists (only safetensors checkpoints are supported)", dir_in,
             kHfSingleFile, kHfIndexFile);
   }
+  ck.source = dir_in;
   return ck;
 }
 
@@ -239,10 +243,32 @@ void write_hf_checkpoint(const std::string& dir_in, const ModelConfig& config,
   }
 }
 
+namespace {
+
+// "model.layers.N.self_attn.rotary_emb.inv_freq": a buffer transformers saved until it made it
+// non-persistent (4.31); derived from the config, so a checkpoint's copy is not read.
+bool is_saved_rotary_buffer(const std::string& name) {
+  constexpr std::string_view kPrefix = "model.layers.", kSuffix = ".self_attn.rotary_emb.inv_freq";
+  if (name.size() <= kPrefix.size() + kSuffix.size() || name.compare(0, kPrefix.size(), kPrefix) != 0 ||
+      name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0)
+    return false;
+  const std::string_view layer(name.data() + kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  return std::all_of(layer.begin(), layer.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+}  // namespace
+
 void load_into_module(Module& m, const HfCheckpoint& ck) {
+  // " (in FILE)" when the checkpoint says which file holds the tensor (a sharded one has several).
+  auto in_file = [&](const std::string& name) {
+    auto it = ck.file_of.find(name);
+    return it == ck.file_of.end() ? std::string() : fmt::format(" (in {})", it->second);
+  };
+  const std::string what =
+      ck.source.empty() ? std::string("the checkpoint") : fmt::format("checkpoint '{}'", ck.source);
   std::unordered_map<std::string, const Tensor*> given;
   for (const auto& [name, t] : ck.tensors)
-    MT_CHECK(given.emplace(name, &t).second, "load_into_module: tensor '{}' appears twice in the checkpoint", name);
+    MT_CHECK(given.emplace(name, &t).second, "load_into_module: tensor '{}' appears twice in {}", name, what);
   const bool tied = ck.config.tie_word_embeddings;
   auto find = [&](const std::string& name) -> const Tensor* {
     auto it = given.find(name);
@@ -257,38 +283,39 @@ void load_into_module(Module& m, const HfCheckpoint& ck) {
              path, p.desc());
   Module::NamedTensors state;
   std::vector<std::string> missing, unexpected, mismatched;
-  auto take = [&](const std::string& path, const Tensor& dst, const Tensor* src) {
+  auto take = [&](const std::string& path, const Tensor& dst, const Tensor* src, const std::string& src_name) {
     if (src->shape() != dst.shape())
-      mismatched.push_back(fmt::format("'{}' is {} in the checkpoint but {} in the model", path, src->shape(),
-                                       dst.shape()));
+      mismatched.push_back(fmt::format("'{}'{} is {} in the checkpoint but {} in the model", src_name, in_file(src_name),
+                                       src->shape(), dst.shape()));
     else if (is_floating(src->dtype()) != is_floating(dst.dtype()))  // widths convert; integers are no weights
-      mismatched.push_back(fmt::format("'{}' is {} in the checkpoint but {} in the model", path, src->dtype(),
-                                       dst.dtype()));
+      mismatched.push_back(fmt::format("'{}'{} is {} in the checkpoint but {} in the model", src_name,
+                                       in_file(src_name), src->dtype(), dst.dtype()));
     else
       state.emplace_back(path, *src);
   };
   for (const auto& [path, p] : m.named_parameters()) {
-    const Tensor* src = find(path);
     // Tied embeddings: the output projection is the embedding, whatever the file holds.
-    if (tied && path == kLmHeadName) src = find(kEmbedName);
+    const std::string src_name = tied && path == kLmHeadName ? std::string(kEmbedName) : path;
+    const Tensor* src = find(src_name);
     if (!src) {
       missing.push_back(path);
       continue;
     }
-    take(path, p, src);
+    take(path, p, src, src_name);
   }
   for (const auto& [path, b] : m.named_buffers())
-    if (const Tensor* src = find(path)) take(path, b, src);
+    if (const Tensor* src = find(path)) take(path, b, src, path);
   std::unordered_set<std::string> known;  // every path, tied aliases included
   for (const auto& [path, t] : m.state_dict()) known.insert(path);
   for (const auto& [name, t] : ck.tensors)
-    if (!known.count(name) && !(tied && name == kLmHeadName)) unexpected.push_back(name);
+    if (!known.count(name) && !(tied && name == kLmHeadName) && !is_saved_rotary_buffer(name))
+      unexpected.push_back(name + in_file(name));
 
   std::vector<std::string> errors;
   if (!missing.empty()) errors.push_back(fmt::format("missing from the checkpoint: {}", join(missing)));
   if (!unexpected.empty()) errors.push_back(fmt::format("not in the model: {}", join(unexpected)));
   if (!mismatched.empty()) errors.push_back(fmt::format("shape or dtype mismatch: {}", join(mismatched)));
-  MT_CHECK(errors.empty(), "load_into_module: the checkpoint ({} tensors) does not fit the model ({} parameters): {}",
+  MT_CHECK(errors.empty(), "load_into_module: {} ({} tensors) does not fit the model ({} parameters): {}", what,
            ck.tensors.size(), m.named_parameters().size(), join(errors));
   m.load_state_dict(state, Strict::kNo);
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,10 @@ namespace mt {
 struct HfCheckpoint {
   ModelConfig config;
   std::vector<std::pair<std::string, Tensor>> tensors;  // shard by shard, each in file order
+  // Where it was read from, for load_into_module's errors (empty when built in memory): the
+  // directory, and the file of each tensor (a name in it; absent: not known).
+  std::string source = {};
+  std::map<std::string, std::string> file_of = {};
 };
 
 inline constexpr const char* kHfConfigFile = "config.json";
@@ -50,7 +55,10 @@ void write_hf_checkpoint(const std::string& dir, const ModelConfig& config,
 // buffer (buffers are optional). With tie_word_embeddings an absent "lm_head.weight" is fine (a
 // separate lm_head parameter then gets the embedding) and a present one is ignored in favour of
 // the embedding, as transformers does. Throws one error listing the missing names, unexpected
-// names and shape mismatches (name and both shapes); nothing is modified then.
+// names and shape mismatches (name and both shapes), naming the checkpoint's directory and each
+// tensor's file when known; nothing is modified then. The rotary inverse-frequency buffers older
+// transformers versions saved ("model.layers.N.self_attn.rotary_emb.inv_freq") are skipped: meshtrain
+// computes them from the config, as transformers does since it stopped saving them.
 void load_into_module(Module& m, const HfCheckpoint& ck);
 
 // m's parameters under their Hugging Face names, for write_hf_checkpoint; "lm_head.weight" is

@@ -111,8 +111,10 @@ ModelConfig load_hf_config(const std::string& path) {
   c.intermediate_size = f.get_int("intermediate_size", 0);
   c.num_hidden_layers = f.get_int("num_hidden_layers", 0);
   c.num_attention_heads = f.get_int("num_attention_heads", 0);
-  // LlamaConfig defaults num_key_value_heads to num_attention_heads; MixtralConfig to 8.
-  c.num_key_value_heads = f.get_int("num_key_value_heads", moe ? 8 : c.num_attention_heads);
+  // LlamaConfig defaults num_key_value_heads to num_attention_heads. MixtralConfig defaults it to 8
+  // when the key is absent, but maps an explicit null to num_attention_heads (as LlamaConfig does).
+  const bool kv_absent = !doc.contains("num_key_value_heads");
+  c.num_key_value_heads = f.get_int("num_key_value_heads", moe && kv_absent ? 8 : c.num_attention_heads);
   c.head_dim = f.get_int("head_dim", 0);
   c.max_position_embeddings = f.get_int("max_position_embeddings", moe ? 4096 * 32 : 2048);
   c.rms_norm_eps = f.get_double("rms_norm_eps", moe ? 1e-5 : 1e-6);
@@ -122,8 +124,12 @@ ModelConfig load_hf_config(const std::string& path) {
         config_fields(f.at("rope_parameters"), path, "rope_parameters.").get_double("rope_theta", c.rope_theta);
   c.rope_scaling = parse_rope_scaling(f, path);
   c.tie_word_embeddings = f.get_bool("tie_word_embeddings", false);
-  c.attention_bias = f.get_bool("attention_bias", false);
-  c.mlp_bias = f.get_bool("mlp_bias", false);
+  // Hugging Face's Mixtral has no biases (MixtralConfig has neither field; its attention and
+  // experts are built without): a stray key in a Mixtral config.json is ignored, as transformers does.
+  if (!moe) {
+    c.attention_bias = f.get_bool("attention_bias", false);
+    c.mlp_bias = f.get_bool("mlp_bias", false);
+  }
   c.initializer_range = f.get_double("initializer_range", 0.02);
   // transformers >= 4.56 writes "dtype"; older versions "torch_dtype".
   c.torch_dtype = f.has("torch_dtype") ? f.get_string("torch_dtype", "") : f.get_string("dtype", "float32");
@@ -191,8 +197,10 @@ void save_hf_config(const ModelConfig& c, const std::string& path) {
       break;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["attention_bias"] = c.attention_bias;
-  j["mlp_bias"] = c.mlp_bias;
+  if (!moe) {
+    j["attention_bias"] = c.attention_bias;
+    j["mlp_bias"] = c.mlp_bias;
+  }
   j["initializer_range"] = c.initializer_range;
   j["torch_dtype"] = c.torch_dtype;
   j["bos_token_id"] = c.bos_token_id >= 0 ? ordered_json(c.bos_token_id) : ordered_json(nullptr);

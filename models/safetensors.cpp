@@ -36,6 +36,7 @@ namespace {
 // otherwise make us allocate gigabytes before failing).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kCrcKey = "mt.crc32";
+constexpr const char* kLayoutKey = "mt.crc32_layout";
 
 // Slicing-by-8 tables: kCrcTables[0] is the byte-at-a-time table; kCrcTables[k][i] is the CRC of
 // byte i followed by k zero bytes, so eight bytes are folded per step (about 5x the one-table speed,
@@ -73,6 +74,22 @@ struct Entry {
   DType dtype;
   Shape shape;
   uint64_t begin = 0, end = 0;
+};
+
+// The tensor table the data buffer's CRC was computed over, fingerprinted: a file that another tool
+// rewrote keeping meshtrain's metadata (the safetensors library orders tensors its own way) has
+// another table, and the recorded CRC says nothing about its buffer (docs/checkpoints.md).
+class LayoutFingerprint {
+ public:
+  void add(const std::string& name, DType dtype, const Shape& shape, uint64_t begin, uint64_t end) {
+    std::string row = fmt::format("{}\t{}\t{}\t{}\t{}\n", name, safetensors_dtype_name(dtype),
+                                  fmt::join(shape.vec(), ","), begin, end);
+    crc_ = crc32_update(crc_, row.data(), row.size());
+  }
+  std::string hex() const { return hex32(crc_); }
+
+ private:
+  uint32_t crc_ = 0;
 };
 
 int64_t json_nonneg_int(const json& v, const std::string& path, const std::string& name, const char* field) {
@@ -326,7 +343,12 @@ SafetensorsFile read_safetensors(const std::string& path) {
     }
     out.tensors.emplace_back(e.name, std::move(t));
   }
-  if (auto it = out.metadata.find(kCrcKey); it != out.metadata.end())
+  LayoutFingerprint layout;
+  for (const auto& e : h.entries) layout.add(e.name, e.dtype, e.shape, e.begin, e.end);
+  const auto recorded_layout = out.metadata.find(kLayoutKey);
+  // Files written before the fingerprint (no kLayoutKey) are checked as they were.
+  const bool same_layout = recorded_layout == out.metadata.end() || recorded_layout->second == layout.hex();
+  if (auto it = out.metadata.find(kCrcKey); it != out.metadata.end() && same_layout)
     MT_CHECK(it->second == hex32(crc),
              "safetensors '{}': checksum mismatch: {} in the header is {} but the data buffer's CRC-32 is {} (the "
              "file is corrupt)", path, kCrcKey, it->second, hex32(crc));
@@ -423,6 +445,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   ordered_json tensor_entries = ordered_json::object();
   uint64_t offset = 0;
   uint32_t crc = 0;
+  LayoutFingerprint layout;
   for (const auto& [name, t] : tensors) {
     MT_CHECK(!name.empty() && name != "__metadata__",
              "write_safetensors '{}': invalid tensor name '{}'", path, name);
@@ -440,14 +463,16 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     e["shape"] = c.shape().vec();
     e["data_offsets"] = {offset, offset + n};
     tensor_entries[name] = std::move(e);
+    layout.add(name, c.dtype(), c.shape(), offset, offset + n);
     offset += n;
     data.push_back(std::move(c));
   }
   ordered_json header = ordered_json::object();
   ordered_json meta = ordered_json::object();
   for (const auto& [k, v] : metadata)
-    if (k != kCrcKey) meta[k] = v;
+    if (k != kCrcKey && k != kLayoutKey) meta[k] = v;
   meta[kCrcKey] = hex32(crc);
+  meta[kLayoutKey] = layout.hex();
   header["__metadata__"] = std::move(meta);
   for (auto it = tensor_entries.begin(); it != tensor_entries.end(); ++it) header[it.key()] = std::move(it.value());
   std::string text;
@@ -478,10 +503,11 @@ void write_safetensors_streamed(const std::string& path, const std::vector<Safet
   ordered_json header = ordered_json::object();
   ordered_json meta = ordered_json::object();
   for (const auto& [k, v] : metadata)
-    if (k != kCrcKey) meta[k] = v;
+    if (k != kCrcKey && k != kLayoutKey) meta[k] = v;
   constexpr const char* kPlaceholder = "@@crc32@";  // 8 characters, replaced by the hex CRC
   meta[kCrcKey] = kPlaceholder;
-  header["__metadata__"] = std::move(meta);
+  header["__metadata__"] = nullptr;  // first, as write_safetensors puts it (filled in below)
+  LayoutFingerprint layout;
   uint64_t offset = 0;
   for (const auto& sp : specs) {
     MT_CHECK(!sp.name.empty() && sp.name != "__metadata__" && names.insert(sp.name).second,
@@ -492,8 +518,11 @@ void write_safetensors_streamed(const std::string& path, const std::vector<Safet
     e["shape"] = sp.shape.vec();
     e["data_offsets"] = {offset, offset + n};
     header[sp.name] = std::move(e);
+    layout.add(sp.name, sp.dtype, sp.shape, offset, offset + n);
     offset += n;
   }
+  meta[kLayoutKey] = layout.hex();
+  header["__metadata__"] = std::move(meta);
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   const size_t crc_at = text.find(kPlaceholder);

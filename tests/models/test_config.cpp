@@ -419,6 +419,19 @@ TEST_CASE("config: absent fields take transformers' defaults", "[cpu]") {
   REQUIRE(m.torch_dtype == "bfloat16");  // transformers >= 4.56 writes "dtype"
   REQUIRE(m.rope_scaling.type == RopeScaling::Type::kNone);
 
+  // MixtralConfig maps an explicit null to num_attention_heads (an absent key is 8), and it has no
+  // bias fields: a stray attention_bias / mlp_bias is ignored, as transformers ignores it.
+  ModelConfig mn = load_hf_config(dir.write("mnull.json", R"({"model_type": "mixtral", "vocab_size": 100,
+      "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": null, "attention_bias": true, "mlp_bias": true})"));
+  REQUIRE(mn.num_key_value_heads == 4);
+  REQUIRE(!mn.attention_bias);
+  REQUIRE(!mn.mlp_bias);
+  save_hf_config(mn, dir.file("mnull_out.json"));
+  REQUIRE(!read_json(dir.file("mnull_out.json")).contains("attention_bias"));
+  mn.attention_bias = true;  // a Mixtral with biases is no Hugging Face Mixtral
+  REQUIRE_THROWS_WITH(mn.validate("m"), Contains("mixtral has no biases") && Contains("attention_bias true"));
+
   // transformers 5: rope_theta inside rope_parameters.
   ModelConfig v5 = load_hf_config(dir.write("v5.json", R"({"model_type": "mixtral", "vocab_size": 100,
       "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 8,

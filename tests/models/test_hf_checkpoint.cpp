@@ -458,6 +458,47 @@ TEST_CASE("hf checkpoint: load_into_module lists every mismatch and changes noth
   REQUIRE_THROWS_WITH(load_into_module(b, twice), Contains("'model.embed_tokens.weight' appears twice"));
 }
 
+// The errors of a checkpoint read from files name its directory and, per tensor, the shard file; the
+// inv_freq buffers older transformers versions saved are skipped (computed from the config).
+TEST_CASE("hf checkpoint: load errors name the directory and the shard of each tensor", "[cpu]") {
+  TempDir tmp;
+  ModelConfig c = tiny_config(false);
+  manual_seed(18);
+  TinyHfLlama a(c, TinyHfLlama::Tie::kNo);
+  auto state = hf_state(a, c);
+  state.emplace_back("model.layers.1.self_attn.rotary_emb.inv_freq", ones({2}));
+  const std::string ok_dir = tmp.file("old_transformers");
+  write_hf_checkpoint(ok_dir, c, state, DType::kF32, 2048);
+  manual_seed(19);
+  TinyHfLlama b(c, TinyHfLlama::Tie::kNo);
+  load_into_module(b, read_hf_checkpoint(ok_dir));
+  require_params_equal(a, b);
+
+  state.emplace_back("model.layers.x.self_attn.rotary_emb.inv_freq", ones({2}));  // not a layer number
+  for (auto& [n, t] : state)
+    if (n == "model.layers.1.mlp.down_proj.weight") t = zeros({24, 16});
+  const std::string dir = tmp.file("sharded");
+  write_hf_checkpoint(dir, c, state, DType::kF32, 2048);
+  HfCheckpoint ck = read_hf_checkpoint(dir);
+  REQUIRE(ck.source == dir);
+  const std::string down = ck.file_of.at("model.layers.1.mlp.down_proj.weight");
+  const std::string extra = ck.file_of.at("model.layers.x.self_attn.rotary_emb.inv_freq");
+  REQUIRE(down.rfind("model-", 0) == 0);
+  try {
+    load_into_module(b, ck);
+    FAIL("load_into_module accepted a mismatched checkpoint");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    REQUIRE(msg.find(fmt::format("checkpoint '{}'", dir)) != std::string::npos);
+    REQUIRE(msg.find(fmt::format("not in the model: model.layers.x.self_attn.rotary_emb.inv_freq (in {})", extra)) !=
+            std::string::npos);
+    REQUIRE(msg.find(fmt::format("'model.layers.1.mlp.down_proj.weight' (in {}) is [24, 16]", down)) !=
+            std::string::npos);
+    REQUIRE(msg.find("layers.1.self_attn.rotary_emb") == std::string::npos);
+  }
+}
+
 TEST_CASE("hf checkpoint: loading gives meta parameters storage", "[cpu]") {
   ModelConfig c = tiny_config(true);
   manual_seed(17);

@@ -351,6 +351,42 @@ TEST_CASE("safetensors: a flipped data byte fails the checksum; bad BOOL bytes a
   REQUIRE_THROWS_WITH(read_safetensors(p), Contains(p) && Contains("tensor 'm'") && Contains("byte value 2"));
 }
 
+// Another tool that rewrites a file keeping its metadata (the safetensors library's save_file with
+// metadata=..., which orders tensors its own way) gives another tensor table: the recorded CRC is not
+// of that buffer and is not checked. A flip under the table the CRC was computed over still fails,
+// and files from before the table's fingerprint are checked as they were.
+TEST_CASE("safetensors: the checksum applies to the tensor table it was computed over", "[cpu]") {
+  TempDir dir;
+  Tensor a = testing::rand({4}, DType::kF32, 10), b = testing::rand({2, 2}, DType::kF32, 11);
+  const std::string p = dir.file("mine.safetensors");
+  write_safetensors(p, {{"z", a}, {"a", b}}, {{"format", "pt"}});
+  const auto meta = read_safetensors(p).metadata;
+  REQUIRE(meta.at("mt.crc32_layout").size() == 8);
+
+  // The same tensors in the other order under the same metadata: loads.
+  auto a_bytes = le_bytes(a.to_vector<float>()), b_bytes = le_bytes(b.to_vector<float>());
+  const std::string meta_json = fmt::format(R"("__metadata__":{{"format":"pt","mt.crc32":"{}","mt.crc32_layout":"{}"}})",
+                                            meta.at("mt.crc32"), meta.at("mt.crc32_layout"));
+  const std::string resaved = "{" + meta_json + R"(,"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+                              R"("z":{"dtype":"F32","shape":[4],"data_offsets":[16,32]}})";
+  std::vector<uint8_t> data = b_bytes;
+  data.insert(data.end(), a_bytes.begin(), a_bytes.end());
+  write_bytes(dir.file("resaved.safetensors"), raw_file(resaved, data));
+  SafetensorsFile f = read_safetensors(dir.file("resaved.safetensors"));
+  REQUIRE(f.tensors[1].second.to_vector<float>() == a.to_vector<float>());
+
+  // Same table, a flipped byte: corrupt.
+  auto bytes = file_bytes(p);
+  bytes[bytes.size() - 1] ^= 0x01;
+  write_bytes(p, bytes);
+  REQUIRE_THROWS_WITH(read_safetensors(p), Contains(p) && Contains("checksum mismatch"));
+  // A file without the fingerprint (meshtrain before it), reordered: still checked, so refused.
+  const std::string old_meta = fmt::format(R"("__metadata__":{{"mt.crc32":"{}"}})", meta.at("mt.crc32"));
+  write_bytes(dir.file("old.safetensors"),
+              raw_file("{" + old_meta + resaved.substr(resaved.find(",\"a\"")), data));
+  REQUIRE_THROWS_WITH(read_safetensors(dir.file("old.safetensors")), Contains("checksum mismatch"));
+}
+
 TEST_CASE("safetensors: unwritable output leaves nothing behind; bad tensors are refused", "[cpu]") {
   TempDir dir;
   Tensor x = testing::rand({3}, DType::kF32, 1);

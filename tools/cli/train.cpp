@@ -181,6 +181,8 @@ int run_train(int argc, char** argv) {
   const bool loaded_weights = resume ? !sharded_resume : !args.str("hf").empty();
   if (loaded_weights) {
     start_from.tensors = resume ? std::move(loaded.model) : std::move(start_weights.tensors);
+    start_from.source = resume ? loaded.path : start_weights.source;
+    if (!resume) start_from.file_of = std::move(start_weights.file_of);
     // A NaN or inf in the starting weights: refused here, naming the tensor, rather than as a
     // non-finite loss at the first step.
     if (auto bad = first_non_finite(start_from.tensors))

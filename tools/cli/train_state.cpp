@@ -436,6 +436,7 @@ HfCheckpoint read_model_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(fs::path(dir) / kShardedIndexFile, ec)) return read_hf_checkpoint(dir);
   HfCheckpoint out;
+  out.source = dir;
   out.config = load_hf_config((fs::path(dir) / kHfConfigFile).string());
   ShardedCheckpointReader reader(dir);
   for (const IndexedTensor& t : reader.index().tensors)

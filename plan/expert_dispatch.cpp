@@ -46,6 +46,53 @@ class LocalParameters {
   std::vector<std::pair<Tensor*, Tensor>> saved_;
 };
 
+// True when a mesh dim other than the dispatch dim splits the tokens too (data parallel beside ep).
+bool splits_tokens_elsewhere(const DTensorSpec& xs, int dispatch_dim) {
+  for (size_t d = 0; d < xs.placements().size(); ++d)
+    if (static_cast<int>(d) != dispatch_dim && xs.placements()[d].splits()) return true;
+  return false;
+}
+
+// The capacity over the whole batch when other mesh dims split the tokens too (dp x ep): the rows
+// per (expert, slot) of every rank that holds tokens, gathered over all the token-splitting dims
+// (flattened in mesh order: the batch order when each of them is S(d) of the same dim, mesh dim
+// 0 outermost), kept as one device keeps them. Returns this rank's dispatch group's part: its ranks
+// along the dispatch dim, [P * experts * top_k]. Until 2026-11-28 the capacity counted one dispatch
+// group's tokens only (about half the rows kept under dp=2, others than one device's).
+std::vector<int64_t> whole_batch_capacity(const DeviceMesh& mesh, int dispatch_dim, const DTensorSpec& xs,
+                                          const std::vector<int64_t>& mine, double factor, int64_t E, int64_t k,
+                                          int64_t* dropped, const std::string& where) {
+  const Placements& ps = xs.placements();
+  const int tdim = ps[static_cast<size_t>(dispatch_dim)].dim();
+  std::vector<std::string> names;
+  int64_t stride = 1;  // flat-rank distance between neighbours along the dispatch dim
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    const Placement& p = ps[static_cast<size_t>(d)];
+    if (!p.splits()) continue;
+    MT_CHECK(p.is_shard() && p.dim() == tdim,
+             "{}: a capacity factor with the tokens split over '{}' besides the dispatch dim '{}' needs S({}) there "
+             "(the batch order one device sees), got {}", where, mesh.names()[static_cast<size_t>(d)],
+             mesh.names()[static_cast<size_t>(dispatch_dim)], tdim, xs.placements_str());
+    names.push_back(mesh.names()[static_cast<size_t>(d)]);
+    if (d > dispatch_dim) stride *= mesh.size(d);
+  }
+  Communicator comm = mesh.flatten(names).comm();
+  const auto Q = static_cast<int64_t>(comm.size());
+  Tensor c = from_vector<int64_t>(mine, Shape{1, E * k}), g = empty(Shape{Q, E * k}, DType::kI64);
+  comm.all_gather(c, g);
+  const std::vector<int64_t> all = g.to_vector<int64_t>();
+  int64_t n_all = 0;
+  for (int64_t v : all) n_all += v;
+  n_all /= k;
+  const std::vector<int64_t> kept_all = capacity_keep(all, Q, E, k, expert_capacity(factor, n_all, k, E), dropped);
+  const int64_t P = mesh.size(dispatch_dim);
+  const int64_t first = comm.rank() - mesh.coordinate(dispatch_dim) * stride;  // coordinate 0 of the group
+  std::vector<int64_t> kept(static_cast<size_t>(P * E * k));
+  for (int64_t j = 0; j < P; ++j)
+    std::copy_n(kept_all.begin() + (first + j * stride) * E * k, E * k, kept.begin() + j * E * k);
+  return kept;
+}
+
 }  // namespace
 
 AllToAllDispatcher::AllToAllDispatcher(DeviceMesh mesh, int dim, std::vector<int64_t> owners)
@@ -116,11 +163,15 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   auto routed = [&](int64_t rank, int64_t e, int64_t s) { return all[static_cast<size_t>((rank * E + e) * k + s)]; };
   // Capacity (ExpertRouting::capacity_factor): expert e keeps its first C rows in the order one
   // device sees them: slot 0 of every token of the batch (ranks in order), then slot 1, ...
-  int64_t n_all = 0;
-  for (int64_t v : all) n_all += v;
-  n_all /= k;
-  const std::vector<int64_t> kept =  // rows kept per (rank, expert, slot)
-      capacity_keep(all, P, E, k, expert_capacity(r.capacity_factor, n_all, k, E), &load_.dropped);
+  std::vector<int64_t> kept;  // rows kept per (rank of the dispatch group, expert, slot)
+  if (r.capacity_factor > 0 && !simulated && splits_tokens_elsewhere(xs, dim_)) {
+    kept = whole_batch_capacity(mesh_, dim_, xs, mine, r.capacity_factor, E, k, &load_.dropped, where);
+  } else {
+    int64_t n_all = 0;
+    for (int64_t v : all) n_all += v;
+    n_all /= k;
+    kept = capacity_keep(all, P, E, k, expert_capacity(r.capacity_factor, n_all, k, E), &load_.dropped);
+  }
   keep_rows(l, k, kept.data() + me * E * k);
   auto count = [&](int64_t rank, int64_t e) {
     int64_t c = 0;

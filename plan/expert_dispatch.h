@@ -26,7 +26,8 @@ namespace mt {
 // min / max and total routed rows, for the step log.
 struct ExpertLoad {
   std::vector<int64_t> tokens;  // per expert, summed over the ep group (dropped rows included)
-  int64_t dropped = 0;          // rows the capacity dropped, over the ep group
+  int64_t dropped = 0;          // rows the capacity dropped: over the ep group, or the whole batch when
+                                // other mesh dims split the tokens too (the capacity is the batch's then)
   int64_t rows_sent = 0;        // rows this rank sent to other ranks (bytes = rows x H x dtype)
 };
 

@@ -8,7 +8,10 @@
 
 namespace mt {
 
-// Returns the number of gradients reduced.
+// Collective over the parameters' mesh (every rank calls it): one small all_reduce agrees which
+// parameters got a gradient on some rank and over which mesh dims it is Partial, so that a rank
+// without a gradient (its tokens skipped an expert) takes part with zeros. A parameter that got a
+// gradient on no rank keeps none. Returns the number of gradients reduced.
 int sync_gradients(Module& model);
 
 }  // namespace mt

@@ -104,6 +104,15 @@ for spec in $SPECS; do
       || fail "$tag: no PASS line: $(tail -n 2 "$WORK/out")"
   fi
 done
+if [ "$MODE" = slow ]; then
+  # A capacity factor under dp x ep counts the whole batch, as one device does (until 2026-11-28 it
+  # counted one dp group's tokens: other rows kept, step-1 gradients 0.08-0.15 off, exit 0).
+  tag="mixtral_dp_ep np 4 with --moe-capacity-factor 0.5"
+  if expect_rc "$tag: parity" 0 mpi 4 "$BIN" parity --plan "$PLANS/mixtral_dp_ep.plan" --config mixtral-tiny \
+      --batch 4 --seq 16 --steps 3 --moe-capacity-factor 0.5 --json "$WORK/mx_dpep_cf.json"; then
+    r=$(report_within "$WORK/mx_dpep_cf.json" 1e-5 5e-2 2>&1) && pass "$tag: $r" || fail "$tag: $r"
+  fi
+fi
 if [ "$MODE" = fast ]; then
   # Router losses under the token all-to-all: batch statistics all-reduced over ep (docs/moe.md).
   # With a capacity factor of 1 the router's skew drops rows, the same ones as on one device.

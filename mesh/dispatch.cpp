@@ -106,9 +106,16 @@ Placements input_grad_placements(const Placements& in, const std::vector<Placeme
       g[d] = Placement::replicate();
       continue;
     }
-    bool all_r = true;
-    for (const auto& o : outs) all_r = all_r && o[d].is_replicate();
-    g[d] = all_r ? Placement::replicate() : Placement::partial(PartialOp::kSum);
+    // A replicated input's gradient is each rank's term of a sum where an output is Partial(sum) or
+    // split, but where every such output is Partial(avg) each rank's term is already the whole
+    // gradient scaled as the average scales it: the terms average (summing them gave k times the
+    // gradient until 2026-11-28).
+    bool all_r = true, all_avg = true;
+    for (const auto& o : outs) {
+      all_r = all_r && o[d].is_replicate();
+      if (!o[d].is_replicate()) all_avg = all_avg && o[d].is_partial() && o[d].reduce_op() == PartialOp::kAvg;
+    }
+    g[d] = all_r ? Placement::replicate() : Placement::partial(all_avg ? PartialOp::kAvg : PartialOp::kSum);
   }
   return g;
 }

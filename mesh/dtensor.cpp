@@ -1,5 +1,6 @@
 #include "mesh/dtensor.h"
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -96,6 +97,39 @@ std::string DTensorSpec::str() const {
   return fmt::format("DTensorSpec({}, {}, {})", mesh_.str(), mt::placements_str(placements_), global_shape_);
 }
 
+namespace {
+
+// A spec that fits some ranks' shards but not others' (an interleaved or ragged split of a dim an
+// earlier split left uneven) would be refused by some ranks only, and the others would wait in the
+// next collective until its timeout: the layout is checked at every coordinate, with no
+// communication (this rank's first, so its error names its own shard). Meshes of more than 1024
+// ranks (estimates' simulated meshes of thousands) are checked at this rank and the mesh's corners,
+// where chunk sizes change.
+void validate_everywhere(const DeviceMesh& mesh, const Placements& placements, const Shape& global_shape) {
+  const Shape shape = mesh.shape();
+  (void)local_layout(global_shape, placements, shape, mesh.coordinate_shape());
+  const int nd = shape.size();
+  const int64_t n = mesh.size();
+  const bool all = n <= 1024;
+  const int64_t count = all ? n : (int64_t{1} << std::min(nd, 20));
+  Shape coord = shape;
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t rest = i;
+    for (int d = nd - 1; d >= 0; --d) {
+      if (all) {
+        coord[d] = rest % shape[d];
+        rest /= shape[d];
+      } else {
+        coord[d] = (rest & 1) ? shape[d] - 1 : 0;
+        rest >>= 1;
+      }
+    }
+    (void)local_layout(global_shape, placements, shape, coord);
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh& mesh, const Placements& placements,
                                                const Shape& global_shape) {
   static std::mutex mu;
@@ -108,7 +142,7 @@ std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh& mesh, const Pla
   }
   MT_CHECK(static_cast<int>(placements.size()) == mesh.ndim(),
            "DTensor: {} placements {} for mesh {}", placements.size(), placements_str(placements), mesh.str());
-  (void)local_layout(global_shape, placements, mesh.shape(), mesh.coordinate_shape());  // validates
+  validate_everywhere(mesh, placements, global_shape);
   auto spec = std::make_shared<DTensorSpec>(mesh, placements, global_shape);
   if (spec->has_partial()) spec->grad_ = intern_spec(mesh, grad_placements(placements), global_shape);
   install_dist_dispatch();
@@ -198,7 +232,8 @@ Tensor redistribute(const Tensor& dt, const Placements& dst) {
     auto gdst_spec = intern_spec(s.mesh(), grad_placements(dst), s.global_shape());
     record("RedistributeBackward", {dt}, out, [src_spec, gdst_spec](const std::vector<Tensor>& g) {
       // The gradient arrives as a DTensor (a plain one is taken as grad_placements(dst)) and goes back
-      // to the source placements with Partial mapped to Replicate. Differentiable with create_graph.
+      // to the source placements with Partial mapped to Replicate. Not differentiable (wrap detaches):
+      // double backward through DTensors is not supported (docs/dtensor.md).
       const Placements want = grad_placements(src_spec->placements());
       Tensor gd = g[0].is_distributed() ? g[0] : wrap(g[0], gdst_spec);
       return std::vector<Tensor>{redistribute(gd, want)};

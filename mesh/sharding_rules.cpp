@@ -330,6 +330,27 @@ bool rule_reshape(DimCtx& c, const Placement& q) {
     for (int t = g.i0; t < j; ++t) before *= is[t];
     for (int t = j + 1; t < g.i1; ++t) after *= is[t];
     const int64_t n = is[j];
+    // Placements apply in mesh order: an earlier mesh dim that splits another dim of this group
+    // changes the sizes this mesh dim sees (under [S(0), S(1)], [B, T] -> [B * T] leaves cp B / dp
+    // runs of T, not B). Only even Shards keep those sizes equal on every rank. Until 2026-11-28
+    // the global sizes were used here: wrong placements, and permuted values with no error.
+    int64_t lbefore = 1, lafter = 1;  // `before` and `after` as this mesh dim sees them
+    for (int t = g.i0; t < g.i1; ++t) {
+      if (t == j) continue;
+      int64_t size = is[t];
+      for (int e = 0; e < c.mesh_dim; ++e) {
+        const Placement& pe = c.in[0]->placements()[static_cast<size_t>(e)];
+        if (!pe.splits() || pe.dim() != t) continue;
+        const int64_t m = c.in[0]->mesh().size(e);
+        if (!pe.is_shard() || size % m != 0)
+          return c.fail(fmt::format("{} cannot be viewed {} -> {}: mesh dim '{}' splits dim {} of the merged dims "
+                                    "({} of size {} over {} ranks), which needs an even Shard there",
+                                    q.str(), is, os, c.in[0]->mesh().names()[static_cast<size_t>(e)], t, pe.str(),
+                                    size, m));
+        size /= m;
+      }
+      (t < j ? lbefore : lafter) *= size;
+    }
     // First non-unit out dim at or after o (the group's last dim if none).
     auto lead_of = [&](int o) {
       while (o < g.o1 - 1 && os[o] == 1) ++o;
@@ -364,14 +385,14 @@ bool rule_reshape(DimCtx& c, const Placement& q) {
         if (k == c.in[0]->mesh().size(c.mesh_dim) && rest == 1 && os[o] == n * after) {
           std::vector<int64_t> units(static_cast<size_t>(k));
           for (int64_t r = 0; r < k; ++r) units[static_cast<size_t>(r)] = chunk_range(n, k, r).length;
-          c.set_all(Placement::ragged_shard(o, std::move(units), after));
+          c.set_all(Placement::ragged_shard(o, std::move(units), lafter));
           return true;
         }
         return c.fail(fmt::format("S({}) of size {} over {} ranks is not a Shard of the view {} -> {}", j, n, k, is,
                                   os));
       }
       if (g.o1 - g.o0 == 1 && after == 1) {  // [.., a, n] merged: each rank holds a chunk of every run of n
-        c.set_all(Placement::interleaved_shard(g.o0, before));
+        c.set_all(lbefore == 1 ? Placement::shard(g.o0) : Placement::interleaved_shard(g.o0, lbefore));
         return true;
       }
       return c.fail(fmt::format("S({}) cannot be viewed {} -> {}: it is not the leading dim of the merged dims", j,

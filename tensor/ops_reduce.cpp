@@ -3,6 +3,7 @@
 #include "tensor/ops_reduce.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "kernels/registry.h"
 #include "runtime/error.h"
@@ -98,9 +99,32 @@ Tensor dist_reduce(ReduceOp op, const Tensor& x, const std::vector<bool>& mask, 
   return dist_dispatch1(d, {x}, local);
 }
 
+Tensor reduce_minmax(ReduceOp op, const Tensor& x, const std::vector<bool>& mask, KeepDim keep);
+
+// A DTensor's local term of max/min: a shard empty along a reduced dim (5 rows over 4 ranks leave
+// one rank none) contributes the reduction's identity (-inf for max, +inf for min) to the
+// Partial(max/min) result, so the other ranks' values win. It threw on that rank only, and the
+// others waited in the next collective until its timeout (before 2026-11-28).
+Tensor local_minmax(ReduceOp op, const Tensor& l, const std::vector<bool>& mask, KeepDim keep) {
+  bool empty_reduced = false;
+  for (int i = 0; i < l.dim(); ++i) empty_reduced = empty_reduced || (mask[static_cast<size_t>(i)] && l.shape()[i] == 0);
+  if (!empty_reduced || !is_floating(l.dtype())) return reduce_minmax(op, l, mask, keep);
+  Shape ks = keep_shape(l, mask), out;
+  if (keep == KeepDim::kYes) {
+    out = ks;
+  } else {
+    std::vector<int64_t> dims;
+    for (int i = 0; i < l.dim(); ++i)
+      if (!mask[static_cast<size_t>(i)]) dims.push_back(l.shape()[i]);
+    out = Shape(dims);
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  return full(out, op == ReduceOp::kMax ? -inf : inf, l.options());
+}
+
 Tensor reduce_minmax(ReduceOp op, const Tensor& x, const std::vector<bool>& mask, KeepDim keep) {
   if (x.is_distributed()) [[unlikely]]
-    return dist_reduce(op, x, mask, keep, MT_DIST_LOCAL(reduce_minmax(op, l[0], mask, keep)));
+    return dist_reduce(op, x, mask, keep, MT_DIST_LOCAL(local_minmax(op, l[0], mask, keep)));
   Tensor out = run_reduce(op, x, mask, keep, x.dtype());
   if (needs_grad(x)) {
     Shape ks = keep_shape(x, mask), xs = x.shape();

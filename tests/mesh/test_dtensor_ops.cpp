@@ -122,6 +122,12 @@ TEST_CASE("dtensor ops: reductions", "[mpi]") {
   check_op(m, {{a, P("S(1)")}}, [](const auto& x) { return min(x[0]); });
   check_op(m, {{a, P("S(0)"), false}}, [](const auto& x) { return max(x[0], 0); }, "P(max)");
   check_op(m, {{a, P("S(0)")}}, [](const auto& x) { return argmax(x[0], 1); }, "S(0)");
+  // Rows fewer than the ranks leave some shards empty (3 rows over 4 ranks): their term of max/min
+  // is the identity (one rank threw while the others waited in the collective until 2026-11-28).
+  Tensor few = r({3, 2}, 6);
+  check_op(m, {{few, P("S(0)")}}, [](const auto& x) { return max(x[0], 0); });
+  check_op(m, {{few, P("S(0)"), false}}, [](const auto& x) { return min(x[0], 0); }, "P(min)");
+  check_op(m, {{few, P("S(0)"), false}}, [](const auto& x) { return max(x[0]); }, "P(max)");
   if (world().size() > 1)
     check_error(m, {{a, P("S(0)")}}, [](const auto& x) { return var(x[0], {0}); }, "var' over dim 0, which is split");
 }
@@ -232,6 +238,22 @@ TEST_CASE("dtensor ops: on a 2-D mesh", "[mpi]") {
   check_op(m, {{y, P("S(1), S(1)")}}, [](const auto& t) { return mul(t[0], 3.0).reshape({4, -1}); }, "S(1), S(1)");
   check_error(m, {{x, P("S(1), S(1)")}}, [](const auto& t) { return t[0].reshape({4, -1}); },
               "S(1) of size 6 over 4 ranks is not a Shard of the view");
+  // Flattening the batch with the sequence under [S(0), S(1)] (dp x cp): cp sees B / dp runs of T
+  // (the global B gave IS(0, B) and permuted values with no error until 2026-11-28).
+  check_op(m, {{r({2, 4, 3}, 30), P("S(0), S(1)")}}, [](const auto& t) { return t[0].view({8, 3}); }, "S(0), S(0)");
+  check_op(m, {{r({4, 4, 3}, 31), P("S(0), S(1)")}}, [](const auto& t) { return t[0].view({16, 3}); },
+           "S(0), IS(0,2)");
+  check_op(m, {{r({4, 6}, 32), P("S(0), S(1)")}}, [](const auto& t) { return t[0].flatten(); }, "S(0), IS(0,2)");
+  check_op(m, {{r({4, 6}, 33), P("S(1), S(0)")}}, [](const auto& t) { return t[0].flatten(); }, "IS(0,4), S(0)");
+  check_error(m, {{r({3, 4}, 34), P("S(0), S(1)")}}, [](const auto& t) { return t[0].flatten(); },
+              "mesh dim 'a' splits dim 0 of the merged dims");
+  // A spec that fits some ranks' shards only is refused on every rank (the ranks that accepted it
+  // waited in the next collective until its timeout): [7, 5] split [S(1), IS(1,2)] leaves 3 and 2.
+  REQUIRE_THROWS_WITH(distribute_tensor(r({7, 5}, 37), m, P("S(1), IS(1,2)")), Contains("not divisible by 2 groups"));
+  // A replicated input of an op whose output is Partial(avg): each rank's gradient term is the whole
+  // gradient, so the terms average (they were summed: twice the gradient on this mesh).
+  check_op(m, {{r({3}, 35), P("P(avg), R")}, {r({3}, 36), P("R, R")}},
+           [](const auto& t) { return mul(t[0], t[1]); }, "P(avg), R");
   Tensor logits = r({8, 9}, 28);
   Tensor target = randint(0, 9, {8}, DType::kI64);
   check_op(m, {{logits, P("S(0), S(1)")}, {target, P("S(0), R")}},

@@ -52,6 +52,14 @@ bad_case "grad --out over --tokens (another spelling)" --watch "$WORK/tok_copy.t
   "$BIN" grad --hf "$WORK/hf" --tokens "$WORK/tok_copy.txt" --out "$WORK/./tok_copy.txt"
 bad_case "train --metrics over --data" --watch "$WORK/g.safetensors" "--metrics $WORK/g.safetensors" \
   "is the same file as --data" -- "$BIN" "${T[@]}" --steps 1 --data "$WORK/g.safetensors" --metrics "$WORK/g.safetensors"
+# The checkpoint directory's `latest` and the files of its step directories are its inputs too (a
+# metrics line appended to `latest` made the directory unresumable).
+bad_case "train --metrics over the checkpoint's latest" --watch "$WORK/ck" "--metrics $WORK/ck/latest" \
+  "is a checkpoint file of --checkpoint-dir" -- "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" \
+  --metrics "$WORK/ck/latest"
+bad_case "train --profile into a step directory" --watch "$WORK/ck" "--profile $WORK/ck/step-00000004/trainer_state.json" \
+  "is a checkpoint file of --checkpoint-dir" -- "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" \
+  --profile "$WORK/ck/step-00000004/trainer_state.json"
 cp "$WORK/g.safetensors" "$WORK/g2.safetensors"
 bad_case "compare --json over B" --watch "$WORK/g2.safetensors" "--json" "is the same file as B" -- \
   "$BIN" compare "$WORK/g.safetensors" "$WORK/g2.safetensors" --json "$WORK/g2.safetensors"
@@ -240,6 +248,18 @@ got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for
 [ "$got" = "1 2 3 4 5 6 7 8" ] && grep -q "dropped 2 line(s) of steps after 6" "$WORK/out" \
   && pass "resume after a crash past the last checkpoint: metrics steps $got, each once" \
   || fail "metrics after resume: steps '$got' $(tail -n 1 "$WORK/err")"
+# A full disk cut the last line mid-write: it is dropped, not glued to the resumed run's first line.
+rm -rf "$WORK/met/step-00000008"; echo step-00000006 >"$WORK/met/latest"
+python3 - "$WORK/met.jsonl" <<'PY'
+import sys
+lines = open(sys.argv[1]).read().splitlines(True)
+open(sys.argv[1], "w").write("".join(lines[:7]) + lines[7][:25])  # step 8's line cut after 25 bytes
+PY
+"$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --resume --checkpoint-dir "$WORK/met" --metrics "$WORK/met.jsonl" \
+  >"$WORK/out" 2>"$WORK/err"
+got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' "$WORK/met.jsonl" 2>&1)
+[ "$got" = "1 2 3 4 5 6 7 8" ] && pass "resume after a cut metrics line: steps $got, each once, valid JSON lines" \
+  || fail "metrics after a cut line: '$got' $(tail -n 1 "$WORK/err")"
 
 copy_ck stale
 sleep 30 & live=$!

@@ -55,14 +55,20 @@ void check_not_input(const std::string& out, const std::string& out_flag,
   if (out.empty() || !fs::is_regular_file(out, ec)) return;  // a file not yet there is no input
   const fs::path name = fs::path(out).filename();
   const std::string ext = name.extension().string();
+  // A training checkpoint directory's own files too: `latest` (a metrics line appended to it made
+  // the directory unresumable) and the run lock.
   const bool checkpoint_file = name == "config.json" || name == "tokenizer.json" || name == "index.json" ||
                                name == "trainer_state.json" || name == "model.safetensors.index.json" ||
-                               ext == ".safetensors";
+                               name == "latest" || name == ".meshtrain.lock" || ext == ".safetensors";
+  const fs::path parent = parent_or_cwd(out);
   for (const auto& [flag, path] : inputs) {
     if (path.empty() || !fs::exists(path, ec)) continue;
     const bool dir = fs::is_directory(path, ec);
-    const bool same =
-        dir ? checkpoint_file && fs::equivalent(parent_or_cwd(out), path, ec) : fs::equivalent(out, path, ec);
+    // In the directory, or in one of its step directories (any file there is the checkpoint's).
+    const bool in_step_dir = parent.filename().string().rfind("step-", 0) == 0 &&
+                             fs::equivalent(parent_or_cwd(parent), path, ec);
+    const bool same = dir ? (checkpoint_file && fs::equivalent(parent, path, ec)) || in_step_dir
+                          : fs::equivalent(out, path, ec);
     MT_CHECK(!same, "{} {}: is {} {}{}: writing it would destroy the input; give another path", out_flag, out,
              dir ? "a checkpoint file of" : "the same file as", flag, dir || path != out ? " " + path : std::string());
   }

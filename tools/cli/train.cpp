@@ -437,13 +437,7 @@ int run_train(int argc, char** argv) {
     if (saver) saver->finish();
     throw;
   }
-  if (profiler) {
-    profiler->stop();
-    const int rank = plan ? plan->rank : 0;
-    const std::string path = args.str("profile") + (rank > 0 ? fmt::format(".rank{}", rank) : "");
-    profiler->write_chrome_trace(path, rank);
-    if (root) fmt::print("{}profile: trace written to {}\n", profiler->summary(), path);
-  }
+  if (profiler) profiler->stop();
   save(stop_at);
   if (saver) {
     saver->finish();
@@ -451,6 +445,15 @@ int run_train(int argc, char** argv) {
                          args.flag("sync-save") ? "synchronous" : "asynchronous");
   } else if (plan && !ckpt_dir.empty() && root) {
     fmt::print("checkpoint saves blocked training for {:.3f} s (gathered on rank 0)\n", gather_save_s);
+  }
+  // The trace last: a diagnostic file that cannot be written (a full disk) fails the run after the
+  // final checkpoint is committed, not before (it lost the final save, and under --plan the
+  // pending one, until 2026-11-28).
+  if (profiler) {
+    const int rank = plan ? plan->rank : 0;
+    const std::string path = args.str("profile") + (rank > 0 ? fmt::format(".rank{}", rank) : "");
+    profiler->write_chrome_trace(path, rank);
+    if (root) fmt::print("{}profile: trace written to {}\n", profiler->summary(), path);
   }
   flush_stdout("train");
   return 0;

@@ -135,14 +135,26 @@ void check_resume_model(const ModelConfig& saved, const Args& args, const std::s
 
 // A resumed run appends to its metrics file. A run that died after its last checkpoint left lines
 // of the steps it is about to train again: those (a "step" above `start`) are dropped first, so that
-// every step appears once. The file is rewritten atomically, and only when something is dropped.
+// every step appears once. A last line without its newline was cut by a failed write (a full
+// disk): dropped too unless it is a whole JSON line, which gets its newline (the resumed run's
+// first line was glued onto the cut one until 2026-11-28). The file is rewritten atomically, and
+// only when something changes.
 void drop_metrics_after(const std::string& path, int64_t start) {
   std::ifstream in(path);
   if (!in.good()) return;  // a new file
   std::string line, kept;
   int64_t dropped = 0;
+  bool cut = false;  // the last line had no newline
   while (std::getline(in, line)) {
+    const bool last_without_newline = in.eof();
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (last_without_newline) {
+      cut = true;
+      if (!j.is_object()) {
+        ++dropped;
+        continue;
+      }
+    }
     if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > start) {
       ++dropped;
       continue;
@@ -150,7 +162,7 @@ void drop_metrics_after(const std::string& path, int64_t start) {
     kept += line + "\n";
   }
   MT_CHECK(in.eof(), "--metrics {}: cannot read it: {}", path, std::strerror(errno));
-  if (dropped == 0) return;
+  if (dropped == 0 && !cut) return;
   write_file_atomically(path, [&](std::ostream& o) { o << kept; });
   fmt::print("--metrics {}: dropped {} line(s) of steps after {} (written by a run that went on past its last "
              "checkpoint)\n", path, dropped, start);

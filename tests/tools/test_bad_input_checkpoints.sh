@@ -139,6 +139,12 @@ bad_case "latest names no step directory" --watch "$WORK/garbage" "$WORK/garbage
 copy_ck missing; echo step-00000009 >"$WORK/missing/latest"
 bad_case "latest names a missing step" --watch "$WORK/missing" "$WORK/missing/latest: names" "does not exist" -- \
   "$BIN" "${T[@]}" --steps 12 --resume --checkpoint-dir "$WORK/missing"
+copy_ck ldir; rm "$WORK/ldir/latest"; mkdir "$WORK/ldir/latest"
+bad_case "latest is a directory" --watch "$WORK/ldir" "$WORK/ldir/latest is not a regular file" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ldir"
+copy_ck lloop; rm "$WORK/lloop/latest"; ln -s latest "$WORK/lloop/latest"
+bad_case "latest is a symbolic link loop" --watch "$WORK/lloop" "$WORK/lloop/latest is a symbolic link that does not resolve" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/lloop"
 set_state() {  # DIR KEY JSON_VALUE: edits step-4's trainer_state.json
   python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); j[sys.argv[2]]=json.loads(sys.argv[3]); json.dump(j,open(p,"w"))' \
     "$WORK/$1/step-00000004/trainer_state.json" "$2" "$3"
@@ -214,6 +220,13 @@ copy_ck ow
 "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ow" >"$WORK/out" 2>"$WORK/err" \
   && grep -q "resumed from $WORK/ow/step-00000004 at step 4" "$WORK/out" && [ "$(cat "$WORK/ow/latest")" = step-00000006 ] \
   && pass "the replaced checkpoint resumes" || fail "resume after --overwrite: $(tail -n 1 "$WORK/err")"
+# A run stopped between committing its first step directory and writing `latest` (a full disk): the
+# newest step directory, complete by construction, is resumed, with a notice.
+copy_ck nolatest; rm "$WORK/nolatest/latest"
+"$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/nolatest" >"$WORK/out" 2>"$WORK/err" \
+  && grep -q "resumed from $WORK/nolatest/step-00000004 at step 4" "$WORK/out" && grep -q "notice: .*latest does not exist" "$WORK/err" \
+  && [ "$(cat "$WORK/nolatest/latest")" = step-00000006 ] \
+  && pass "no latest: resumed from the newest step directory, with a notice" || fail "resume without latest: $(tail -n 1 "$WORK/err")"
 "$BIN" "${T[@]}" --steps 4 --resume --overwrite --checkpoint-dir "$WORK/back" >/dev/null 2>"$WORK/err" \
   && cmp -s "$WORK/ck/step-00000004/model.safetensors" "$WORK/back/step-00000004/model.safetensors" \
   && [ "$(cat "$WORK/back/latest")" = step-00000004 ] \

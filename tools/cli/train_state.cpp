@@ -151,9 +151,28 @@ struct Latest {
 };
 Latest read_latest(const fs::path& dir) {
   const fs::path latest = dir / kLatest;
-  std::error_code ec;
-  MT_CHECK(fs::exists(latest, ec), "--resume: no checkpoint in {} (the file {} does not exist)", dir.string(),
-           latest.string());
+  std::error_code ec, link_ec;
+  const fs::file_status st = fs::status(latest, ec);
+  MT_CHECK(!fs::is_symlink(fs::symlink_status(latest, link_ec)) || fs::exists(st),
+           "--resume: {} is a symbolic link that does not resolve ({}); it must be a file naming the newest step "
+           "directory", latest.string(), ec ? ec.message() : std::string("no such file"));
+  if (!fs::exists(st)) {
+    // A run stopped between committing a step directory and writing `latest` (a full disk, a kill
+    // during its first save): each step directory is renamed into place whole, so the newest one is
+    // complete and is where the run resumes (the two refusals, "no checkpoint" and "already holds
+    // checkpoints", sent the user to each other until 2026-11-28).
+    const std::map<int64_t, fs::path> steps = step_dirs(dir);
+    MT_CHECK(!steps.empty(), "--resume: no checkpoint in {} (the file {} does not exist)", dir.string(),
+             latest.string());
+    Latest out;
+    out.path = steps.rbegin()->second;
+    out.state = read_train_state(out.path);
+    fmt::print(stderr, "meshtrain: notice: {} does not exist (a run stopped before writing it); resuming from {}, "
+               "the newest step directory\n", latest.string(), out.path.string());
+    return out;
+  }
+  MT_CHECK(fs::is_regular_file(st), "--resume: {} is not a regular file (it must name the newest step directory, "
+           "e.g. step-00000004)", latest.string());
   const std::string name = trimmed(read_text(latest));
   MT_CHECK(!name.empty(), "{}: the file is empty; it must name the newest step directory (e.g. step-00000004)",
            latest.string());

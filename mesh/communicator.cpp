@@ -7,8 +7,9 @@
 #include "mesh/communicator.h"
 
 #include <algorithm>
-#include <exception>
 #include <atomic>
+#include <cmath>
+#include <exception>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -55,7 +56,12 @@ std::chrono::milliseconds timeout_from_env() {
                 kDefaultTimeout.count() / 1000);
     return kDefaultTimeout;
   }
-  return std::chrono::milliseconds(static_cast<int64_t>(secs * 1000.0));
+  // `inf` (and anything past about 116 days) means no deadline in practice: capped so that the
+  // milliseconds fit (inf * 1000 converted to int64 was undefined and came out negative, a timeout
+  // at once blamed on the peers); below a millisecond rounds up to one.
+  constexpr double kMaxSeconds = 1e7;
+  const double capped = std::min(secs, kMaxSeconds);
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(std::ceil(capped * 1000.0))));
 }
 
 std::atomic<int64_t>& timeout_ms() {

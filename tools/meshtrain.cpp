@@ -2,9 +2,18 @@
 // with one line on stderr ("[rank r/w] error: ...") and a non-zero exit code; under mpirun (--plan)
 // they end every rank of the job at once (end_job_on_error), so that an error only one rank sees
 // never leaves the others waiting.
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <thread>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "config.h"
 #include "mesh/world.h"
@@ -30,10 +39,40 @@ constexpr const char* kUsage =
     "  export   a Hugging Face checkpoint assembled from a sharded training checkpoint\n"
     "  version  print the version and the backends built in\n";
 
+// The process as a command finds it, made safe before anything runs (docs/cli.md, "Environment"):
+// - A standard stream closed by the caller (`meshtrain train >&-`) would hand its number to the
+//   first file opened (the metrics file, the run lock), which then received the step lines. /dev/null
+//   opened read-only takes the number instead: writes to it fail, so a closed stdout still ends the
+//   command with the write error, as `init >&-` did.
+// - SIGPIPE is ignored: `meshtrain train | head` killed the run at once, losing everything since its
+//   last checkpoint; now the run goes on, saves, and ends with the write error (exit 1).
+// - An absurd OpenMP thread count (OMP_NUM_THREADS=100000) crashed or hung inside the OpenMP runtime
+//   at the first parallel loop, with no message: refused above 64 threads per core (at least 256).
+void check_process_environment() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int got = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (got >= 0 && got != fd) {
+      ::dup2(got, fd);
+      ::close(got);
+    }
+  }
+  std::signal(SIGPIPE, SIG_IGN);
+#ifdef _OPENMP
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int limit = std::max(256, 64 * cores);
+  const int threads = omp_get_max_threads();
+  MT_CHECK(threads <= limit,
+           "OMP_NUM_THREADS asks for {} threads, more than {} on this machine's {} cores (64 per core): set it to "
+           "about the cores each process may use", threads, limit, cores);
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
+    check_process_environment();
     const char* cmd = argc > 1 ? argv[1] : "train";
     if (!std::strcmp(cmd, "train")) return mt::cli::run_train(argc, argv);
     if (!std::strcmp(cmd, "eval")) return mt::cli::run_eval(argc, argv);

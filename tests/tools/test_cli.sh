@@ -114,6 +114,23 @@ expect_error "unwritable init output" "$WORK/afile/out" -- "$BIN" init --config 
 expect_error "unknown config name" "llama-huge" -- "$BIN" init --config llama-huge --out "$WORK/x"
 [ ! -e "$WORK/x" ] && pass "failed init writes nothing" || fail "failed init left $WORK/x"
 expect_error "unknown flag" "--bogus" -- "$BIN" train --bogus 1
+# The process environment (docs/cli.md, "Environment"): an absurd OpenMP thread count crashed inside
+# the OpenMP runtime; a pipe as --data blocked forever; a closed stdout handed its number to the
+# metrics file, which got the step lines; `| head` killed the run by SIGPIPE.
+expect_error "absurd OMP_NUM_THREADS" "OMP_NUM_THREADS asks for 100000 threads" -- \
+  env OMP_NUM_THREADS=100000 "$BIN" train --steps 1 --seq 32 --batch 2 --metrics ""
+mkfifo "$WORK/fifo"
+expect_error "a pipe as --data" "--data $WORK/fifo: is not a regular file" -- \
+  timeout 20 "$BIN" train --steps 1 --seq 32 --batch 2 --metrics "" --data "$WORK/fifo"
+"$BIN" train --steps 2 --seq 32 --batch 2 --metrics "$WORK/closed.jsonl" >&- 2>"$WORK/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "stdout" "$WORK/err" && python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' \
+  "$WORK/closed.jsonl" && pass "closed stdout: exit 1 naming stdout, the metrics file holds JSON lines only" \
+  || fail "closed stdout: exit $rc, $(tail -n 1 "$WORK/err")"
+"$BIN" train --steps 3 --seq 32 --batch 2 --metrics "" --checkpoint-dir "$WORK/piped" 2>"$WORK/err" | head -n 1 >/dev/null
+rc=${PIPESTATUS[0]}
+[ $rc -eq 1 ] && [ "$(cat "$WORK/piped/latest" 2>/dev/null)" = step-00000003 ] && grep -q "Broken pipe" "$WORK/err" \
+  && pass "train | head: the run finishes and saves, then exit 1 (Broken pipe)" \
+  || fail "train | head: exit $rc, latest '$(cat "$WORK/piped/latest" 2>/dev/null)', $(tail -n 1 "$WORK/err")"
 
 # ---- train: resume equals an uninterrupted run ----------------------------------------------------
 T="--batch 2 --seq 32 --steps 20 --lr 3e-3 --warmup 2 --dropout 0.1 --metrics"

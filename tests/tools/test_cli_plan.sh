@@ -179,6 +179,12 @@ printf 'mesh dp=*\nplace model <in>:0 dp=Q(0)\n' >"$WORK/bad.plan"
 expect_error "malformed plan" "bad.plan:2" -- mpi 2 "$BIN" train --steps 1 --metrics "" --plan "$WORK/bad.plan"
 printf 'mesh dp=3\n' >"$WORK/three.plan"
 expect_error "world does not fit the mesh" "three.plan" -- mpi 2 "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/x.safetensors" --plan "$WORK/three.plan"
+# MT_COLLECTIVE_TIMEOUT_S=inf means no deadline (inf * 1000 in int64 came out negative: every job
+# aborted at its first collective, blaming the peers); 1e-4 s rounds up to a millisecond.
+out=$(MT_COLLECTIVE_TIMEOUT_S=inf mpi 2 "$BIN" eval --hf "$WORK/ck" --tokens "$WORK/tokens.txt" \
+  --plan "$PLANS/llama_dp.plan" 2>"$WORK/err" | tail -n 1)
+grep -q '"loss"' <<<"$out" && pass "MT_COLLECTIVE_TIMEOUT_S=inf: eval under llama_dp runs ($out)" \
+  || fail "MT_COLLECTIVE_TIMEOUT_S=inf: $(grep -m 1 'error' "$WORK/err")"
 # bf16 under a plan: bf16 compute shards, f32 masters; losses within bf16 rounding of one device.
 "$BIN" $TRAIN --precision bf16 --metrics "$WORK/bf1.jsonl" >/dev/null || fail "single-device bf16 train"
 mpi 2 "$BIN" $TRAIN --precision bf16 --plan "$PLANS/llama_tp.plan" --metrics "$WORK/bf_tp.jsonl" >/dev/null 2>"$WORK/err" \

@@ -30,6 +30,11 @@ constexpr const char* kResumeSettings[] = {"lr", "min-lr", "warmup", "weight-dec
 // replaced by another of the same size and ends is not caught), or the embedded corpus.
 std::string data_fingerprint(const std::string& path) {
   if (path.empty()) return "the embedded corpus";
+  // A pipe would block this open until a writer came, with no message (and cannot be read twice).
+  std::error_code ec;
+  MT_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
+           "--data {}: is not a regular file (a pipe or device cannot be read by position; write the tokens to a "
+           "file)", path);
   std::ifstream f(path, std::ios::binary);
   MT_CHECK(f.good(), "--data {}: cannot open it", path);
   f.seekg(0, std::ios::end);

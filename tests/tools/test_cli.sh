@@ -148,6 +148,33 @@ grep -q "grad norm" "$WORK/full.out" && grep -q "tok/s" "$WORK/full.out" && grep
   && pass "train prints loss, grad norm, lr, tok/s, MFU, memory" || fail "train step line"
 "$BIN" train $T "$WORK/bf.jsonl" --precision bf16 --steps 4 >/dev/null && pass "bf16 mixed precision trains" || fail "bf16 train"
 
+# ---- train: SIGTERM / SIGINT finish the step, save it, exit 128 + signal; the resume is exact --------
+for sig in TERM INT; do
+  rm -rf "$WORK/sig_$sig" "$WORK/sig_$sig.jsonl"
+  "$BIN" train --steps 5000 --seq 32 --batch 2 --checkpoint-dir "$WORK/sig_$sig" --metrics "$WORK/sig_$sig.jsonl" \
+    >"$WORK/sig.out" 2>"$WORK/sig.err" &
+  pid=$!
+  for _ in $(seq 200); do [ "$(wc -l <"$WORK/sig_$sig.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break; sleep 0.1; done
+  kill -"$sig" $pid
+  wait $pid; rc=$?
+  want=$((128 + $(kill -l "$sig")))
+  n=$(sed 's/step-0*//' "$WORK/sig_$sig/latest" 2>/dev/null)
+  if [ $rc -eq $want ] && [ -n "$n" ] && [ "$n" = "$(tail -n 1 "$WORK/sig_$sig.jsonl" | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')" ] \
+      && grep -q "stopped by SIG$sig after step $n of 5000" "$WORK/sig.out"; then
+    pass "SIG$sig: exit $rc after step $n, its checkpoint saved and named by latest"
+    stop=$((n + 3))
+    "$BIN" train --steps 5000 --stop-at $stop --seq 32 --batch 2 --checkpoint-dir "$WORK/sig_$sig" --resume \
+      --metrics "$WORK/sig_$sig.jsonl" >/dev/null 2>&1
+    "$BIN" train --steps 5000 --stop-at $stop --seq 32 --batch 2 --metrics "$WORK/sig_ref.jsonl" >/dev/null 2>&1
+    cmp -s <(python3 -c 'import json,sys; [print(json.loads(l)["step"], json.loads(l)["loss"], json.loads(l)["grad_norm"]) for l in open(sys.argv[1])]' "$WORK/sig_$sig.jsonl") \
+           <(python3 -c 'import json,sys; [print(json.loads(l)["step"], json.loads(l)["loss"], json.loads(l)["grad_norm"]) for l in open(sys.argv[1])]' "$WORK/sig_ref.jsonl") \
+      && pass "SIG$sig: resumed to step $stop, losses and norms equal an uninterrupted run bit for bit" \
+      || fail "SIG$sig: the resumed run differs from an uninterrupted one"
+  else
+    fail "SIG$sig: exit $rc (want $want), latest '$n', $(tail -n 1 "$WORK/sig.out") $(tail -n 1 "$WORK/sig.err")"
+  fi
+done
+
 # ---- train: --optimizer adamw8bit and muon resume bit for bit -------------------------------------
 for opt in adamw8bit muon; do
   O="--batch 2 --seq 32 --steps 6 --lr 3e-3 --warmup 2 --optimizer $opt --metrics"

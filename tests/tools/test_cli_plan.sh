@@ -185,6 +185,27 @@ out=$(MT_COLLECTIVE_TIMEOUT_S=inf mpi 2 "$BIN" eval --hf "$WORK/ck" --tokens "$W
   --plan "$PLANS/llama_dp.plan" 2>"$WORK/err" | tail -n 1)
 grep -q '"loss"' <<<"$out" && pass "MT_COLLECTIVE_TIMEOUT_S=inf: eval under llama_dp runs ($out)" \
   || fail "MT_COLLECTIVE_TIMEOUT_S=inf: $(grep -m 1 'error' "$WORK/err")"
+# SIGUSR1 to mpirun (Open MPI forwards it to every rank): every rank stops after the same step,
+# the sharded checkpoint of that step is committed, exit 128 + 10; the resume goes on from it.
+# (mpirun itself, not under `timeout`, which SIGUSR1 would end without forwarding it.)
+rm -rf "$WORK/usr1" "$WORK/usr1.jsonl"
+"$MPIRUN" -np 2 --oversubscribe --mca btl self,vader "$BIN" train --steps 5000 --seq 32 --batch 4 \
+  --plan "$PLANS/llama_fsdp.plan" --checkpoint-dir "$WORK/usr1" --metrics "$WORK/usr1.jsonl" >"$WORK/usr1.out" 2>"$WORK/err" &
+pid=$!
+for _ in $(seq 300); do [ "$(wc -l <"$WORK/usr1.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break; sleep 0.1; done
+kill -USR1 $pid
+wait $pid; rc=$?
+n=$(sed 's/step-0*//' "$WORK/usr1/latest" 2>/dev/null)
+if [ $rc -ne 0 ] && [ -n "$n" ] && [ "$(grep -c "stopped by SIGUSR1 after step $n of 5000" "$WORK/usr1.out")" = 1 ] \
+    && [ -f "$WORK/usr1/step-$(printf %08d "$n")/index.json" ]; then
+  pass "llama_fsdp np 2, SIGUSR1: every rank stopped after step $n, its sharded checkpoint committed (exit $rc)"
+  mpi 2 "$BIN" train --steps 5000 --stop-at $((n + 2)) --seq 32 --batch 4 --plan "$PLANS/llama_fsdp.plan" \
+    --checkpoint-dir "$WORK/usr1" --resume --metrics "" >/dev/null 2>"$WORK/err" \
+    && [ "$(cat "$WORK/usr1/latest")" = "step-$(printf %08d $((n + 2)))" ] \
+    && pass "llama_fsdp np 2: resumed after SIGUSR1 to step $((n + 2))" || fail "resume after SIGUSR1: $(tail -n 1 "$WORK/err")"
+else
+  fail "llama_fsdp np 2, SIGUSR1: exit $rc, latest '$n', $(tail -n 1 "$WORK/usr1.out") $(grep -m 1 error "$WORK/err")"
+fi
 # bf16 under a plan: bf16 compute shards, f32 masters; losses within bf16 rounding of one device.
 "$BIN" $TRAIN --precision bf16 --metrics "$WORK/bf1.jsonl" >/dev/null || fail "single-device bf16 train"
 mpi 2 "$BIN" $TRAIN --precision bf16 --plan "$PLANS/llama_tp.plan" --metrics "$WORK/bf_tp.jsonl" >/dev/null 2>"$WORK/err" \

@@ -40,6 +40,7 @@
 #include "tools/cli/outputs.h"
 #include "tools/cli/parallel.h"
 #include "tools/cli/sharded_save.h"
+#include "tools/cli/stop_signals.h"
 #include "tools/cli/train_resume.h"
 #include "tools/cli/train_samples.h"
 #include "tools/cli/train_state.h"
@@ -361,6 +362,11 @@ int run_train(int argc, char** argv) {
   // --profile: every step is a marked region of the trace (docs/profiler.md).
   std::unique_ptr<Profiler> profiler;
   if (!args.str("profile").empty()) profiler = std::make_unique<Profiler>();
+  // SIGTERM / SIGINT / SIGUSR1: finish the step, save it, exit 128 + the signal (stop_signals.h).
+  StopSignals signals;
+  int stop_signal = 0;
+  int64_t end = stop_at;     // the last step trained
+  bool end_saved = false;    // its checkpoint already written by --checkpoint-every
   try {
     for (int64_t step = start; step < stop_at; ++step) {
       std::optional<ProfileScope> profiled_step;
@@ -430,6 +436,11 @@ int run_train(int argc, char** argv) {
       }
       int64_t every = args.integer("checkpoint-every");
       if (every > 0 && (step + 1) % every == 0 && step + 1 != stop_at) save(step + 1);
+      if (step + 1 != stop_at && (stop_signal = StopSignals::agreed(plan.get())) != 0) {
+        end = step + 1;
+        end_saved = every > 0 && (step + 1) % every == 0;
+        break;
+      }
     }
   } catch (const NonFiniteStop&) {
     // Every rank stops at this step: the save of an earlier step still in flight is committed
@@ -438,7 +449,7 @@ int run_train(int argc, char** argv) {
     throw;
   }
   if (profiler) profiler->stop();
-  save(stop_at);
+  if (!end_saved) save(end);
   if (saver) {
     saver->finish();
     if (root) fmt::print("checkpoint saves blocked training for {:.3f} s ({})\n", saver->blocked_seconds(),
@@ -455,8 +466,16 @@ int run_train(int argc, char** argv) {
     profiler->write_chrome_trace(path, rank);
     if (root) fmt::print("{}profile: trace written to {}\n", profiler->summary(), path);
   }
+  if (stop_signal != 0 && root) {
+    if (ckpt_dir.empty())
+      fmt::print("stopped by {} after step {} of {}: nothing saved (no --checkpoint-dir)\n", signal_name(stop_signal),
+                 end, stop_at);
+    else
+      fmt::print("stopped by {} after step {} of {}: its checkpoint is in {}; continue with --resume\n",
+                 signal_name(stop_signal), end, stop_at, ckpt_dir);
+  }
   flush_stdout("train");
-  return 0;
+  return stop_signal != 0 ? 128 + stop_signal : 0;
 }
 
 }  // namespace mt::cli

@@ -92,21 +92,53 @@ std::map<std::string, std::string> error_notes(const HookIR& ir, const Plan& pla
       p = dot == std::string::npos ? std::string() : p.substr(0, dot);
     }
   }
-  std::map<std::string, std::string> notes;
-  for (auto& [path, m] : model.named_modules()) {
-    auto found = by_path.find(path);
-    if (found == by_path.end() || found->second.empty()) continue;
-    std::vector<std::string> locs = found->second;
+  auto entries_of = [&](const std::string& path, size_t shown) {
+    std::vector<std::string> locs = by_path[path];
     std::stable_sort(locs.begin(), locs.end(), [&](const std::string& a, const std::string& b) {
       return order.count(a) && order.count(b) ? order[a] < order[b] : a < b;
     });
-    constexpr size_t kShown = 6;
-    std::string note = "plan entries for it and its submodules: ";
-    for (size_t i = 0; i < std::min(kShown, locs.size()); ++i) {
-      note += i ? "; " : "";
-      note += text.count(locs[i]) ? fmt::format("{} `{}`", locs[i], text[locs[i]]) : locs[i];
+    std::string out;
+    for (size_t i = 0; i < std::min(shown, locs.size()); ++i) {
+      out += i ? "; " : "";
+      out += text.count(locs[i]) ? fmt::format("{} `{}`", locs[i], text[locs[i]]) : locs[i];
     }
-    if (locs.size() > kShown) note += fmt::format("; ... ({} more)", locs.size() - kShown);
+    if (locs.size() > shown) out += fmt::format("; ... ({} more)", locs.size() - shown);
+    return out;
+  };
+  auto parent_of = [](const std::string& p) {
+    const size_t dot = p.rfind('.');
+    return dot == std::string::npos ? std::string() : p.substr(0, dot);
+  };
+  // Children in registration order (roughly the forward's), per parent path.
+  std::unordered_map<std::string, std::vector<std::string>> children;
+  const auto modules = model.named_modules();
+  for (const auto& [path, m] : modules)
+    if (!path.empty()) children[parent_of(path)].push_back(path);
+  // The nearest module before `path` in the model that has plan entries: a preceding sibling of it
+  // or of one of its ancestors, nearest first. A module often fails on an input whose placement
+  // an earlier module's entry made (an embedding's S(1) meeting a norm): until 2026-11-28 the note
+  // named only the failing module's own entries, which were not at fault.
+  auto before = [&](const std::string& path) -> std::string {
+    for (std::string a = path; !a.empty(); a = parent_of(a)) {
+      const std::vector<std::string>& sib = children[parent_of(a)];
+      auto it = std::find(sib.begin(), sib.end(), a);
+      while (it != sib.begin()) {
+        --it;
+        auto f = by_path.find(*it);
+        if (f != by_path.end() && !f->second.empty()) return *it;
+      }
+    }
+    return "";
+  };
+  std::map<std::string, std::string> notes;
+  for (const auto& [path, m] : modules) {
+    auto found = by_path.find(path);
+    if (found == by_path.end() || found->second.empty()) continue;
+    std::string note = "plan entries for it and its submodules: " + entries_of(path, 6);
+    const std::string prev = before(path);
+    if (!prev.empty())
+      note += fmt::format("; before it in the model, '{}' (its outputs may be this module's inputs): {}", prev,
+                          entries_of(prev, 3));
     notes[path] = std::move(note);
   }
   return notes;

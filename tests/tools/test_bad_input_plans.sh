@@ -43,6 +43,11 @@ bad_case "repetition over 1000" --watch "$P" "rep.plan:2:14" "invalid repetition
 plan nocp "mesh dp=*\nplace model <in>:0 dp=S(0) cp=ZS(1)\n"
 bad_case "a cp dim the mesh lacks" --watch "$P" "nocp.plan:2:28" "'cp=ZS(1)' names no mesh dim" -- \
   "${run[@]}" "$P/nocp.plan" --world 2
+# A norm fails on the embedding's S(1) output: the note names the embedding's entry (line 3), not
+# only the failing layer's own (line 2), which were not at fault.
+plan embodd "mesh tp=*\nplace model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.down_proj weight tp=S(0)\nplace model\\\\.embed_tokens weight tp=S(1)\n"
+bad_case "an embedding split that a later norm cannot take" --watch "$P" "normalizes the last dim" \
+  "before it in the model, 'model.embed_tokens'" "embodd.plan:3:1" -- "${run[@]}" "$P/embodd.plan" --world 2
 plan zsodd "mesh cp=*\nplace model <in>:0 cp=ZS(3)\n"
 bad_case "ZS on a dim the ids lack" --watch "$P" "zsodd.plan:2:20" -- "${run[@]}" "$P/zsodd.plan" --world 2
 

@@ -162,7 +162,7 @@ bad_case "eval: T beyond max_position_embeddings" "long.txt" "T = 1100" "max_pos
 
 # Integer bits are no weights: an I32 q_proj used to load as numbers (grad norm 429 instead of 7).
 c=$(ck_with i32_ck 'retype("model.layers.0.self_attn.q_proj.weight", "I32")')
-bad_case "eval: an integer tensor for a floating weight" "model.layers.0.self_attn.q_proj.weight' is i32 in the checkpoint but f32" -- \
+bad_case "eval: an integer tensor for a floating weight" "model.layers.0.self_attn.q_proj.weight' (in model.safetensors) is i32 in the checkpoint but f32" -- \
   "$BIN" eval --hf "$c" --tokens "$WORK/tokens.txt"
 
 # ---- 1 and 6. tensor shapes in safetensors that overflow or are absurd ---------------------------

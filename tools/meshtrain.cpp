@@ -51,7 +51,7 @@ constexpr const char* kUsage =
 void check_process_environment() {
   for (int fd = 0; fd <= 2; ++fd) {
     if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
-    const int got = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const int got = ::open("/dev/null", O_RDONLY);  // a standard stream: inherited like one
     if (got >= 0 && got != fd) {
       ::dup2(got, fd);
       ::close(got);

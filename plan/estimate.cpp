@@ -173,7 +173,10 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
       est.master_bytes += bytes_of(local, DType::kF32);
     }
     est.param_bytes += bytes_of(local, p.dtype());
-    est.grad_bytes += bytes_of(local, p.dtype());
+    // 16-bit gradients of several micro-batches summed in f32 (Tensor::set_grad_dtype, as the trainer)
+    const bool f32_sum = master && o.accum > 1 && o.accum_dtype == DType::kF32 && is_floating(p.dtype());
+    if (f32_sum) p.set_grad_dtype(DType::kF32);
+    est.grad_bytes += bytes_of(local, f32_sum ? DType::kF32 : p.dtype());
     // 8-bit AdamW (optim/adamw8bit.h; plan/ does not see optim/, so its rule is repeated here and
     // tests/optim/test_adamw8bit.cpp checks the two agree): tensors of 4096 elements or more hold
     // two u8 codes per element and an f32 [rows, 2] absmax; smaller ones two f32 moments.

@@ -33,6 +33,9 @@ struct EstimateOptions {
   int64_t seq = 128;   // tokens per sequence
   int64_t accum = 1;   // micro-batches per optimizer step (gradients reduced once, on the last)
   DType precision = DType::kF32;  // parameter and compute dtype; bf16/f16 add f32 master weights
+  // With accum > 1 and 16-bit precision: the dtype .grad sums the micro-batches in (f32, as
+  // `meshtrain train --accum-dtype` defaults to; or the precision itself).
+  DType accum_dtype = DType::kF32;
   // adamw (2 f32 moments per parameter), adamw8bit (optim/adamw8bit.h: 2 u8 codes + per-row absmax)
   // or muon (optim/muon.h: one f32 momentum per hidden matrix, AdamW's moments for the rest)
   std::string optimizer = "adamw";

@@ -428,11 +428,15 @@ struct FsdpUnitBuffer::State {
     // The shard of gradients: grad_shard, unless a .grad still views it (gradients accumulated
     // over several backwards), then grad_scratch, which AccumulateGrad adds into .grad.
     bool busy = false;
-    if (grad_shard.defined())
-      for (const Param& p : params) {
-        const Tensor gr = p.stored.grad();
-        busy |= gr.defined() && gr.impl()->storage.get() == grad_shard.impl()->storage.get();
-      }
+    // AccumulateGrad reads the result at once (so the reduction cannot stay in flight) when it
+    // adds it into an existing .grad or converts it to another dtype (Tensor::set_grad_dtype:
+    // f32 accumulation of 16-bit gradients over micro-batches).
+    bool read_now = false;
+    for (const Param& p : params) {
+      const Tensor gr = p.stored.grad();
+      busy |= gr.defined() && grad_shard.defined() && gr.impl()->storage.get() == grad_shard.impl()->storage.get();
+      read_now |= gr.defined() || p.stored.grad_dtype().value_or(shard.dtype()) != shard.dtype();
+    }
     Tensor& out = busy ? grad_scratch : grad_shard;
     ensure(out, shard_size);
     if (!busy && out.impl()->storage.get() != lending) {
@@ -452,8 +456,8 @@ struct FsdpUnitBuffer::State {
       r.scatter = mesh.comm(dim).reduce_scatter_async(grad_full, out, CommReduceOp::kSum);
     ++g_reduce_scatters;
     // In flight until the next unit's reduction or the end of the backward pass, unless something
-    // reads the result at once: AccumulateGrad adds grad_scratch into .grad.
-    if (async_reduce && !busy && !ordered) {
+    // reads the result at once: AccumulateGrad adds it into .grad, or converts it (read_now).
+    if (async_reduce && !read_now && !ordered) {
       push_in_flight(std::move(r));
     } else {
       r.complete();

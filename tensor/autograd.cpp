@@ -124,8 +124,15 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
   }
   if (g.impl()->dist) gspec = g.impl()->dist;
   MT_CHECK(g.shape() == leaf.shape(), "gradient {} does not match leaf {}", g.shape(), leaf.shape());
-  if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
-  if (!m.grad || !m.grad->defined()) {
+  // The accumulated .grad's dtype: an existing .grad's, else the one asked for (set_grad_dtype),
+  // else the leaf's.
+  const bool have_grad = m.grad && m.grad->defined();
+  const DType want = have_grad ? m.grad->dtype() : m.grad_dtype.value_or(leaf.dtype());
+  if (g.dtype() != want) {
+    g = g.to(want);
+    g.impl()->dist = gspec;  // (a cast may drop a DTensor's spec; the .grad below gets it anyway)
+  }
+  if (!have_grad) {
     // .grad is later updated in place, so it must own its memory: steal g only when nothing
     // else can see its storage.
     // With create_graph the clone is recorded, so .grad stays differentiable (and never aliases
@@ -208,6 +215,16 @@ void Tensor::set_grad(const Tensor& g) const {
   if (g.defined())
     MT_CHECK(g.shape() == shape(), "set_grad: gradient {} does not match tensor {}", g.desc(), desc());
   impl_->meta().grad = std::make_unique<Tensor>(g);
+}
+
+void Tensor::set_grad_dtype(std::optional<DType> dtype) const {
+  MT_CHECK(!dtype || is_floating(*dtype), "set_grad_dtype: {} is not a floating dtype (tensor {})",
+           dtype ? dtype_name(*dtype) : "", desc());
+  impl_->meta().grad_dtype = dtype;
+}
+
+std::optional<DType> Tensor::grad_dtype() const {
+  return impl_->autograd ? impl_->autograd->grad_dtype : std::nullopt;
 }
 
 const std::shared_ptr<Node>& Tensor::grad_fn() const {

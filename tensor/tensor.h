@@ -6,6 +6,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +59,9 @@ struct AutogradMeta {
   HookList<GradHook> hooks;
   HookList<PostAccumulateHook> post_accumulate_hooks;
   bool retains_grad = false;
+  // The dtype .grad is accumulated in when it is first created (Tensor::set_grad_dtype); unset:
+  // the tensor's own dtype.
+  std::optional<DType> grad_dtype;
 };
 
 class TensorImpl : public RefCounted {
@@ -137,6 +141,12 @@ class Tensor {
   bool is_leaf() const;
   Tensor grad() const;                 // undefined if none
   void set_grad(const Tensor& g) const;  // undefined clears
+  // Accumulate this leaf's .grad in `dtype` (e.g. f32 for a bf16 parameter whose gradients of
+  // several backward passes are summed: one rounding at the end instead of one per pass); nullopt
+  // restores the default (the tensor's dtype). Applies when backward creates .grad; an existing
+  // .grad keeps its dtype and gradients are converted to it.
+  void set_grad_dtype(std::optional<DType> dtype) const;
+  std::optional<DType> grad_dtype() const;
   const std::shared_ptr<Node>& grad_fn() const;
   uint32_t output_nr() const;
   void retain_grad();

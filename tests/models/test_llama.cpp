@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "models/llama.h"
+#include "optim/master_weights.h"
 #include "models/recompute.h"
 #include "model_testing.h"
 #include "testing.h"
@@ -474,4 +475,47 @@ TEST_CASE("llama: bad inputs and configs throw clear errors", "[cpu]") {
   REQUIRE_THROWS_WITH(m->loss(ids_tensor(kIds, 2, 5), ids_tensor({1, 2}, 1, 2)), Contains("targets"));
   c.num_key_value_heads = 3;
   REQUIRE_THROWS_WITH(build_causal_lm(c), Contains("num_key_value_heads"));
+}
+
+TEST_CASE("bf16 gradients of many micro-batches summed in f32 stay closer to the f32 gradient", "[cpu]") {
+  // llama-tiny with bf16-representable weights: one copy computes in f32 (the reference), two in
+  // bf16; 128 micro-batches (loss / 128 each) are accumulated into .grad, in bf16 (the default for a
+  // bf16 leaf) or in f32 (set_grad_dtype, what `meshtrain train --accum N --precision bf16` does).
+  const ModelConfig c = builtin_config("llama-tiny");
+  const auto make = [&](DType dtype) {
+    manual_seed(11);
+    auto m = build_causal_lm(c, DType::kF32);
+    cast_parameters(*m, DType::kBF16);
+    if (dtype != DType::kBF16) cast_parameters(*m, dtype);
+    return m;
+  };
+  auto ref = make(DType::kF32);
+  auto a = make(DType::kBF16);
+  auto b = make(DType::kBF16);
+  for (auto& [n, p] : b->named_parameters()) p.set_grad_dtype(DType::kF32);
+  constexpr int kMicro = 128;
+  for (int i = 0; i < kMicro; ++i) {
+    Generator gen(100 + static_cast<uint64_t>(i));
+    Tensor ids = randint(0, c.vocab_size, Shape{1, 17}, DType::kI64, &gen);
+    Tensor x = ids.narrow(1, 0, 16).contiguous(), y = ids.narrow(1, 1, 16).contiguous();
+    for (auto* m : {ref.get(), a.get(), b.get()}) div(m->loss(x, y), static_cast<double>(kMicro)).backward();
+  }
+  const auto rel_err = [&](CausalLM& m) {
+    double num = 0, den = 0;
+    const auto pr = ref->named_parameters(), pm = m.named_parameters();
+    for (size_t i = 0; i < pr.size(); ++i) {
+      const std::vector<double> g0 = pr[i].second.grad().to_vector<double>(), g = pm[i].second.grad().to_vector<double>();
+      for (size_t k = 0; k < g0.size(); ++k) {
+        num += (g[k] - g0[k]) * (g[k] - g0[k]);
+        den += g0[k] * g0[k];
+      }
+    }
+    return std::sqrt(num / den);
+  };
+  REQUIRE(a->named_parameters().front().second.grad().dtype() == DType::kBF16);
+  REQUIRE(b->named_parameters().front().second.grad().dtype() == DType::kF32);
+  const double err_bf16 = rel_err(*a), err_f32 = rel_err(*b);
+  WARN("relative L2 error of the accumulated gradient against f32 compute: bf16 sum " << err_bf16 << ", f32 sum "
+                                                                                        << err_f32);
+  REQUIRE(err_f32 < 0.6 * err_bf16);  // measured: 1.42% and 0.66%
 }

@@ -288,6 +288,14 @@ TEST_CASE("estimate: 16-bit precision adds f32 master weights; memory scales dow
   RankEstimate acc = estimate_rank(em, dp, dp.resolve_mesh(4), {0}, o);
   CHECK(acc.cost.matmul_flops == Approx(4 * bf16.cost.matmul_flops).epsilon(0.02));
   CHECK(acc.peak_bytes < 2 * bf16.peak_bytes);
+  // The micro-batches' bf16 gradients are summed in f32 (the trainer's --accum-dtype default): 4 bytes
+  // per element instead of 2, and a higher peak than summing them in bf16.
+  CHECK(acc.grad_bytes == 2 * bf16.grad_bytes);
+  o.accum_dtype = DType::kBF16;
+  RankEstimate acc16 = estimate_rank(em, dp, dp.resolve_mesh(4), {0}, o);
+  CHECK(acc16.grad_bytes == bf16.grad_bytes);
+  CHECK(acc16.peak_bytes < acc.peak_bytes);
+  o.accum_dtype = DType::kF32;
   // Refusals name the flag.
   o.optimizer = "lion";
   CHECK_THROWS_WITH(estimate_rank(em, dp, dp.resolve_mesh(4), {0}, o), Catch::Contains("lion"));

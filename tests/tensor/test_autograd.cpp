@@ -458,6 +458,35 @@ TEST_CASE("gradient dtype follows the leaf; casts are differentiable", "[cpu]") 
   REQUIRE_FALSE(x.to(DType::kI64).requires_grad());
 }
 
+TEST_CASE("set_grad_dtype: a 16-bit leaf's gradients summed over backward passes in f32", "[cpu]") {
+  Tensor b = ones({2}, DType::kBF16).requires_grad_();
+  // 1, then 16 x 2^-9: each 2^-9 is below half a bf16 ulp of 1 (2^-7), so a bf16 sum stays 1.
+  const auto passes = [&] {
+    sum(b * 1.0).backward();
+    for (int i = 0; i < 16; ++i) sum(b * 0x1p-9).backward();
+  };
+  passes();
+  REQUIRE(b.grad().dtype() == DType::kBF16);
+  REQUIRE(vals(b.grad()) == std::vector<double>{1, 1});
+  REQUIRE_FALSE(b.grad_dtype().has_value());
+  b.set_grad(Tensor());
+  b.set_grad_dtype(DType::kF32);
+  REQUIRE(b.grad_dtype() == DType::kF32);
+  passes();
+  REQUIRE(b.grad().dtype() == DType::kF32);
+  REQUIRE(vals(b.grad()) == std::vector<double>{1.03125, 1.03125});
+  // An existing .grad keeps its dtype: the gradient is converted to it.
+  b.set_grad(ones({2}, DType::kBF16));
+  sum(b * 2.0).backward();
+  REQUIRE(b.grad().dtype() == DType::kBF16);
+  REQUIRE(vals(b.grad()) == std::vector<double>{3, 3});
+  b.set_grad(Tensor());
+  b.set_grad_dtype(std::nullopt);
+  sum(b * 2.0).backward();
+  REQUIRE(b.grad().dtype() == DType::kBF16);
+  REQUIRE_THROWS_WITH(b.set_grad_dtype(DType::kI64), Catch::Contains("not a floating dtype"));
+}
+
 TEST_CASE("sum_to undoes broadcasting", "[cpu]") {
   Tensor g = ones({2, 3, 4}, DType::kF64);
   REQUIRE(vals(sum_to(g, {3, 1})) == std::vector<double>{8, 8, 8});

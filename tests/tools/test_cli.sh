@@ -260,6 +260,22 @@ for x, y in zip(a, b):
     assert abs(x["loss"] - y["loss"]) < 1e-5 and abs(x["grad_norm"] - y["grad_norm"]) < 1e-4 * max(1, x["grad_norm"]), (x, y)
 PY
 
+# bf16 sums the micro-batches' gradients in f32 unless --accum-dtype bf16 (tests/models/test_llama.cpp
+# measures the error of each against f32 compute); an f32 run is the same with either value.
+"$BIN" train $A --batch 1 --accum 4 --precision bf16 --metrics "$WORK/a4f.jsonl" >/dev/null || fail "bf16 accum 4"
+"$BIN" train $A --batch 1 --accum 4 --precision bf16 --accum-dtype bf16 --metrics "$WORK/a4b.jsonl" >/dev/null \
+  || fail "bf16 accum 4, --accum-dtype bf16"
+"$BIN" train $A --batch 1 --accum 2 --accum-dtype bf16 --metrics "$WORK/a2b.jsonl" >/dev/null || fail "f32 --accum-dtype bf16"
+python3 - "$WORK/a2.jsonl" "$WORK/a2b.jsonl" "$WORK/a4f.jsonl" "$WORK/a4b.jsonl" <<'PY' \
+  && pass "--accum-dtype: bf16 runs differ with it, f32 runs do not" || fail "--accum-dtype has no effect, or one on f32"
+import json, sys
+k = lambda f: [(r["loss"], r["grad_norm"]) for r in map(json.loads, open(f))]
+f32, f32b, b16f, b16b = map(k, sys.argv[1:])
+assert f32 == f32b, (f32, f32b)
+assert len(b16f) == len(b16b) == 3 and b16f != b16b, (b16f, b16b)
+PY
+expect_error "--accum-dtype f16" "--accum-dtype" "f32 or bf16" -- "$BIN" train --steps 1 --accum-dtype f16
+
 # ---- Mixtral: expert rows in the step line and metrics, router-loss flags ------------------------
 "$BIN" train --config mixtral-tiny --steps 2 --batch 2 --seq 16 --moe-aux-loss 0.02 --moe-z-loss 0.001 \
   --metrics "$WORK/moe.jsonl" >"$WORK/moe.out" || fail "mixtral train with router losses"

@@ -60,6 +60,12 @@ EstimateOptions options_from(const Args& args) {
   o.seq = args.integer("seq", 1, int64_t{1} << 24);
   o.accum = args.integer("accum", 1, 1 << 20);
   o.precision = parse_precision(args.str("precision"));
+  const std::string acc = args.str("accum-dtype");
+  MT_CHECK(acc == "f32" || acc == "bf16" || acc == "f16",
+           "meshtrain plan: --accum-dtype must be f32 or the 16-bit --precision, got '{}'", acc);
+  MT_CHECK(acc == "f32" || o.precision == DType::kF32 || parse_precision(acc) == o.precision,
+           "meshtrain plan: --accum-dtype {} is neither f32 nor --precision {}", acc, args.str("precision"));
+  o.accum_dtype = acc == "f32" ? DType::kF32 : o.precision;
   const std::string opt = args.str("optimizer");
   MT_CHECK(opt == "adamw" || opt == "adamw8bit" || opt == "muon",
            "meshtrain plan: --optimizer {} is not supported by the estimate (adamw, adamw8bit or muon, docs/estimate.md)",
@@ -469,6 +475,8 @@ std::vector<FlagSpec> estimate_flags() {
       {"seq", "--estimate: tokens per sequence", "128", false},
       {"accum", "--estimate: micro-batches per optimizer step", "1", false},
       {"precision", "--estimate: f32, bf16 or f16 (16-bit adds f32 master weights)", "bf16", false},
+      {"accum-dtype", "--estimate: with --accum > 1 and 16-bit --precision, the dtype gradients are summed in: f32 "
+                      "(as `meshtrain train`) or the precision", "f32", false},
       {"optimizer", "--estimate: adamw, adamw8bit or muon (its optimizer state; Newton-Schulz GEMMs not timed)", "adamw", false},
       {"recompute", "--estimate: none, full (every decoder layer recomputes in backward) or selective (each "
                     "layer's feed-forward block), as `meshtrain train --recompute`", "none", false},
@@ -509,7 +517,7 @@ int run_plan_estimate(const Args& args) {
     j["parameters"] = cfg.num_parameters();
     j["world"] = world;
     j["mesh"] = mesh.str();
-    j["options"] = {{"batch", o.batch}, {"seq", o.seq}, {"accum", o.accum}, {"precision", dtype_name(o.precision)},
+    j["options"] = {{"batch", o.batch}, {"seq", o.seq}, {"accum", o.accum}, {"precision", dtype_name(o.precision)}, {"accum_dtype", dtype_name(o.accum_dtype)},
                     {"optimizer", o.optimizer}, {"recompute", o.recompute}, {"bucket_bytes", o.bucket_bytes}};
     j["hardware"] = nlohmann::ordered_json::parse(hardware_profile_json(hw));
     j["ranks"] = nlohmann::ordered_json::array();

@@ -56,6 +56,9 @@ std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::st
       {"batch", "sequences per micro-batch", default_batch, false},
       {"seq", "tokens per sequence", default_seq, false},
       {"accum", "micro-batches per optimizer step (gradient accumulation)", "1", false},
+      {"accum-dtype", "with --accum > 1 and --precision bf16: the dtype gradients are summed in over the "
+                      "micro-batches, f32 (2 more bytes per parameter) or bf16 (rounded per micro-batch)", "f32",
+       false},
       {"lr", "peak learning rate", "3e-3", false},
       {"min-lr", "final learning rate of the cosine schedule (default: --lr / 10)", "", false},
       {"warmup", "linear warmup steps", "20", false},
@@ -84,6 +87,8 @@ void validate_step_flags(const Args& args, const std::string& command) {
   args.integer("batch", 1, kMaxBatch);
   args.integer("seq", 1, kMaxPositions);
   args.integer("accum", 1, kMaxAccum);
+  MT_CHECK(args.str("accum-dtype") == "f32" || args.str("accum-dtype") == "bf16",
+           "meshtrain {}: --accum-dtype must be f32 or bf16, got '{}'", command, args.str("accum-dtype"));
   args.integer("warmup", 0, kMaxSteps);
   args.integer("seed", 0, kInt64Max);
   const double inf = std::numeric_limits<double>::infinity();
@@ -228,6 +233,12 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
     for (auto& [name, p] : model.named_parameters()) f32_weights.emplace_back(name, p.detach().clone());
     cast_parameters(model, compute);
   }
+  // 16-bit gradients of several micro-batches are summed in f32 (Megatron's main_grad, FSDP2's
+  // reduce_dtype): one rounding per step where the model's bf16 .grad rounded once per micro-batch.
+  // Collectives still carry the compute dtype (docs/optim.md, "Gradient accumulation in bf16").
+  if (compute != DType::kF32 && accum_ > 1 && args.str("accum-dtype") == "f32")
+    for (auto& [name, p] : model.named_parameters())
+      if (p.requires_grad()) p.set_grad_dtype(DType::kF32);
   master_ = std::make_unique<MasterWeights>(model.named_parameters());
   if (compute != DType::kF32) master_->load_state_dict(f32_weights);
   AdamWOptions adam;

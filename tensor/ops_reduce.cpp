@@ -102,13 +102,14 @@ Tensor dist_reduce(ReduceOp op, const Tensor& x, const std::vector<bool>& mask, 
 Tensor reduce_minmax(ReduceOp op, const Tensor& x, const std::vector<bool>& mask, KeepDim keep);
 
 // A DTensor's local term of max/min: a shard empty along a reduced dim (5 rows over 4 ranks leave
-// one rank none) contributes the reduction's identity (-inf for max, +inf for min) to the
-// Partial(max/min) result, so the other ranks' values win. It threw on that rank only, and the
-// others waited in the next collective until its timeout (before 2026-11-28).
+// one rank none) contributes the reduction's identity (-inf for max, +inf for min; an integer
+// dtype's lowest and highest value) to the Partial(max/min) result, so the other ranks' values win.
+// It threw on that rank only, and the others waited in the next collective until its timeout
+// (before 2026-11-28; integer dtypes until the next session).
 Tensor local_minmax(ReduceOp op, const Tensor& l, const std::vector<bool>& mask, KeepDim keep) {
   bool empty_reduced = false;
   for (int i = 0; i < l.dim(); ++i) empty_reduced = empty_reduced || (mask[static_cast<size_t>(i)] && l.shape()[i] == 0);
-  if (!empty_reduced || !is_floating(l.dtype())) return reduce_minmax(op, l, mask, keep);
+  if (!empty_reduced) return reduce_minmax(op, l, mask, keep);
   Shape ks = keep_shape(l, mask), out;
   if (keep == KeepDim::kYes) {
     out = ks;
@@ -118,8 +119,26 @@ Tensor local_minmax(ReduceOp op, const Tensor& l, const std::vector<bool>& mask,
       if (!mask[static_cast<size_t>(i)]) dims.push_back(l.shape()[i]);
     out = Shape(dims);
   }
-  const double inf = std::numeric_limits<double>::infinity();
-  return full(out, op == ReduceOp::kMax ? -inf : inf, l.options());
+  const bool mx = op == ReduceOp::kMax;
+  if (is_floating(l.dtype())) {
+    const double inf = std::numeric_limits<double>::infinity();
+    return full(out, mx ? -inf : inf, l.options());
+  }
+  // Integers: the dtype's lowest / highest value (int64's highest has no double: filled on the host).
+  if (l.dtype() == DType::kI64) {
+    const int64_t v = mx ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max();
+    return from_vector<int64_t>(std::vector<int64_t>(static_cast<size_t>(out.numel()), v), out,
+                                TensorOptions(DType::kI64))
+        .to(l.device());
+  }
+  double lo = 0, hi = 1;  // bool
+  if (l.dtype() == DType::kI32) {
+    lo = std::numeric_limits<int32_t>::min();
+    hi = std::numeric_limits<int32_t>::max();
+  } else if (l.dtype() == DType::kU8) {
+    hi = 255;
+  }
+  return full(out, mx ? lo : hi, l.options());
 }
 
 Tensor reduce_minmax(ReduceOp op, const Tensor& x, const std::vector<bool>& mask, KeepDim keep) {

@@ -128,6 +128,12 @@ TEST_CASE("dtensor ops: reductions", "[mpi]") {
   check_op(m, {{few, P("S(0)")}}, [](const auto& x) { return max(x[0], 0); });
   check_op(m, {{few, P("S(0)"), false}}, [](const auto& x) { return min(x[0], 0); }, "P(min)");
   check_op(m, {{few, P("S(0)"), false}}, [](const auto& x) { return max(x[0]); }, "P(max)");
+  // Integers: the dtype's lowest / highest value.
+  for (DType dt : {DType::kI64, DType::kI32, DType::kU8}) {
+    Tensor ints = add(mul(few, 50.0), 100.0).to(dt);  // (in [50, 150): fits u8)
+    check_op(m, {{ints, P("S(0)"), false}}, [](const auto& x) { return max(x[0], 0); }, "P(max)");
+    check_op(m, {{ints, P("S(0)"), false}}, [](const auto& x) { return min(x[0]); }, "P(min)");
+  }
   if (world().size() > 1)
     check_error(m, {{a, P("S(0)")}}, [](const auto& x) { return var(x[0], {0}); }, "var' over dim 0, which is split");
 }

@@ -12,8 +12,7 @@
 //     leading space);
 //   Metaspace alone (U+2581 to a space; every U+2581 of the first token is dropped unless the
 //     prepend scheme is "never").
-// Encoding text is not implemented (a BPE encoder must reproduce the tokenizer's pre-tokenizer
-// exactly); prompts for such models are token ids (docs/generate.md).
+// Encoding text: models/hf_encoder.h.
 #pragma once
 
 #include <cstdint>

@@ -145,9 +145,36 @@ sys.exit(0 if ok and f"notice: {n} of the ids are not defined by" in sys.argv[2]
 PY
 cp "$WORK/tok/tokenizer.json" "$WORK/small/"
 
+# ---- --prompt text encoded by a tokenizer.json (the Llama 3 fixture of tests/models/test_hf_encoder.cpp,
+# whose ids the tokenizers library computed) -----------------------------------------------------------
+FIX="$(dirname "$0")/../models/tokenizers"
+python3 - "$WORK/small.json" "$WORK/v600.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["vocab_size"] = 600; c["bos_token_id"] = 0; c["eos_token_id"] = 1
+json.dump(c, open(sys.argv[2], "w"))
+PY
+"$BIN" init --config "$WORK/v600.json" --seed 1 --out "$WORK/v600" >/dev/null || fail "init v600"
+cp "$FIX/llama3.json" "$WORK/v600/tokenizer.json"
+enc=$("$BIN" generate --hf "$WORK/v600" --prompt $'tabs\tand\nnewlines\r\n\n  spaces   here ' --max-new-tokens 2 --temperature 0 --eos none 2>/dev/null | tail -n 1)
+raw=$("$BIN" generate --hf "$WORK/v600" --prompt "Hello world" --no-special-tokens --max-new-tokens 2 --temperature 0 --eos none 2>/dev/null | tail -n 1)
+python3 - "$enc" "$raw" "$FIX/expected.json" <<'PY' && pass "--prompt text: the tokenizers library's ids (with BOS; --no-special-tokens without)" \
+  || fail "--prompt encoding: $enc / $raw"
+import json, sys
+e = {c["text"]: c for c in json.load(open(sys.argv[3]))["llama3"]}
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a["prompt"] == e["tabs\tand\nnewlines\r\n\n  spaces   here "]["ids"], a["prompt"]
+assert b["prompt"] == e["Hello world"]["ids_no_special"], b["prompt"]
+assert len(a["tokens"]) == 2 and "text" in a, a
+PY
+"$BIN" train --hf "$WORK/v600" --seq 16 --batch 2 --steps 1 --sample-every 1 --sample-prompt "Hello world" --sample-tokens 3 \
+  --metrics "" >"$WORK/sample.out" 2>&1 && grep -q "sample" "$WORK/sample.out" \
+  && pass "train --sample-prompt text encoded by --hf's tokenizer.json" || fail "sample prompt: $(tail -3 "$WORK/sample.out")"
+
 # ---- bad input --------------------------------------------------------------------------------------
-expect_error "--prompt text for a non-byte vocabulary" "give the prompt's token ids with --prompt-ids" -- \
-  "$BIN" generate --hf "$WORK/small" --prompt "hello"
+expect_error "--prompt text without a tokenizer.json" "needs a tokenizer.json (--config has none: use --hf DIR)" -- \
+  "$BIN" generate --config "$WORK/small.json" --prompt "hello"
+expect_error "--no-special-tokens with --prompt-ids" "applies to a --prompt encoded by a tokenizer.json" -- \
+  "$BIN" generate --hf "$WORK/small" --prompt-ids 0 --no-special-tokens
 expect_error "a prompt id outside the vocabulary" "prompt token 8 (position 1) is outside the vocabulary [0, 8)" -- \
   "$BIN" generate --hf "$WORK/small" --prompt-ids 0,8
 expect_error "a malformed --prompt-ids" "item 2 ('x') is not a token id" -- \
@@ -165,7 +192,7 @@ expect_error "past max_position_embeddings" "which pass the model's max_position
 "$BIN" generate --hf "$WORK/small" --prompt-ids 0,1,2 --max-new-tokens 62 --eos none >"$WORK/out" 2>"$WORK/err" \
   && pass "3 prompt tokens + 62 new ones fit 64 positions" || fail "3 + 62 tokens: $(tail -n 1 "$WORK/err")"
 expect_error "a missing checkpoint" "$WORK/nothing" -- "$BIN" generate --hf "$WORK/nothing" --prompt a
-expect_error "train --sample-prompt text for a non-byte vocabulary" "--sample-prompt text needs the 256-token byte vocabulary" -- \
+expect_error "train --sample-prompt text without a tokenizer.json" "needs a tokenizer.json in the --hf directory (there is no --hf)" -- \
   "$BIN" train --config "$WORK/small.json" --seq 16 --batch 2 --steps 1 --sample-every 1 --sample-prompt hi --metrics ""
 expect_error "--eos outside the vocabulary" "--eos 9 is out of range" -- \
   "$BIN" generate --hf "$WORK/small" --prompt-ids 0 --max-new-tokens 4 --eos 9

@@ -16,6 +16,7 @@
 #include "models/generate.h"
 #include "models/hf_checkpoint.h"
 #include "models/hf_config.h"
+#include "models/hf_encoder.h"
 #include "models/hf_tokenizer.h"
 #include "models/llama.h"
 #include "models/tokenizer.h"
@@ -36,7 +37,10 @@ const std::vector<FlagSpec> kGenerateFlags = {
     {"hf", "Hugging Face checkpoint directory (config.json + model.safetensors[.index.json])", "", false},
     {"config", "instead of --hf: a built-in name or config.json, with random weights from --init-seed", "", false},
     {"init-seed", "with --config: the seed of the random weights (the weights `init --seed` writes)", "0", false},
-    {"prompt", "the prompt as text (models with the 256-token byte vocabulary)", "", false},
+    {"prompt", "the prompt as text: bytes for the 256-token byte vocabulary, else encoded by the checkpoint's "
+               "tokenizer.json as `tokenizer(text)` does (with its BOS)", "", false},
+    {"no-special-tokens", "with --prompt and a tokenizer.json: encode without the tokenizer's template (no BOS)", "",
+     true},
     {"prompt-ids", "the prompt as comma-separated token ids", "", false},
     {"max-new-tokens", "tokens to generate at most", "64", false},
     {"temperature", "softmax temperature (0: greedy, the highest logit)", "1.0", false},
@@ -117,12 +121,18 @@ int run_generate(int argc, char** argv) {
   std::shared_ptr<CausalLM> model = load_model(args, cfg, dir);
   const bool bytes = cfg.vocab_size == ByteTokenizer::kVocabSize;
   std::vector<int64_t> prompt;
-  if (args.has("prompt")) {
-    MT_CHECK(bytes,
-             "meshtrain generate: --prompt text needs the {}-token byte vocabulary, and this model's vocab_size is {}: "
-             "meshtrain has no tokenizer for it, so give the prompt's token ids with --prompt-ids",
-             ByteTokenizer::kVocabSize, cfg.vocab_size);
+  MT_CHECK(!args.flag("no-special-tokens") || (args.has("prompt") && !bytes),
+           "meshtrain generate: --no-special-tokens applies to a --prompt encoded by a tokenizer.json");
+  if (args.has("prompt") && bytes) {
     for (int32_t t : ByteTokenizer().encode(args.str("prompt"))) prompt.push_back(t);
+  } else if (args.has("prompt")) {
+    std::optional<HfTokenEncoder> enc = dir.empty() ? std::nullopt : HfTokenEncoder::from_dir(dir);
+    MT_CHECK(enc.has_value(),
+             "meshtrain generate: --prompt text for a vocabulary of {} tokens needs a tokenizer.json {}; give the "
+             "prompt's token ids with --prompt-ids instead",
+             cfg.vocab_size, dir.empty() ? std::string("(--config has none: use --hf DIR)") : "in " + dir);
+    prompt = enc->encode(args.str("prompt"), !args.flag("no-special-tokens"));
+    MT_CHECK(!prompt.empty(), "meshtrain generate: --prompt encodes to no tokens");
   } else {
     prompt = parse_ids(args.str("prompt-ids"));
   }

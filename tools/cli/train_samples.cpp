@@ -5,6 +5,7 @@
 
 #include <limits>
 
+#include "models/hf_encoder.h"
 #include "models/tokenizer.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"
@@ -17,8 +18,8 @@ std::vector<FlagSpec> sample_flags() {
       {"sample-every", "print text the model generates every N steps and at the end (0: never; one device only)",
        "0", false},
       {"sample-tokens", "tokens per sample", "64", false},
-      {"sample-prompt", "the samples' prompt as text (byte vocabulary; default: a newline), or, for other "
-                        "vocabularies, empty: the config's bos_token_id", "", false},
+      {"sample-prompt", "the samples' prompt as text (byte vocabulary: default a newline; other vocabularies: "
+                        "encoded by --hf's tokenizer.json with its BOS, default the config's bos_token_id)", "", false},
       {"sample-temperature", "the samples' softmax temperature (0: greedy)", "1.0", false},
   };
 }
@@ -42,12 +43,22 @@ std::optional<TrainSampler> TrainSampler::from_args(const Args& args, const Mode
   if (s.bytes_) {
     for (int32_t t : ByteTokenizer().encode(text.empty() ? std::string("\n") : text)) s.prompt_.push_back(t);
   } else {
-    MT_CHECK(text.empty(),
-             "meshtrain train: --sample-prompt text needs the {}-token byte vocabulary (this model's vocab_size is "
-             "{}); leave it empty to start the samples from bos_token_id", ByteTokenizer::kVocabSize, cfg.vocab_size);
-    MT_CHECK(cfg.bos_token_id >= 0 && cfg.bos_token_id < cfg.vocab_size,
-             "meshtrain train: --sample-every: the config has no bos_token_id to start the samples from");
-    s.prompt_.push_back(cfg.bos_token_id);
+    if (!text.empty()) {
+      std::optional<HfTokenEncoder> enc = hf_dir.empty() ? std::nullopt : HfTokenEncoder::from_dir(hf_dir);
+      MT_CHECK(enc.has_value(),
+               "meshtrain train: --sample-prompt text for a vocabulary of {} tokens needs a tokenizer.json in the --hf "
+               "directory{}; leave it empty to start the samples from bos_token_id",
+               cfg.vocab_size, hf_dir.empty() ? std::string(" (there is no --hf)") : " " + hf_dir);
+      s.prompt_ = enc->encode(text);
+      MT_CHECK(!s.prompt_.empty(), "meshtrain train: --sample-prompt encodes to no tokens");
+      for (int64_t id : s.prompt_)
+        MT_CHECK(id >= 0 && id < cfg.vocab_size, "meshtrain train: --sample-prompt encodes to token {}, outside the "
+                 "model's vocabulary [0, {})", id, cfg.vocab_size);
+    } else {
+      MT_CHECK(cfg.bos_token_id >= 0 && cfg.bos_token_id < cfg.vocab_size,
+               "meshtrain train: --sample-every: the config has no bos_token_id to start the samples from");
+      s.prompt_.push_back(cfg.bos_token_id);
+    }
     if (!hf_dir.empty()) {
       try {
         s.decoder_ = HfTokenDecoder::from_dir(hf_dir);

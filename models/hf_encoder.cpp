@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
-#include <limits>
+#include <queue>
 #include <nlohmann/json.hpp>
 
 #include "models/json_io.h"
@@ -312,26 +312,45 @@ struct HfTokenEncoder::Impl {
       sym.push_back("");
       is_unk.push_back(1);
     }
-    constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-    const auto rank = [&](size_t i) {
-      if (is_unk[i] || is_unk[i + 1]) return kNone;
-      auto it = merge_rank.find(key(sym[i], sym[i + 1]));
-      return it == merge_rank.end() ? kNone : it->second;
-    };
-    std::vector<int64_t> ranks;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) ranks.push_back(rank(i));
-    for (;;) {
-      const auto best = std::min_element(ranks.begin(), ranks.end());  // leftmost of the lowest
-      if (best == ranks.end() || *best == kNone) break;
-      const size_t i = static_cast<size_t>(best - ranks.begin());
-      sym[i] += sym[i + 1];
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-      is_unk.erase(is_unk.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-      ranks.erase(ranks.begin() + static_cast<std::ptrdiff_t>(i));
-      if (i < ranks.size()) ranks[i] = rank(i);
-      if (i > 0) ranks[i - 1] = rank(i - 1);
+    // Merges in rank order, leftmost first among equal ranks (a heap of candidate pairs; a pair
+    // whose symbols changed since it was pushed is stale and skipped): O(n log n), as a piece can be
+    // a whole document when there is no pre-tokenizer (Llama 2).
+    const size_t n = sym.size();
+    std::vector<int64_t> prev(n), next(n);
+    std::vector<uint32_t> version(n, 0);
+    std::vector<char> alive(n, 1);
+    for (size_t i = 0; i < n; ++i) {
+      prev[i] = static_cast<int64_t>(i) - 1;
+      next[i] = i + 1 < n ? static_cast<int64_t>(i) + 1 : -1;
     }
-    for (size_t i = 0; i < sym.size(); ++i) {
+    struct Cand {
+      int64_t rank, left, right;
+      uint32_t vl, vr;
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+    const auto push = [&](int64_t l, int64_t r) {
+      if (l < 0 || r < 0 || is_unk[static_cast<size_t>(l)] || is_unk[static_cast<size_t>(r)]) return;
+      auto it = merge_rank.find(key(sym[static_cast<size_t>(l)], sym[static_cast<size_t>(r)]));
+      if (it != merge_rank.end())
+        heap.push({it->second, l, r, version[static_cast<size_t>(l)], version[static_cast<size_t>(r)]});
+    };
+    for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1);
+    while (!heap.empty()) {
+      const Cand c = heap.top();
+      heap.pop();
+      const auto l = static_cast<size_t>(c.left), r = static_cast<size_t>(c.right);
+      if (!alive[l] || !alive[r] || next[l] != c.right || version[l] != c.vl || version[r] != c.vr) continue;
+      sym[l] += sym[r];
+      alive[r] = 0;
+      ++version[l];
+      next[l] = next[r];
+      if (next[r] >= 0) prev[static_cast<size_t>(next[r])] = c.left;
+      push(prev[l], c.left);
+      push(c.left, next[l]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (!alive[i]) continue;
       if (is_unk[i]) {
         out.push_back(*unk);
         continue;

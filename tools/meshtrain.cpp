@@ -31,6 +31,7 @@ constexpr const char* kUsage =
     "  grad     loss and gradients of a Hugging Face checkpoint on a token file\n"
     "  init     write freshly initialized weights as a Hugging Face checkpoint\n"
     "  generate a prompt's continuation by a checkpoint (greedy or sampled, KV cache)\n"
+    "  tokenize text files to an llm.c token shard with a tokenizer.json (for train --data)\n"
     "  smoke    quick engine check: fit a small MLP\n"
     "  plan     print a plan's hook IR and local parameter shapes for a model and world size\n"
     "  parity   train under a plan and on one device, compare losses, gradients and weights\n"
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(cmd, "grad")) return mt::cli::run_grad(argc, argv);
     if (!std::strcmp(cmd, "init")) return mt::cli::run_init(argc, argv);
     if (!std::strcmp(cmd, "generate")) return mt::cli::run_generate(argc, argv);
+    if (!std::strcmp(cmd, "tokenize")) return mt::cli::run_tokenize(argc, argv);
     if (!std::strcmp(cmd, "smoke")) return mt::cli::run_smoke(argc, argv);
     if (!std::strcmp(cmd, "plan")) return mt::cli::run_plan(argc, argv);
     if (!std::strcmp(cmd, "parity")) return mt::cli::run_parity(argc, argv);
@@ -93,7 +95,7 @@ int main(int argc, char** argv) {
       fmt::print("{}", kUsage);
       return 0;
     }
-    MT_FAIL("unknown command '{}' (commands: train, eval, grad, init, generate, smoke, plan, parity, compare, checkpoint, export, version; meshtrain --help)", cmd);
+    MT_FAIL("unknown command '{}' (commands: train, eval, grad, init, generate, tokenize, smoke, plan, parity, compare, checkpoint, export, version; meshtrain --help)", cmd);
   } catch (const mt::cli::HelpShown&) {
     return 0;
   } catch (const mt::cli::ExitError& e) {

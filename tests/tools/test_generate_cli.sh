@@ -170,6 +170,31 @@ PY
   --metrics "" >"$WORK/sample.out" 2>&1 && grep -q "sample" "$WORK/sample.out" \
   && pass "train --sample-prompt text encoded by --hf's tokenizer.json" || fail "sample prompt: $(tail -3 "$WORK/sample.out")"
 
+# ---- tokenize: text documents to a token shard with the same tokenizer, then train on it -------------
+python3 - "$FIX/expected.json" "$WORK/docs.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[2], "w") as f:
+    for c in json.load(open(sys.argv[1]))["llama3"]:
+        f.write(json.dumps({"text": c["text"]}) + "\n")
+PY
+"$BIN" tokenize "$WORK/docs.jsonl" --format jsonl --tokenizer "$WORK/v600" --out "$WORK/docs.bin" >"$WORK/tok.out" \
+  || fail "tokenize: $(cat "$WORK/tok.out")"
+python3 - "$FIX/expected.json" "$WORK/docs.bin" <<'PY' && pass "tokenize --format jsonl: the tokenizers library's ids, BOS per document" \
+  || fail "tokenize shard"
+import json, struct, sys
+want = [i for c in json.load(open(sys.argv[1]))["llama3"] for i in c["ids"]]
+b = open(sys.argv[2], "rb").read()
+magic, version, n = struct.unpack("<3i", b[:12])
+got = list(struct.unpack(f"<{n}H", b[1024:]))
+assert (magic, version) == (20240520, 1) and got == want, (magic, version, got[:20], want[:20])
+PY
+"$BIN" train --hf "$WORK/v600" --data "$WORK/docs.bin" --steps 2 --batch 2 --seq 16 --metrics "" >"$WORK/tok_train.out" 2>&1 \
+  && pass "train --hf --data on the tokenized shard" || fail "train on the shard: $(tail -2 "$WORK/tok_train.out")"
+expect_error "tokenize a jsonl line without the field" "docs.jsonl line 1: no string field 'body'" -- \
+  "$BIN" tokenize "$WORK/docs.jsonl" --format jsonl --text-field body --tokenizer "$WORK/v600" --out "$WORK/x.bin"
+expect_error "tokenize onto its input" "same file as an input" -- \
+  "$BIN" tokenize "$WORK/docs.jsonl" --tokenizer "$WORK/v600" --out "$WORK/docs.jsonl"
+
 # ---- bad input --------------------------------------------------------------------------------------
 expect_error "--prompt text without a tokenizer.json" "needs a tokenizer.json (--config has none: use --hf DIR)" -- \
   "$BIN" generate --config "$WORK/small.json" --prompt "hello"

@@ -15,5 +15,6 @@ int run_compare(int argc, char** argv);
 int run_checkpoint(int argc, char** argv);  // checkpoint inspect DIR
 int run_export(int argc, char** argv);
 int run_generate(int argc, char** argv);
+int run_tokenize(int argc, char** argv);  // text files -> an llm.c token shard
 
 }  // namespace mt::cli

@@ -1,6 +1,6 @@
 // `meshtrain generate`: a prompt's continuation by a model (docs/generate.md).
 //   generate --hf DIR | --config NAME [--init-seed S]   the model: a checkpoint, or random weights
-//            --prompt TEXT | --prompt-ids 1,2,3         text for the byte vocabulary (256 tokens)
+//            --prompt TEXT | --prompt-ids 1,2,3         text: bytes, or encoded by DIR/tokenizer.json
 //            --max-new-tokens N --temperature T --top-k K --top-p P --seed S --eos ID|none|auto
 //            --no-cache --device D --precision f32|bf16
 // Prints the continuation's text (the byte vocabulary, or a tokenizer.json next to the

@@ -517,8 +517,8 @@ int run_plan_estimate(const Args& args) {
     j["parameters"] = cfg.num_parameters();
     j["world"] = world;
     j["mesh"] = mesh.str();
-    j["options"] = {{"batch", o.batch}, {"seq", o.seq}, {"accum", o.accum}, {"precision", dtype_name(o.precision)}, {"accum_dtype", dtype_name(o.accum_dtype)},
-                    {"optimizer", o.optimizer}, {"recompute", o.recompute}, {"bucket_bytes", o.bucket_bytes}};
+    j["options"] = {{"batch", o.batch}, {"seq", o.seq}, {"accum", o.accum}, {"precision", dtype_name(o.precision)},
+                    {"accum_dtype", dtype_name(o.accum_dtype)}, {"optimizer", o.optimizer}, {"recompute", o.recompute}, {"bucket_bytes", o.bucket_bytes}};
     j["hardware"] = nlohmann::ordered_json::parse(hardware_profile_json(hw));
     j["ranks"] = nlohmann::ordered_json::array();
     for (size_t i = 0; i < r.ranks.size(); ++i) j["ranks"].push_back(rank_json(r.ranks[i], r.times[i], mesh));

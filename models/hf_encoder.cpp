@@ -433,6 +433,7 @@ HfTokenEncoder HfTokenEncoder::from_file(const std::string& path) {
     d.merge_rank.emplace(Impl::key(a, b), static_cast<int64_t>(r));  // a repeated pair keeps its first rank
   }
   // Added tokens.
+  std::vector<std::string> normalized_added;
   if (top.has("added_tokens")) {
     const json& added = top.at("added_tokens");
     MT_CHECK(added.is_array(), "{}: field 'added_tokens' must be a list", path);
@@ -442,6 +443,10 @@ HfTokenEncoder HfTokenEncoder::from_file(const std::string& path) {
       MT_CHECK(!a.get_bool("single_word", false),
                "{}: added token '{}' is single_word, which meshtrain does not encode (added_tokens[{}])", path,
                t.content.substr(0, 80), i);
+      // A `normalized` token (the default for non-special ones) is matched in the normalized text by
+      // the library; meshtrain matches added tokens in the raw text, which is the same only without
+      // a normalizer (checked below, once the normalizer is read).
+      if (a.get_bool("normalized", !a.get_bool("special", false))) normalized_added.push_back(t.content);
       if (!t.content.empty()) d.added.push_back(std::move(t));
     }
     std::stable_sort(d.added.begin(), d.added.end(),
@@ -474,6 +479,10 @@ HfTokenEncoder HfTokenEncoder::from_file(const std::string& path) {
     }
   };
   if (top.has("normalizer")) norm(top.at("normalizer"), "normalizer.", 0);
+  MT_CHECK(d.norms.empty() || normalized_added.empty(),
+           "{}: added token '{}' is 'normalized' (matched after the normalizer), which meshtrain does not encode with "
+           "a normalizer present; set its \"normalized\" to false if it should match the raw text",
+           path, normalized_added.empty() ? std::string() : normalized_added.front().substr(0, 80));
   // Pre-tokenizer.
   std::function<void(const json&, const std::string&, int)> pre = [&](const json& n, const std::string& prefix,
                                                                      int depth) {
@@ -580,6 +589,14 @@ HfTokenEncoder HfTokenEncoder::from_file(const std::string& path) {
   HfTokenEncoder e;
   e.impl_ = std::move(impl);
   return e;
+}
+
+bool HfTokenEncoder::defines(int64_t id) const {
+  for (const Impl::Added& a : impl_->added)
+    if (a.id == id) return true;
+  for (const auto& [tok, v] : impl_->vocab)
+    if (v == id) return true;
+  return false;
 }
 
 std::vector<int64_t> HfTokenEncoder::encode(const std::string& text, bool add_special_tokens) const {

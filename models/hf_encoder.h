@@ -11,7 +11,7 @@
 //   post-processor: none, ByteLevel (ids unchanged), TemplateProcessing (its `single` template:
 //     the BOS of Llama 2 and 3), or a Sequence of them.
 // Anything else (WordPiece or Unigram models, other normalizers such as NFKC, single_word added
-// tokens, a regex construct that needs backtracking beyond `\s+(?!\S)`) is refused when the file
+// tokens, added tokens matched after a normalizer (`normalized`), a regex construct that needs backtracking beyond `\s+(?!\S)`) is refused when the file
 // is read, with an error naming the file and the field, never encoded differently.
 //
 // Regexes run on RE2, with the Unicode meaning the library's Oniguruma gives `\s` (White_Space)
@@ -37,6 +37,9 @@ class HfTokenEncoder {
   // The ids of `text` (UTF-8; invalid bytes are an error). With add_special_tokens the
   // post-processor's template adds its tokens (Llama's BOS), as `tokenizer(text)` does.
   std::vector<int64_t> encode(const std::string& text, bool add_special_tokens = true) const;
+
+  // Whether `id` is a token of the file (its vocabulary or an added token).
+  bool defines(int64_t id) const;
 
   struct Impl;
 

@@ -67,6 +67,12 @@ TEST_CASE("hf encoder: refusals name the file and the field", "[cpu]") {
           "pre_tokenizer.pattern.Regex");
   refused("word", [](auto& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}}}; },
           "\\w");
+  // Added tokens matched after the normalizer (tokenizer.add_tokens' default): refused with one.
+  refused("normalized_added",
+          [](auto& j) {
+            j["added_tokens"].push_back({{"id", 5}, {"content", "<|im_start|>"}, {"special", false}});
+          },
+          "added token '<|im_start|>' is 'normalized'");
   refused("single_word", [](auto& j) { j["added_tokens"][0]["single_word"] = true; }, "single_word");
   refused("bert", [](auto& j) { j["post_processor"] = {{"type", "BertProcessing"}}; }, "post-processor type 'BertProcessing'");
   refused("merge", [](auto& j) { j["model"]["merges"][0] = "nospace"; }, "model.merges[0]");

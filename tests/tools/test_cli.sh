@@ -149,9 +149,12 @@ grep -q "grad norm" "$WORK/full.out" && grep -q "tok/s" "$WORK/full.out" && grep
 "$BIN" train $T "$WORK/bf.jsonl" --precision bf16 --steps 4 >/dev/null && pass "bf16 mixed precision trains" || fail "bf16 train"
 
 # ---- train: SIGTERM / SIGINT finish the step, save it, exit 128 + signal; the resume is exact --------
+# A script's background job inherits SIGINT ignored (and meshtrain keeps it so, below): the runs
+# are started with the default disposition, as from a terminal.
+with_default_int() { exec python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' "$@"; }
 for sig in TERM INT; do
   rm -rf "$WORK/sig_$sig" "$WORK/sig_$sig.jsonl"
-  "$BIN" train --steps 5000 --seq 32 --batch 2 --checkpoint-dir "$WORK/sig_$sig" --metrics "$WORK/sig_$sig.jsonl" \
+  with_default_int "$BIN" train --steps 5000 --seq 32 --batch 2 --checkpoint-dir "$WORK/sig_$sig" --metrics "$WORK/sig_$sig.jsonl" \
     >"$WORK/sig.out" 2>"$WORK/sig.err" &
   pid=$!
   for _ in $(seq 200); do [ "$(wc -l <"$WORK/sig_$sig.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break; sleep 0.1; done
@@ -174,6 +177,19 @@ for sig in TERM INT; do
     fail "SIG$sig: exit $rc (want $want), latest '$n', $(tail -n 1 "$WORK/sig.out") $(tail -n 1 "$WORK/sig.err")"
   fi
 done
+# An inherited SIG_IGN stays: a background job of a script is not stopped by SIGINT.
+rm -rf "$WORK/sig_ign"
+"$BIN" train --steps 5000 --seq 32 --batch 2 --checkpoint-dir "$WORK/sig_ign" --metrics "" >/dev/null 2>&1 &
+pid=$!
+sleep 1
+kill -INT $pid 2>/dev/null
+sleep 1
+if kill -0 $pid 2>/dev/null; then
+  kill -TERM $pid; wait $pid; rc=$?
+  [ $rc -eq 143 ] && pass "SIGINT ignored when inherited so; SIGTERM still stops (exit 143)" || fail "SIGTERM after ignored INT: exit $rc"
+else
+  wait $pid; fail "an inherited-ignored SIGINT stopped the run (exit $?)"
+fi
 
 # ---- train: --optimizer adamw8bit and muon resume bit for bit -------------------------------------
 for opt in adamw8bit muon; do

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
 
@@ -12,25 +13,30 @@ namespace mt::cli {
 
 namespace {
 
-volatile std::sig_atomic_t g_signal = 0;
+// Lock-free, so the handler may set it on any thread (OpenMP workers, the saver, MPI's) while the
+// main thread reads it; the exchange makes one of two simultaneous signals the first.
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
 
 extern "C" void on_stop_signal(int sig) {
-  if (g_signal != 0 && sig != SIGUSR1) {
+  int expected = 0;
+  const bool first = g_signal.compare_exchange_strong(expected, sig);
+  if (!first && sig != SIGUSR1) {
     // A second SIGTERM / SIGINT: as if unhandled (the user insists; Open MPI sends SIGKILL soon).
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
   }
-  if (g_signal == 0) {
+  if (first) {
     constexpr char kMsg[] =
         "meshtrain: stop requested: finishing this step, then saving a checkpoint (SIGTERM or SIGINT again ends "
         "the process at once)\n";
     ssize_t ignored = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);  // async-signal-safe
     (void)ignored;
   }
-  g_signal = sig;
+  if (!first) g_signal.store(sig);  // (a later SIGUSR1)
 }
 
 }  // namespace
@@ -46,7 +52,12 @@ StopSignals::StopSignals() : saved_(new Saved) {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // reads, writes and waits go on; the loop checks the flag after each step
-  for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &sa, &saved_->old[i]);
+  // A signal the process inherited as ignored (a background job of a script: SIGINT; `trap '' INT`)
+  // stays ignored, as shells and CPython leave it.
+  for (size_t i = 0; i < std::size(kSignals); ++i) {
+    ::sigaction(kSignals[i], nullptr, &saved_->old[i]);
+    if (saved_->old[i].sa_handler != SIG_IGN) ::sigaction(kSignals[i], &sa, nullptr);
+  }
 }
 
 StopSignals::~StopSignals() {
@@ -54,7 +65,7 @@ StopSignals::~StopSignals() {
   delete saved_;
 }
 
-int StopSignals::received() { return static_cast<int>(g_signal); }
+int StopSignals::received() { return g_signal.load(); }
 
 int StopSignals::agreed(const PlanContext* plan) {
   if (!plan) return received();

@@ -57,6 +57,7 @@ int run_tokenize(int argc, char** argv) {
   }
   check_not_input(out, "--out", named);
   const HfTokenEncoder enc = HfTokenEncoder::from_file(tok_file);
+  MT_CHECK(bos_id < 0 || enc.defines(bos_id), "meshtrain tokenize: --bos {} is not a token of {}", bos_id, tok_file);
 
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> ids;

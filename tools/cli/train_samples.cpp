@@ -68,9 +68,11 @@ std::optional<TrainSampler> TrainSampler::from_args(const Args& args, const Mode
     }
   }
   const auto T = static_cast<int64_t>(s.prompt_.size());
-  MT_CHECK(T + s.opts_.max_new_tokens <= cfg.max_position_embeddings,
-           "meshtrain train: the sample's prompt ({} tokens) and --sample-tokens {} pass the model's "
-           "max_position_embeddings of {}", T, s.opts_.max_new_tokens, cfg.max_position_embeddings);
+  // As in generate: the last new token is never fed back, so positions 0 .. T + N - 2 run.
+  MT_CHECK(T + s.opts_.max_new_tokens - 1 <= cfg.max_position_embeddings,
+           "meshtrain train: the sample's prompt ({} tokens) and --sample-tokens {} need {} positions (the last "
+           "new token is not fed back), which pass the model's max_position_embeddings of {}",
+           T, s.opts_.max_new_tokens, T + s.opts_.max_new_tokens - 1, cfg.max_position_embeddings);
   return s;
 }
 

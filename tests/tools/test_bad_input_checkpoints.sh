@@ -57,6 +57,11 @@ bad_case "train --metrics over --data" --watch "$WORK/g.safetensors" "--metrics 
 bad_case "train --metrics over the checkpoint's latest" --watch "$WORK/ck" "--metrics $WORK/ck/latest" \
   "is a checkpoint file of --checkpoint-dir" -- "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" \
   --metrics "$WORK/ck/latest"
+# A fresh run too: its final save would rename `latest` over the metrics file.
+mkdir -p "$WORK/fresh_ck"
+bad_case "train --metrics as a fresh checkpoint directory's latest" --watch "$WORK/fresh_ck" \
+  "--metrics $WORK/fresh_ck/latest" "is a checkpoint file of --checkpoint-dir" -- "$BIN" "${T[@]}" --steps 2 \
+  --checkpoint-dir "$WORK/fresh_ck" --metrics "$WORK/fresh_ck/latest"
 bad_case "train --profile into a step directory" --watch "$WORK/ck" "--profile $WORK/ck/step-00000004/trainer_state.json" \
   "is a checkpoint file of --checkpoint-dir" -- "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" \
   --profile "$WORK/ck/step-00000004/trainer_state.json"

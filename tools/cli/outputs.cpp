@@ -52,23 +52,34 @@ void check_output_file(const std::string& path, const std::string& flag) {
 void check_not_input(const std::string& out, const std::string& out_flag,
                      const std::vector<std::pair<std::string, std::string>>& inputs) {
   std::error_code ec;
-  if (out.empty() || !fs::is_regular_file(out, ec)) return;  // a file not yet there is no input
+  if (out.empty()) return;
+  const bool out_exists = fs::is_regular_file(out, ec);
+  if (!out_exists && fs::exists(out, ec)) return;  // a device or pipe: written in place, never an input
   const fs::path name = fs::path(out).filename();
   const std::string ext = name.extension().string();
   // A training checkpoint directory's own files too: `latest` (a metrics line appended to it made
-  // the directory unresumable) and the run lock.
+  // the directory unresumable) and the run lock. These are refused by name whether or not they
+  // exist yet: a fresh run's final save renames `latest` over a metrics file of that name.
   const bool checkpoint_file = name == "config.json" || name == "tokenizer.json" || name == "index.json" ||
                                name == "trainer_state.json" || name == "model.safetensors.index.json" ||
                                name == "latest" || name == ".meshtrain.lock" || ext == ".safetensors";
   const fs::path parent = parent_or_cwd(out);
+  // The same directory: by identity when both exist, else by their normalized paths (a checkpoint
+  // directory the run has not created yet).
+  const auto same_dir = [&](const fs::path& a, const fs::path& b) {
+    if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+    return fs::weakly_canonical(fs::absolute(a, ec), ec) == fs::weakly_canonical(fs::absolute(b, ec), ec);
+  };
   for (const auto& [flag, path] : inputs) {
-    if (path.empty() || !fs::exists(path, ec)) continue;
-    const bool dir = fs::is_directory(path, ec);
+    if (path.empty()) continue;
+    const bool exists = fs::exists(path, ec);
+    // An input that does not exist yet can only be a directory this command will create.
+    const bool dir = !exists || fs::is_directory(path, ec);
     // In the directory, or in one of its step directories (any file there is the checkpoint's).
-    const bool in_step_dir = parent.filename().string().rfind("step-", 0) == 0 &&
-                             fs::equivalent(parent_or_cwd(parent), path, ec);
-    const bool same = dir ? (checkpoint_file && fs::equivalent(parent, path, ec)) || in_step_dir
-                          : fs::equivalent(out, path, ec);
+    const bool in_step_dir =
+        parent.filename().string().rfind("step-", 0) == 0 && same_dir(parent_or_cwd(parent), path);
+    const bool same = dir ? (checkpoint_file && same_dir(parent, path)) || in_step_dir
+                          : out_exists && fs::equivalent(out, path, ec);
     MT_CHECK(!same, "{} {}: is {} {}{}: writing it would destroy the input; give another path", out_flag, out,
              dir ? "a checkpoint file of" : "the same file as", flag, dir || path != out ? " " + path : std::string());
   }

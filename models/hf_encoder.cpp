@@ -18,6 +18,7 @@ namespace mt {
 namespace {
 
 using nlohmann::json;
+using utf8::replace_all;
 
 // Oniguruma's Unicode `\s`: White_Space (U+0009-000D, U+0020, U+0085, U+00A0, U+1680,
 // U+2000-200A, U+2028, U+2029, U+202F, U+205F, U+3000), as RE2 class members.
@@ -171,16 +172,6 @@ std::shared_ptr<Pattern> compile_regex(const std::string& src, const std::string
 
 // GPT-2's pre-tokenizer regex (ByteLevel with use_regex).
 constexpr const char* kGpt2Regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
-  std::string out;
-  for (size_t i = 0;;) {
-    const size_t k = s.find(from, i);
-    if (k == std::string::npos) return out.append(s, i, std::string::npos);
-    out.append(s, i, k - i).append(to);
-    i = k + from.size();
-  }
-}
 
 }  // namespace
 

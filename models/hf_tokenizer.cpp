@@ -18,6 +18,7 @@ using nlohmann::json;
 using utf8::byte_of_code_point;
 using utf8::byte_token;
 using utf8::code_points;
+using utf8::replace_all;
 using utf8::utf8_of;
 using utf8::utf8_sequence;
 
@@ -47,17 +48,6 @@ std::string utf8_lossy(std::string_view bytes) {
     }
   }
   return out;
-}
-
-// `s` with every occurrence of `from` (not empty) replaced by `to`.
-std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
-  std::string out;
-  for (size_t i = 0;;) {
-    const size_t k = s.find(from, i);
-    if (k == std::string::npos) return out.append(s, i, std::string::npos);
-    out.append(s, i, k - i).append(to);
-    i = k + from.size();
-  }
 }
 
 constexpr const char* kSpaceMark = "\xE2\x96\x81";  // U+2581, SentencePiece's space

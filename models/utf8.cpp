@@ -99,4 +99,14 @@ std::unordered_map<uint8_t, uint32_t> code_point_of_byte() {
   return m;
 }
 
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to) {
+  std::string out;
+  for (size_t i = 0;;) {
+    const size_t k = s.find(from, i);
+    if (k == std::string::npos) return out.append(s, i, std::string::npos);
+    out.append(s, i, k - i).append(to);
+    i = k + from.size();
+  }
+}
+
 }  // namespace mt::utf8

@@ -23,5 +23,7 @@ std::vector<uint32_t> code_points(std::string_view s);
 std::string utf8_of(uint32_t cp);
 // "<0xNN>" -> NN, else -1.
 int byte_token(const std::string& t);
+// `s` with every occurrence of `from` (not empty) replaced by `to`.
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to);
 
 }  // namespace mt::utf8

@@ -5,12 +5,12 @@
 //   m (signed):  code = sign bit 7 | k (0..127),  value = absmax * (k / 127)^2
 //   v (>= 0):    code = k (0..255),               value = absmax * (k / 255)^4
 // Quantizing rounds k in the transformed domain: k = round(127 sqrt(|m| / absmax)),
-// round(255 sqrt(sqrt(v / absmax))). Only division, sqrt and products: IEEE-exact operations, so
-// the codes are the same on every CPU and GPU. The block's largest value maps to k = 127 (255)
+// max(1, round(255 sqrt(sqrt(v / absmax)))) for v > 0. Only division, sqrt and products:
+// IEEE-exact operations, so the codes are the same on every CPU and GPU. The block's largest value maps to k = 127 (255)
 // and decodes to absmax exactly; an all-zero block has absmax 0 and codes 0.
 // Round trip bound (tests/optim/test_adamw8bit.cpp): |x - decode(encode(x))| <= absmax * (a^2 - r)
-// with r = |x| / absmax and a = min(1, sqrt(r) + 0.5 / 127) for m, a = min(1, r^(1/4) + 0.5 / 255)^2
-// for v (plus f32 rounding).
+// with r = |x| / absmax and a = min(1, sqrt(r) + 0.5 / 127) for m,
+// a = min(1, max(r^(1/4) + 0.5 / 255, 1 / 255))^2 for v > 0 (plus f32 rounding).
 #pragma once
 
 #include <cmath>
@@ -35,11 +35,14 @@ inline float decode_m(uint8_t code, float absmax) {
   return (code & 0x80u) ? -v : v;
 }
 
+// A positive v is coded 1 at least: a v coded 0 under a nonzero m would make AdamW's step m / eps.
+// Rounding it up to the smallest code only makes the step smaller.
 inline uint8_t encode_v(float x, float absmax) {
   if (!(absmax > 0) || !(x > 0)) return 0;
   float r = x / absmax;
   if (r > 1) r = 1;
-  return static_cast<uint8_t>(std::nearbyint(255.0f * std::sqrt(std::sqrt(r))));
+  const float k = std::nearbyint(255.0f * std::sqrt(std::sqrt(r)));
+  return static_cast<uint8_t>(k < 1.0f ? 1.0f : k);
 }
 
 inline float decode_v(uint8_t code, float absmax) {

@@ -444,17 +444,11 @@ HfTokenEncoder HfTokenEncoder::from_file(const std::string& path) {
                      [](const Impl::Added& x, const Impl::Added& y) { return x.content.size() > y.content.size(); });
   }
   // Normalizer.
-  std::function<void(const json&, const std::string&, int)> norm = [&](const json& n, const std::string& prefix,
-                                                                      int depth) {
+  auto norm = [&](const json& n, const std::string& prefix) {
     if (n.is_null()) return;
     const JsonFields f(n, path, prefix);
     const std::string t = f.get_string("type", "");
-    if (t == "Sequence") {
-      MT_CHECK(depth < 8, "{}: normalizer Sequences nested more than 8 deep", path);
-      const json& list = f.at("normalizers");
-      MT_CHECK(list.is_array(), "{}: field '{}normalizers' must be a list", path, prefix);
-      for (const json& x : list) norm(x, prefix + "normalizers[].", depth + 1);
-    } else if (t == "Prepend") {
+    if (t == "Prepend") {
       d.norms.push_back({true, "", f.string_at("prepend")});
     } else if (t == "Replace") {
       const JsonFields pattern(f.at("pattern"), path, prefix + "pattern.");
@@ -469,25 +463,18 @@ HfTokenEncoder HfTokenEncoder::from_file(const std::string& path) {
               path, t.empty() ? std::string("(none)") : t.substr(0, 80), prefix);
     }
   };
-  if (top.has("normalizer")) norm(top.at("normalizer"), "normalizer.", 0);
+  if (top.has("normalizer"))
+    for_each_sequence_step(top.at("normalizer"), path, "normalizer.", "normalizer", "normalizers", norm);
   MT_CHECK(d.norms.empty() || normalized_added.empty(),
            "{}: added token '{}' is 'normalized' (matched after the normalizer), which meshtrain does not encode with "
            "a normalizer present; set its \"normalized\" to false if it should match the raw text",
            path, normalized_added.empty() ? std::string() : normalized_added.front().substr(0, 80));
   // Pre-tokenizer.
-  std::function<void(const json&, const std::string&, int)> pre = [&](const json& n, const std::string& prefix,
-                                                                     int depth) {
+  auto pre = [&](const json& n, const std::string& prefix) {
     if (n.is_null()) return;
     const JsonFields f(n, path, prefix);
     const std::string t = f.get_string("type", "");
     Impl::PreTok p;
-    if (t == "Sequence") {
-      MT_CHECK(depth < 8, "{}: pre-tokenizer Sequences nested more than 8 deep", path);
-      const json& list = f.at("pretokenizers");
-      MT_CHECK(list.is_array(), "{}: field '{}pretokenizers' must be a list", path, prefix);
-      for (const json& x : list) pre(x, prefix + "pretokenizers[].", depth + 1);
-      return;
-    }
     if (t == "ByteLevel") {
       p.kind = Impl::PreTok::Kind::kByteLevel;
       p.add_prefix_space = f.get_bool("add_prefix_space", true);
@@ -526,19 +513,14 @@ HfTokenEncoder HfTokenEncoder::from_file(const std::string& path) {
     }
     d.pretoks.push_back(std::move(p));
   };
-  if (top.has("pre_tokenizer")) pre(top.at("pre_tokenizer"), "pre_tokenizer.", 0);
+  if (top.has("pre_tokenizer"))
+    for_each_sequence_step(top.at("pre_tokenizer"), path, "pre_tokenizer.", "pre-tokenizer", "pretokenizers", pre);
   // Post-processor.
-  std::function<void(const json&, const std::string&, int)> post = [&](const json& n, const std::string& prefix,
-                                                                      int depth) {
+  auto post = [&](const json& n, const std::string& prefix) {
     if (n.is_null()) return;
     const JsonFields f(n, path, prefix);
     const std::string t = f.get_string("type", "");
-    if (t == "Sequence") {
-      MT_CHECK(depth < 8, "{}: post-processor Sequences nested more than 8 deep", path);
-      const json& list = f.at("processors");
-      MT_CHECK(list.is_array(), "{}: field '{}processors' must be a list", path, prefix);
-      for (const json& x : list) post(x, prefix + "processors[].", depth + 1);
-    } else if (t == "ByteLevel") {
+    if (t == "ByteLevel") {
       // offsets only: the ids are unchanged
     } else if (t == "TemplateProcessing") {
       MT_CHECK(!d.has_template, "{}: two TemplateProcessing post-processors", path);
@@ -576,7 +558,8 @@ HfTokenEncoder HfTokenEncoder::from_file(const std::string& path) {
               path, t.empty() ? std::string("(none)") : t.substr(0, 80), prefix);
     }
   };
-  if (top.has("post_processor")) post(top.at("post_processor"), "post_processor.", 0);
+  if (top.has("post_processor"))
+    for_each_sequence_step(top.at("post_processor"), path, "post_processor.", "post-processor", "processors", post);
   HfTokenEncoder e;
   e.impl_ = std::move(impl);
   return e;

@@ -4,7 +4,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "models/json_io.h"
@@ -153,19 +152,9 @@ HfTokenDecoder HfTokenDecoder::from_file(const std::string& path) {
   const json dec = j.value("decoder", json());
   if (dec.is_null()) return d;
   d.has_decoder_ = true;
-  std::function<void(const json&, const std::string&, int)> add = [&](const json& s, const std::string& prefix,
-                                                                     int depth) {
-    const JsonFields f(s, path, prefix);
-    if (f.get_string("type", "") != "Sequence") {
-      d.steps_.push_back(parse_step(s, path, prefix));
-      return;
-    }
-    MT_CHECK(depth < 8, "{}: decoder Sequences nested more than 8 deep", path);
-    const json& steps = f.at("decoders");
-    MT_CHECK(steps.is_array(), "{}: field '{}decoders' must be a list", path, prefix);
-    for (const json& step : steps) add(step, prefix + "decoders[].", depth + 1);
-  };
-  add(dec, "decoder.", 0);
+  for_each_sequence_step(dec, path, "decoder.", "decoder", "decoders", [&](const json& s, const std::string& prefix) {
+    d.steps_.push_back(parse_step(s, path, prefix));
+  });
   return d;
 }
 

@@ -105,4 +105,28 @@ std::string JsonFields::string_at(const char* key) const {
   return v.get<std::string>();
 }
 
+namespace {
+
+void sequence_steps(const json& node, const std::string& path, const std::string& prefix, const char* what,
+                    const char* list_key, const std::function<void(const json&, const std::string&)>& step,
+                    int depth) {
+  const JsonFields f(node, path, prefix);
+  if (f.get_string("type", "") != "Sequence") {
+    step(node, prefix);
+    return;
+  }
+  MT_CHECK(depth < 8, "{}: {} Sequences nested more than 8 deep", path, what);
+  const json& list = f.at(list_key);
+  MT_CHECK(list.is_array(), "{}: field '{}{}' must be a list", path, prefix, list_key);
+  for (const json& item : list)
+    sequence_steps(item, path, prefix + list_key + "[].", what, list_key, step, depth + 1);
+}
+
+}  // namespace
+
+void for_each_sequence_step(const json& node, const std::string& path, const std::string& prefix, const char* what,
+                            const char* list_key, const std::function<void(const json&, const std::string&)>& step) {
+  sequence_steps(node, path, prefix, what, list_key, step, 0);
+}
+
 }  // namespace mt

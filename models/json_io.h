@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -51,5 +52,14 @@ class JsonFields {
   std::string where_;
   std::string prefix_;
 };
+
+// The steps of a tokenizer.json pipeline field (normalizer, pre_tokenizer, post_processor,
+// decoder): the node itself, or the items of a {"type": "Sequence", "<list_key>": [...]} in order,
+// nested Sequences flattened (8 levels at most). `step(node, prefix)` gets each step (null ones
+// too: the caller decides) with the prefix that names it in errors ("decoder.decoders[]."). `what`
+// names the field in errors ("decoder"); `path` the file.
+void for_each_sequence_step(const nlohmann::json& node, const std::string& path, const std::string& prefix,
+                            const char* what, const char* list_key,
+                            const std::function<void(const nlohmann::json&, const std::string&)>& step);
 
 }  // namespace mt

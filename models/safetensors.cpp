@@ -17,6 +17,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include "models/json_io.h"
 #include "runtime/error.h"
@@ -79,17 +81,31 @@ struct Entry {
 // The tensor table the data buffer's CRC was computed over, fingerprinted: a file that another tool
 // rewrote keeping meshtrain's metadata (the safetensors library orders tensors its own way) has
 // another table, and the recorded CRC says nothing about its buffer (docs/checkpoints.md).
+// Rows are folded in data order, (begin, end), and then by name: that is the writer's order except
+// among empty tensors at one offset, which a reader cannot order as they were written (the header
+// parses into a map sorted by name).
 class LayoutFingerprint {
  public:
   void add(const std::string& name, DType dtype, const Shape& shape, uint64_t begin, uint64_t end) {
-    std::string row = fmt::format("{}\t{}\t{}\t{}\t{}\n", name, safetensors_dtype_name(dtype),
-                                  fmt::join(shape.vec(), ","), begin, end);
-    crc_ = crc32_update(crc_, row.data(), row.size());
+    rows_.push_back({begin, end, name,
+                     fmt::format("{}\t{}\t{}\t{}\t{}\n", name, safetensors_dtype_name(dtype),
+                                 fmt::join(shape.vec(), ","), begin, end)});
   }
-  std::string hex() const { return hex32(crc_); }
+  std::string hex() {
+    std::sort(rows_.begin(), rows_.end(), [](const Row& a, const Row& b) {
+      return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+    });
+    uint32_t crc = 0;
+    for (const Row& r : rows_) crc = crc32_update(crc, r.text.data(), r.text.size());
+    return hex32(crc);
+  }
 
  private:
-  uint32_t crc_ = 0;
+  struct Row {
+    uint64_t begin, end;
+    std::string name, text;
+  };
+  std::vector<Row> rows_;
 };
 
 int64_t json_nonneg_int(const json& v, const std::string& path, const std::string& name, const char* field) {

@@ -53,6 +53,24 @@ bool splits_tokens_elsewhere(const DTensorSpec& xs, int dispatch_dim) {
   return false;
 }
 
+// Every rank's `mine` (rows per (expert, slot)), gathered over `comm`, rank-major. A simulated group
+// (estimates on meta tensors) is counted like the real gather, every rank taken to route alike.
+std::vector<int64_t> gather_counts(Communicator& comm, const std::vector<int64_t>& mine, bool simulated) {
+  const auto P = static_cast<int64_t>(comm.size()), n = static_cast<int64_t>(mine.size());
+  if (simulated) {
+    Tensor c = empty(Shape{1, n}, TensorOptions(DType::kI64).with_device(Device::meta()));
+    Tensor g = empty(Shape{P, n}, c.options());
+    comm.all_gather(c, g);
+    std::vector<int64_t> all;
+    all.reserve(static_cast<size_t>(P * n));
+    for (int64_t j = 0; j < P; ++j) all.insert(all.end(), mine.begin(), mine.end());
+    return all;
+  }
+  Tensor c = from_vector<int64_t>(mine, Shape{1, n}), g = empty(Shape{P, n}, DType::kI64);
+  comm.all_gather(c, g);
+  return g.to_vector<int64_t>();
+}
+
 // The capacity over the whole batch when other mesh dims split the tokens too (dp x ep): the rows
 // per (expert, slot) of every rank that holds tokens, gathered over all the token-splitting dims
 // (flattened in mesh order: the batch order when each of them is S(d) of the same dim, mesh dim
@@ -76,11 +94,14 @@ std::vector<int64_t> whole_batch_capacity(const DeviceMesh& mesh, int dispatch_d
     names.push_back(mesh.names()[static_cast<size_t>(d)]);
     if (d > dispatch_dim) stride *= mesh.size(d);
   }
-  Communicator comm = mesh.flatten(names).comm();
+  const DeviceMesh flat = mesh.flatten(names);
+  const bool simulated = mesh.is_simulated();
+  Communicator comm = simulated ? Communicator::simulated(static_cast<int>(flat.size(0)),
+                                                          static_cast<int>(flat.coordinate(0)),
+                                                          "expert capacity all_gather (simulated)", flat.dim_label(0))
+                                : flat.comm();
   const auto Q = static_cast<int64_t>(comm.size());
-  Tensor c = from_vector<int64_t>(mine, Shape{1, E * k}), g = empty(Shape{Q, E * k}, DType::kI64);
-  comm.all_gather(c, g);
-  const std::vector<int64_t> all = g.to_vector<int64_t>();
+  const std::vector<int64_t> all = gather_counts(comm, mine, simulated);
   int64_t n_all = 0;
   for (int64_t v : all) n_all += v;
   n_all /= k;
@@ -149,22 +170,12 @@ Tensor AllToAllDispatcher::run(const ExpertRouting& r, const std::vector<Module*
   // Every rank's rows per (expert, slot): what each rank receives from each other rank, and the
   // capacity's priority order over the whole group.
   const std::vector<int64_t> mine = rows_per_slot(l, k);
-  std::vector<int64_t> all(static_cast<size_t>(P * E * k));
-  if (simulated) {  // counted like the real exchange of counts; every rank taken to route alike
-    Tensor c = empty(Shape{1, E * k}, TensorOptions(DType::kI64).with_device(Device::meta()));
-    Tensor g = empty(Shape{P, E * k}, c.options());
-    comm.all_gather(c, g);
-    for (int64_t j = 0; j < P; ++j) std::copy(mine.begin(), mine.end(), all.begin() + j * E * k);
-  } else {
-    Tensor c = from_vector<int64_t>(mine, Shape{1, E * k}), g = empty(Shape{P, E * k}, DType::kI64);
-    comm.all_gather(c, g);
-    all = g.to_vector<int64_t>();
-  }
+  const std::vector<int64_t> all = gather_counts(comm, mine, simulated);
   auto routed = [&](int64_t rank, int64_t e, int64_t s) { return all[static_cast<size_t>((rank * E + e) * k + s)]; };
   // Capacity (ExpertRouting::capacity_factor): expert e keeps its first C rows in the order one
   // device sees them: slot 0 of every token of the batch (ranks in order), then slot 1, ...
   std::vector<int64_t> kept;  // rows kept per (rank of the dispatch group, expert, slot)
-  if (r.capacity_factor > 0 && !simulated && splits_tokens_elsewhere(xs, dim_)) {
+  if (r.capacity_factor > 0 && splits_tokens_elsewhere(xs, dim_)) {
     kept = whole_batch_capacity(mesh_, dim_, xs, mine, r.capacity_factor, E, k, &load_.dropped, where);
   } else {
     int64_t n_all = 0;

@@ -298,7 +298,8 @@ __device__ __forceinline__ uint8_t q8_encode_v(float x, float absmax) {
   if (!(absmax > 0) || !(x > 0)) return 0;
   float r = __fdiv_rn(x, absmax);
   if (r > 1) r = 1;
-  return static_cast<uint8_t>(rintf(__fmul_rn(255.0f, __fsqrt_rn(__fsqrt_rn(r)))));
+  const float k = rintf(__fmul_rn(255.0f, __fsqrt_rn(__fsqrt_rn(r))));
+  return static_cast<uint8_t>(k < 1.0f ? 1.0f : k);  // a positive v is coded 1 at least (kernels/quant8.h)
 }
 
 struct Q8Coef {

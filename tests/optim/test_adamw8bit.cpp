@@ -76,9 +76,10 @@ TEST_CASE("adamw8bit: code round trip within the stated bound") {
     }
     const float v = static_cast<float>(r) * absmax;
     const float vd = quant8::decode_v(quant8::encode_v(v, absmax), absmax);
-    const double a = std::min(1.0, std::pow(r, 0.25) + 0.5 / 255);
+    const double a = std::min(1.0, std::max(std::pow(r, 0.25) + 0.5 / 255, 1.0 / 255));
     REQUIRE(std::fabs(vd - v) <= absmax * (a * a * a * a - r) * (1 + 1e-5) + 1e-6 * absmax);
-    REQUIRE(vd >= 0);
+    REQUIRE((v > 0 ? vd >= v * (1 - 1e-6) || vd >= absmax * std::pow(0.5 / 255, 4) : vd == 0));
+    if (v > 0) REQUIRE(vd > 0);
   }
   // The block's largest value decodes exactly; zeros stay zero; an all-zero block has codes 0.
   CHECK(quant8::decode_m(quant8::encode_m(-absmax, absmax), absmax) == -absmax);
@@ -255,6 +256,41 @@ TEST_CASE("adamw8bit: trains a small MLP like f32 AdamW") {
   // Memory: 2 bytes per quantized element + 8 per row, against 8 bytes per element.
   CHECK(bytes32 == (128 * 64 + 128 + 32 * 128) * 8);
   CHECK(bytes8 == (128 * 64 + 32 * 128) * 2 + (128 + 32) * 8 + 128 * 8);
+}
+
+TEST_CASE("adamw8bit: a v rounded below its block's smallest code never divides m by eps") {
+  // One 32-row block. Row 0 gets one huge gradient (its v then dominates the block's absmax for
+  // hundreds of steps, its m for a few dozen); rows 1..31 then get gradients 1e6 times smaller,
+  // whose v is under half the smallest nonzero code (absmax (1/255)^4), and finally none (an
+  // embedding row of an absent token). Once row 0's m has decayed, the rows' m codes are nonzero;
+  // a v coded 0 would make the step m / eps. Positive v is coded at least 1 (never smaller than
+  // it was), so no step is larger than f32 AdamW's largest on the same gradients.
+  auto run = [](bool eight) {
+    NamedTensors ps = {{"w", zeros(Shape{32, 128}, TensorOptions(DType::kF32))}};
+    ps[0].second.requires_grad_();
+    AdamWOptions o;
+    o.lr = 1e-3;
+    std::unique_ptr<Optimizer> opt;
+    if (eight)
+      opt = std::make_unique<AdamW8bit>(make_param_groups(ps, 0.0), o);
+    else
+      opt = std::make_unique<AdamW>(make_param_groups(ps, 0.0), o);
+    double largest = 0;
+    for (int s = 0; s < 45; ++s) {
+      Tensor g = zeros(Shape{32, 128}, TensorOptions(DType::kF32));
+      if (s == 0) g.narrow(0, 0, 1).fill_(1e6);
+      else if (s < 35) g.narrow(0, 1, 31).fill_(1.0);
+      const Tensor before = ps[0].second.detach().clone();
+      ps[0].second.set_grad(g);
+      opt->step();
+      largest = std::max(largest, max(abs(sub(ps[0].second.detach(), before))).item());
+    }
+    return largest;
+  };
+  const double f32 = run(false), q8 = run(true);
+  INFO("largest step: f32 AdamW " << f32 << ", 8-bit " << q8);
+  CHECK(f32 <= 1.1e-3);  // AdamW steps about lr at most
+  CHECK(q8 <= 2 * f32);
 }
 
 TEST_CASE("adamw8bit: state_dict resumes bit for bit") {

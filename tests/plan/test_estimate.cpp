@@ -60,6 +60,8 @@ ModelConfig config_for(const std::string& plan) {
   ModelConfig c = plan.find("mixtral") != std::string::npos ? builtin_config("mixtral-tiny") : resolve_config(name);
   // llama-tiny has 2 kv heads: tensor parallelism over 4 ranks needs at least 4.
   if (plan.find("tp") != std::string::npos && mt::world().size() > 2) c.num_key_value_heads = c.num_attention_heads;
+  // A capacity factor with the batch over dp x ep adds the whole batch's count all_gather over both.
+  if (plan == "mixtral_dp_ep") c.moe_capacity_factor = 1.0;
   return c;
 }
 
@@ -178,7 +180,7 @@ TEST_CASE("estimate: predicted peak memory and collective bytes match a real ste
   const std::vector<std::string> plans = {"llama_dp",   "llama_dp_tp", "llama_tp",      "llama_tp_sp",
                                           "llama_zero3", "llama_fsdp", "llama_fsdp_tp", "mixtral_ep",
                                           "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp",  "llama_cp",
-                                          "llama_dp_cp_tp"};
+                                          "llama_dp_cp_tp", "mixtral_dp_ep"};
   std::optional<HardwareProfile> hw;
   if (const char* h = std::getenv("MT_ESTIMATE_HARDWARE"); h && *h) hw = load_hardware_profile(h);
   EstimateOptions o;
@@ -258,6 +260,26 @@ TEST_CASE("estimate: predicted peak memory and collective bytes match a real ste
     ++checked;
   }
   CHECK(checked >= 1);
+}
+
+TEST_CASE("estimate: a capacity factor over dp x ep counts the whole batch's all_gather", "[mpi]") {
+  if (world().size() != 1) return;  // simulated meshes: one process is enough
+  ModelConfig cfg = builtin_config("mixtral-tiny");
+  Plan plan = load_plan(plans_dir() + "/mixtral_dp_ep.plan");
+  EstimateOptions o;
+  o.batch = 8;
+  o.seq = 16;
+  auto gathers_over = [&](double factor, const std::string& dims) {
+    cfg.moe_capacity_factor = factor;
+    const RankEstimate est = estimate_rank(estimate_model(cfg), plan, plan.resolve_mesh(4), {1, 0}, o);
+    for (const auto& [k, t] : est.comm)
+      if (k.kind == "all_gather" && k.dims == dims) return t.calls;
+    return int64_t{0};
+  };
+  // One per MoE layer call (forward; backward has none), on top of the ep count exchange.
+  CHECK(gathers_over(0.0, "dp,ep") == 0);
+  CHECK(gathers_over(1.0, "dp,ep") == builtin_config("mixtral-tiny").num_hidden_layers);
+  CHECK(gathers_over(1.0, "ep") == gathers_over(0.0, "ep"));
 }
 
 TEST_CASE("estimate: 16-bit precision adds f32 master weights; memory scales down with the mesh", "[mpi]") {

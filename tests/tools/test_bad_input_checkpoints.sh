@@ -229,7 +229,7 @@ copy_ck ow
 # newest step directory, complete by construction, is resumed, with a notice.
 copy_ck nolatest; rm "$WORK/nolatest/latest"
 "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/nolatest" >"$WORK/out" 2>"$WORK/err" \
-  && grep -q "resumed from $WORK/nolatest/step-00000004 at step 4" "$WORK/out" && grep -q "notice: .*latest does not exist" "$WORK/err" \
+  && grep -q "resumed from $WORK/nolatest/step-00000004 at step 4" "$WORK/out" && [ "$(grep -c "notice: .*latest does not exist" "$WORK/err")" = 1 ] \
   && [ "$(cat "$WORK/nolatest/latest")" = step-00000006 ] \
   && pass "no latest: resumed from the newest step directory, with a notice" || fail "resume without latest: $(tail -n 1 "$WORK/err")"
 "$BIN" "${T[@]}" --steps 4 --resume --overwrite --checkpoint-dir "$WORK/back" >/dev/null 2>"$WORK/err" \
@@ -276,8 +276,23 @@ PY
 "$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --resume --checkpoint-dir "$WORK/met" --metrics "$WORK/met.jsonl" \
   >"$WORK/out" 2>"$WORK/err"
 got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' "$WORK/met.jsonl" 2>&1)
-[ "$got" = "1 2 3 4 5 6 7 8" ] && pass "resume after a cut metrics line: steps $got, each once, valid JSON lines" \
-  || fail "metrics after a cut line: '$got' $(tail -n 1 "$WORK/err")"
+[ "$got" = "1 2 3 4 5 6 7 8" ] && grep -q "met.jsonl: dropped 1 line(s) of steps after 6 .*; dropped its last line, cut short" "$WORK/out" \
+  && pass "resume after a cut metrics line: steps $got, each once, valid JSON lines" \
+  || fail "metrics after a cut line: '$got' $(grep met.jsonl "$WORK/out") $(tail -n 1 "$WORK/err")"
+# Only the newline was lost, after the checkpoint's own step: the line is kept and ended, and the
+# notice says only that.
+rm -rf "$WORK/met/step-00000008"; echo step-00000006 >"$WORK/met/latest"
+python3 - "$WORK/met.jsonl" <<'PY'
+import sys
+lines = open(sys.argv[1]).read().splitlines(True)
+open(sys.argv[1], "w").write("".join(lines[:6]).rstrip("\n"))
+PY
+"$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --resume --checkpoint-dir "$WORK/met" --metrics "$WORK/met.jsonl" \
+  >"$WORK/out" 2>"$WORK/err"
+got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' "$WORK/met.jsonl" 2>&1)
+[ "$got" = "1 2 3 4 5 6 7 8" ] && [ "$(grep met.jsonl "$WORK/out")" = "--metrics $WORK/met.jsonl: ended its last line, whose newline a failed write had cut" ] \
+  && pass "resume after a lost newline: steps $got, the line kept, one notice that says so" \
+  || fail "metrics after a lost newline: '$got' $(grep met.jsonl "$WORK/out") $(tail -n 1 "$WORK/err")"
 
 copy_ck stale
 sleep 30 & live=$!

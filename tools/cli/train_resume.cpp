@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "models/hf_config.h"
 #include "models/safetensors.h"
@@ -149,14 +151,14 @@ void drop_metrics_after(const std::string& path, int64_t start) {
   if (!in.good()) return;  // a new file
   std::string line, kept;
   int64_t dropped = 0;
-  bool cut = false;  // the last line had no newline
+  bool cut = false, cut_dropped = false;  // the last line had no newline; it was not a whole JSON line
   while (std::getline(in, line)) {
     const bool last_without_newline = in.eof();
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (last_without_newline) {
       cut = true;
       if (!j.is_object()) {
-        ++dropped;
+        cut_dropped = true;
         continue;
       }
     }
@@ -169,8 +171,14 @@ void drop_metrics_after(const std::string& path, int64_t start) {
   MT_CHECK(in.eof(), "--metrics {}: cannot read it: {}", path, std::strerror(errno));
   if (dropped == 0 && !cut) return;
   write_file_atomically(path, [&](std::ostream& o) { o << kept; });
-  fmt::print("--metrics {}: dropped {} line(s) of steps after {} (written by a run that went on past its last "
-             "checkpoint)\n", path, dropped, start);
+  std::vector<std::string> what;
+  if (dropped > 0)
+    what.push_back(fmt::format("dropped {} line(s) of steps after {} (written by a run that went on past its last "
+                               "checkpoint)", dropped, start));
+  if (cut)
+    what.push_back(cut_dropped ? "dropped its last line, cut short by a failed write"
+                               : "ended its last line, whose newline a failed write had cut");
+  fmt::print("--metrics {}: {}\n", path, fmt::join(what, "; "));
 }
 
 void check_resume_matches(const TrainState& s, const Args& args) {

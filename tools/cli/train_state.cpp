@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/shard_reader.h"
@@ -167,8 +168,11 @@ Latest read_latest(const fs::path& dir) {
     Latest out;
     out.path = steps.rbegin()->second;
     out.state = read_train_state(out.path);
-    fmt::print(stderr, "meshtrain: notice: {} does not exist (a run stopped before writing it); resuming from {}, "
-               "the newest step directory\n", latest.string(), out.path.string());
+    // Once per process: the history check and the load both read it.
+    static bool announced = false;
+    if (!std::exchange(announced, true))
+      fmt::print(stderr, "meshtrain: notice: {} does not exist (a run stopped before writing it); resuming from "
+                 "{}, the newest step directory\n", latest.string(), out.path.string());
     return out;
   }
   MT_CHECK(fs::is_regular_file(st), "--resume: {} is not a regular file (it must name the newest step directory, "

@@ -196,7 +196,7 @@ for _ in $(seq 300); do [ "$(wc -l <"$WORK/usr1.jsonl" 2>/dev/null || echo 0)" -
 kill -USR1 $pid
 wait $pid; rc=$?
 n=$(sed 's/step-0*//' "$WORK/usr1/latest" 2>/dev/null)
-if [ $rc -ne 0 ] && [ -n "$n" ] && [ "$(grep -c "stopped by SIGUSR1 after step $n of 5000" "$WORK/usr1.out")" = 1 ] \
+if [ $rc -eq 138 ] && [ -n "$n" ] && [ "$(grep -c "stopped by SIGUSR1 after step $n of 5000" "$WORK/usr1.out")" = 1 ] \
     && [ -f "$WORK/usr1/step-$(printf %08d "$n")/index.json" ]; then
   pass "llama_fsdp np 2, SIGUSR1: every rank stopped after step $n, its sharded checkpoint committed (exit $rc)"
   mpi 2 "$BIN" train --steps 5000 --stop-at $((n + 2)) --seq 32 --batch 4 --plan "$PLANS/llama_fsdp.plan" \

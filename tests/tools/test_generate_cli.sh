@@ -192,6 +192,12 @@ PY
   && pass "train --hf --data on the tokenized shard" || fail "train on the shard: $(tail -2 "$WORK/tok_train.out")"
 expect_error "tokenize a jsonl line without the field" "docs.jsonl line 1: no string field 'body'" -- \
   "$BIN" tokenize "$WORK/docs.jsonl" --format jsonl --text-field body --tokenizer "$WORK/v600" --out "$WORK/x.bin"
+printf '{"text": "a \\ud800 b"}\n[1, 2]\n' >"$WORK/bad1.jsonl"
+expect_error "tokenize a jsonl line with a lone surrogate escape" "bad1.jsonl line 1: not valid JSON: " -- \
+  "$BIN" tokenize "$WORK/bad1.jsonl" --format jsonl --tokenizer "$WORK/v600" --out "$WORK/x.bin"
+tail -n 1 "$WORK/bad1.jsonl" >"$WORK/bad2.jsonl"
+expect_error "tokenize a jsonl line that is an array" "bad2.jsonl line 1: not a JSON object (a array)" -- \
+  "$BIN" tokenize "$WORK/bad2.jsonl" --format jsonl --tokenizer "$WORK/v600" --out "$WORK/x.bin"
 expect_error "tokenize onto its input" "same file as an input" -- \
   "$BIN" tokenize "$WORK/docs.jsonl" --tokenizer "$WORK/v600" --out "$WORK/docs.jsonl"
 

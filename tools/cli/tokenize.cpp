@@ -95,8 +95,15 @@ int run_tokenize(int argc, char** argv) {
         continue;
       }
       if (line.find_first_not_of(" \t") == std::string::npos) continue;
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      MT_CHECK(!j.is_discarded() && j.is_object(), "meshtrain tokenize: {}: not a JSON object", where);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception& e) {
+        // nlohmann's message names the byte and what it expected (e.g. a lone UTF-16 surrogate
+        // escape, which JSON text cannot turn into UTF-8).
+        MT_FAIL("meshtrain tokenize: {}: not valid JSON: {}", where, e.what());
+      }
+      MT_CHECK(j.is_object(), "meshtrain tokenize: {}: not a JSON object (a {})", where, j.type_name());
       const std::string field = args.str("text-field");
       MT_CHECK(j.contains(field) && j[field].is_string(), "meshtrain tokenize: {}: no string field '{}'", where, field);
       add(j[field].get<std::string>(), where);

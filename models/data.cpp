@@ -94,7 +94,7 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   write_atomic(path, bytes, "write_token_file");
 }
 
-std::vector<int32_t> read_token_file(const std::string& path) {
+TokenFileLayout read_token_file_header(const std::string& path) {
   // The header is read and checked against the file size before the body is read, so a file
   // that is not a token shard (or claims more tokens than it holds) costs 1 KiB of reading.
   std::error_code ec;
@@ -116,7 +116,7 @@ std::vector<int32_t> read_token_file(const std::string& path) {
   const auto magic = static_cast<int32_t>(get_u32(p));
   const auto version = static_cast<int32_t>(get_u32(p + 4));
   const auto count = static_cast<int32_t>(get_u32(p + 8));
-  int64_t width = 0;
+  int width = 0;
   if (magic == kTokenFileMagicU16) {
     MT_CHECK(version == kTokenFileVersionU16,
              "read_token_file '{}': unsupported version {} for magic {} (uint16 tokens; expected version {})",
@@ -138,15 +138,23 @@ std::vector<int32_t> read_token_file(const std::string& path) {
            "read_token_file '{}': header says {} tokens ({} bytes of uint{}), but the file has {} bytes "
            "after the header",
            path, count, int64_t{count} * width, width * 8, body);
-  data.resize(static_cast<size_t>(size));
-  in.read(data.data() + kTokenFileHeaderBytes, body);
+  return {width, count};
+}
+
+std::vector<int32_t> read_token_file(const std::string& path) {
+  const TokenFileLayout layout = read_token_file_header(path);
+  const int64_t body = layout.count * layout.width;
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.good(), "read_token_file: cannot open '{}': {}", path, std::strerror(errno));
+  std::string data(static_cast<size_t>(body), '\0');
+  in.seekg(kTokenFileHeaderBytes);
+  in.read(data.data(), body);
   MT_CHECK(in.gcount() == body, "read_token_file '{}': read {} of the {} token bytes (file changed or unreadable)",
            path, static_cast<int64_t>(in.gcount()), body);
-  p = reinterpret_cast<const unsigned char*>(data.data());
-  std::vector<int32_t> tokens(static_cast<size_t>(count));
-  const unsigned char* q = p + kTokenFileHeaderBytes;
-  for (int64_t i = 0; i < count; ++i) {
-    if (width == 2) {
+  const auto* q = reinterpret_cast<const unsigned char*>(data.data());
+  std::vector<int32_t> tokens(static_cast<size_t>(layout.count));
+  for (int64_t i = 0; i < layout.count; ++i) {
+    if (layout.width == 2) {
       tokens[static_cast<size_t>(i)] = static_cast<int32_t>(get_u16(q + 2 * i));
     } else {
       const uint32_t v = get_u32(q + 4 * i);
@@ -222,7 +230,7 @@ void check_token_range(const TokenRows& rows, int64_t vocab_size, const std::str
 
 // ---- DataLoader ----
 
-DataLoader::DataLoader(std::vector<int32_t> tokens, int64_t batch, int64_t seq, int rank, int world, int64_t accum)
+DataLoader::DataLoader(TokenStream tokens, int64_t batch, int64_t seq, int rank, int world, int64_t accum)
     : tokens_(std::move(tokens)), batch_(batch), seq_(seq), rank_(rank), world_(world), accum_(accum) {
   MT_CHECK(batch > 0 && seq > 0, "DataLoader: batch ({}) and sequence length ({}) must be positive", batch,
            seq);
@@ -255,13 +263,12 @@ void DataLoader::set_position(int64_t pos) {
 
 TokenBatch DataLoader::next() {
   // x: [B, T], y: [B, T]; this rank's rows start at global row rank * B.
-  std::vector<int64_t> x(static_cast<size_t>(batch_ * seq_));
-  std::vector<int64_t> y(x.size());
-  const int64_t base = pos_ + static_cast<int64_t>(rank_) * batch_ * seq_;
-  for (int64_t i = 0; i < batch_ * seq_; ++i) {
-    x[static_cast<size_t>(i)] = tokens_[static_cast<size_t>(base + i)];
-    y[static_cast<size_t>(i)] = tokens_[static_cast<size_t>(base + i + 1)];
-  }
+  // This rank's rows are one run of B*T + 1 tokens (each row's targets end where the next row's
+  // inputs begin).
+  const int64_t n = batch_ * seq_;
+  std::vector<int64_t> run(static_cast<size_t>(n + 1));
+  tokens_.copy(pos_ + static_cast<int64_t>(rank_) * n, n + 1, run.data());
+  std::vector<int64_t> x(run.begin(), run.end() - 1), y(run.begin() + 1, run.end());
   pos_ += tokens_per_micro();
   if (++micro_ == accum_) {  // the step's last micro-batch: wrap when the next step does not fit
     micro_ = 0;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "models/token_stream.h"
 #include "tensor/tensor.h"
 
 namespace mt {
@@ -30,6 +31,12 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
 // Reads either layout. Throws naming the file when it is missing, shorter than the header, has
 // a bad magic or an unsupported version, or a size that does not match the token count.
 std::vector<int32_t> read_token_file(const std::string& path);
+// The same checks on the header and the file's size alone: bytes per token (2 or 4) and the count.
+struct TokenFileLayout {
+  int width = 0;
+  int64_t count = 0;
+};
+TokenFileLayout read_token_file_header(const std::string& path);
 
 // ---- text token files ----
 // One sequence per line, ids separated by commas (spaces around ids allowed); every line has
@@ -62,8 +69,8 @@ struct TokenBatch {
 // included. The final partial window is skipped, never padded.
 class DataLoader {
  public:
-  DataLoader(std::vector<int32_t> tokens, int64_t batch, int64_t seq, int rank = 0, int world = 1,
-             int64_t accum = 1);
+  // `tokens`: a TokenStream (mapped shards) or a std::vector<int32_t> (in memory).
+  DataLoader(TokenStream tokens, int64_t batch, int64_t seq, int rank = 0, int world = 1, int64_t accum = 1);
 
   TokenBatch next();
   // Start of the next global window (the same on every rank). Save it, between optimizer steps, to
@@ -77,7 +84,7 @@ class DataLoader {
   int64_t seq() const { return seq_; }
   int rank() const { return rank_; }
   int world() const { return world_; }
-  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t num_tokens() const { return tokens_.size(); }
   int64_t accum() const { return accum_; }
   // Tokens consumed per optimizer step by all ranks together: accum*W*B*T.
   int64_t tokens_per_step() const { return accum_ * tokens_per_micro(); }
@@ -87,7 +94,7 @@ class DataLoader {
   int64_t steps_per_epoch() const { return (num_tokens() - 1) / tokens_per_step(); }
 
  private:
-  std::vector<int32_t> tokens_;
+  TokenStream tokens_;
   int64_t batch_;
   int64_t seq_;
   int rank_;

@@ -412,3 +412,57 @@ TEST_CASE("DataLoader over the embedded corpus", "[cpu]") {
   const std::string_view text = embedded_corpus();
   for (size_t i = 0; i < 64; ++i) REQUIRE(x[i] == static_cast<unsigned char>(text[i]));
 }
+
+// ---- several shards, mapped ----
+
+TEST_CASE("TokenStream: mapped shards of both widths read as their concatenation", "[cpu]") {
+  TempDir tmp;
+  // 700 tokens over four shards: uint16, an empty one, uint32 (ids past 65535), uint16.
+  std::vector<int32_t> all;
+  for (int i = 0; i < 700; ++i) all.push_back(i < 300 || i >= 500 ? (i * 37) % 60000 : 70000 + i);
+  const std::vector<std::pair<int, int>> cuts = {{0, 300}, {300, 300}, {300, 500}, {500, 700}};
+  std::vector<std::string> paths;
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    paths.push_back(tmp.file("shard_" + std::to_string(k) + ".bin"));
+    write_token_file(paths.back(), std::vector<int32_t>(all.begin() + cuts[k].first, all.begin() + cuts[k].second));
+  }
+  REQUIRE(header_int(read_bytes(paths[2]), 0) == kTokenFileMagicU32);
+  REQUIRE(header_int(read_bytes(paths[3]), 0) == kTokenFileMagicU16);
+  const TokenStream s = TokenStream::map_files(paths);
+  REQUIRE(s.size() == 700);
+  CHECK(s.paths() == paths);
+  std::vector<int64_t> got(700);
+  s.copy(0, 700, got.data());
+  CHECK(std::equal(got.begin(), got.end(), all.begin()));
+  // Windows across every boundary, from every start.
+  for (int64_t pos = 0; pos < 700; pos += 7) {
+    const int64_t n = std::min<int64_t>(123, 700 - pos);
+    std::vector<int64_t> w(static_cast<size_t>(n));
+    s.copy(pos, n, w.data());
+    REQUIRE(std::equal(w.begin(), w.end(), all.begin() + pos));
+  }
+  CHECK(s.where(299) == paths[0] + " position 299");
+  CHECK(s.where(300) == paths[2] + " position 0");
+  CHECK(s.where(650) == paths[3] + " position 150");
+  CHECK_THROWS_WITH(s.copy(650, 51, got.data()), Contains("tokens [650, 701) lie outside the 700 tokens"));
+  // The range scan finds the first id outside the vocabulary, wherever it lies.
+  CHECK(s.find_outside(100000) == -1);
+  CHECK(s.find_outside(65536) == 300);
+  CHECK(s.find_outside(65536, 500) == -1);
+  // The entropy is the vector version's, bit for bit.
+  CHECK(s.unigram_entropy(100000) == unigram_entropy(all));
+  CHECK(TokenStream(all).unigram_entropy(100000) == unigram_entropy(all));
+  // A DataLoader over the shards draws the batches of one over the whole vector, rank split and
+  // accumulation included (windows cross the shard boundaries).
+  DataLoader a(s, 2, 9, 1, 2, 3), b(all, 2, 9, 1, 2, 3);
+  for (int i = 0; i < 40; ++i) {
+    const TokenBatch x = a.next(), y = b.next();
+    REQUIRE(x.inputs.to_vector<int64_t>() == y.inputs.to_vector<int64_t>());
+    REQUIRE(x.targets.to_vector<int64_t>() == y.targets.to_vector<int64_t>());
+  }
+  // A shard that is not one is refused naming it, as read_token_file does.
+  write_text(tmp.file("bad.bin"), "not a shard");
+  CHECK_THROWS_WITH(TokenStream::map_files({paths[0], tmp.file("bad.bin")}),
+                    Contains(tmp.file("bad.bin")) && Contains("too short for the 1024-byte header"));
+  CHECK_THROWS_WITH(TokenStream::map_files({}), Contains("no token files"));
+}

@@ -119,8 +119,10 @@ bad_case "resume: a hostile recorded setting is cut short in the message" --watc
   || fail "a 100,000-character setting gave $(wc -c <"$WORK/case.err") bytes of stderr"
 bad_case "resume with --config of another model" --watch "$WORK/ck" "--resume: --config mixtral-tiny is mixtral" \
   "holds llama with 4 layers" -- "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --config mixtral-tiny
-bad_case "resume on other data" --watch "$WORK/ck" "--data $WORK/tokens.txt (" "the checkpoint's: the embedded corpus" -- \
-  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --data "$WORK/tokens.txt"
+python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<256i",20240520,1,300,*([0]*253))+struct.pack("<300H",*(i % 256 for i in range(300))))' \
+  "$WORK/other.bin"
+bad_case "resume on other data" --watch "$WORK/ck" "--data $WORK/other.bin (" "the checkpoint's: the embedded corpus" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --data "$WORK/other.bin"
 copy_ck changes
 "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/changes" --lr 0.003 --lr 1e-3 --allow-changes \
   >"$WORK/out" 2>"$WORK/err" \

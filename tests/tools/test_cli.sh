@@ -122,6 +122,52 @@ expect_error "absurd OMP_NUM_THREADS" "OMP_NUM_THREADS asks for 100000 threads" 
 mkfifo "$WORK/fifo"
 expect_error "a pipe as --data" "--data $WORK/fifo: is not a regular file" -- \
   timeout 20 "$BIN" train --steps 1 --seq 32 --batch 2 --metrics "" --data "$WORK/fifo"
+# Several shards (docs/data.md, "Several shards"): a glob pattern reads the matching shards, mapped,
+# in name order, as one stream: the losses of the same tokens in one file, bit for bit, with
+# windows across the shard boundaries and a wrap (3 steps of 2 x 32 + 1 tokens over 170 tokens).
+mkdir -p "$WORK/shards"
+python3 - "$WORK/shards" <<'PY'
+import struct, sys
+toks = [(i * 7919) % 256 for i in range(170)]
+def shard(path, t):
+    open(path, "wb").write(struct.pack("<256i", 20240520, 1, len(t), *([0] * 253)) + struct.pack(f"<{len(t)}H", *t))
+shard(sys.argv[1] + "/all.bin", toks)
+for k, (a, b) in enumerate([(0, 50), (50, 51), (51, 170)]):
+    shard(f"{sys.argv[1]}/part_{k}.bin", toks[a:b])
+PY
+S=(train --steps 6 --seq 32 --batch 2 --warmup 1 --seed 3)
+"$BIN" "${S[@]}" --data "$WORK/shards/all.bin" --metrics "$WORK/one.jsonl" >/dev/null 2>"$WORK/err" \
+  && "$BIN" "${S[@]}" --data "$WORK/shards/part_*.bin" --metrics "$WORK/three.jsonl" --checkpoint-dir "$WORK/shck" \
+       --stop-at 3 >"$WORK/out" 2>"$WORK/err" \
+  && "$BIN" "${S[@]}" --data "$WORK/shards/part_*.bin" --metrics "$WORK/three.jsonl" --checkpoint-dir "$WORK/shck" \
+       --resume >/dev/null 2>"$WORK/err" \
+  && grep -q "), 170 tokens (unigram entropy" "$WORK/out" \
+  && python3 - "$WORK/one.jsonl" "$WORK/three.jsonl" <<'PY' \
+  && pass "--data 'part_*.bin': three shards (one of 1 token) train as the one file, bit for bit, resumed at step 3" \
+  || fail "--data with a pattern: $(tail -n 1 "$WORK/err")"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
+assert len(a) == 6 and a == b, (a, b)
+PY
+mv "$WORK/shards/part_2.bin" "$WORK/shards/part_9.bin"
+expect_error "resume with the shards renamed" "settings differ from those" \
+  "--data $WORK/shards/part_*.bin (3 files, 3412 bytes, crc32" -- \
+  "$BIN" "${S[@]}" --steps 8 --data "$WORK/shards/part_*.bin" --metrics "" --checkpoint-dir "$WORK/shck" --resume
+expect_error "a pattern that matches nothing" "--val-data $WORK/shards/none_*.bin: no file matches the pattern" -- \
+  "$BIN" "${S[@]}" --val-data "$WORK/shards/none_*.bin" --metrics ""
+python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<256i",20240520,1,1,*([0]*253))+struct.pack("<H",300))' \
+  "$WORK/shards/part_1.bin"
+expect_error "an id beyond the vocabulary, named by file and position" \
+  "--data $WORK/shards/part_*.bin: token id 300 (at $WORK/shards/part_1.bin position 0) is out of range for vocab_size 256" -- \
+  "$BIN" "${S[@]}" --data "$WORK/shards/part_*.bin" --metrics ""
+# Flags that would be ignored are refused; a missing shard says so.
+expect_error "an empty --data" "--data is empty; give a token shard" -- "$BIN" "${S[@]}" --data "" --metrics ""
+expect_error "--val-every without --val-data" "--val-every applies to the validation loss of --val-data" -- \
+  "$BIN" "${S[@]}" --val-every 1 --metrics ""
+expect_error "a missing --data file" "file '$WORK/shards/nosuch.bin' does not exist" -- \
+  "$BIN" "${S[@]}" --data "$WORK/shards/nosuch.bin" --metrics ""
+expect_error "a directory as --data" "'$WORK/shards' is a directory, not a file" -- \
+  "$BIN" "${S[@]}" --data "$WORK/shards" --metrics ""
 "$BIN" train --steps 2 --seq 32 --batch 2 --metrics "$WORK/closed.jsonl" >&- 2>"$WORK/err"; rc=$?
 [ $rc -eq 1 ] && grep -q "stdout" "$WORK/err" && python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' \
   "$WORK/closed.jsonl" && pass "closed stdout: exit 1 naming stdout, the metrics file holds JSON lines only" \

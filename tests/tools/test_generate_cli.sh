@@ -198,6 +198,8 @@ expect_error "tokenize a jsonl line with a lone surrogate escape" "bad1.jsonl li
 tail -n 1 "$WORK/bad1.jsonl" >"$WORK/bad2.jsonl"
 expect_error "tokenize a jsonl line that is an array" "bad2.jsonl line 1: not a JSON object (a array)" -- \
   "$BIN" tokenize "$WORK/bad2.jsonl" --format jsonl --tokenizer "$WORK/v600" --out "$WORK/x.bin"
+expect_error "tokenize --text-field without jsonl" "--text-field applies to --format jsonl, not lines" -- \
+  "$BIN" tokenize "$WORK/docs.jsonl" --format lines --text-field body --tokenizer "$WORK/v600" --out "$WORK/x.bin"
 expect_error "tokenize onto its input" "same file as an input" -- \
   "$BIN" tokenize "$WORK/docs.jsonl" --tokenizer "$WORK/v600" --out "$WORK/docs.jsonl"
 

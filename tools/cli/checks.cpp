@@ -37,6 +37,15 @@ void validate_train_flags(const Args& args) {
   args.integer("log-every", 1, kMaxSteps);
   args.integer("val-every", 0, kMaxSteps);
   const int64_t n = args.integer("val-batches", 1, kMaxSteps);
+  // Flags that would be ignored are refused (docs/cli.md): an empty --data (a script's unset
+  // variable) trained on the embedded corpus, and the validation flags without --val-data did nothing.
+  for (const char* flag : {"data", "val-data"})
+    MT_CHECK(!args.has(flag) || !args.str(flag).empty(),
+             "meshtrain train: --{} is empty; give a token shard (or a pattern of shards){}", flag,
+             std::string(flag) == "data" ? ", or leave --data out to train on the embedded corpus" : "");
+  for (const char* flag : {"val-every", "val-batches"})
+    MT_CHECK(!args.has(flag) || args.has("val-data"),
+             "meshtrain train: --{} applies to the validation loss of --val-data, which is not given", flag);
   // The validation rows, n x batch x seq tokens (+1), must be a count before any file is read.
   int64_t need = 0;
   MT_CHECK(!__builtin_mul_overflow(n, args.integer("batch"), &need) &&

@@ -45,7 +45,8 @@ std::vector<FlagSpec> parity_flags() {
       {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
       {"hf", "start from the weights of this Hugging Face checkpoint directory (instead of --config)", "", false},
       {"tokens", "text file, one sequence of T+1 comma-separated ids per line: the batch of every step", "", false},
-      {"data", "llm.c token shard (.bin); default: the embedded corpus (with --batch, --seq)", "", false},
+      {"data", "llm.c token shard (.bin) or a quoted glob pattern of shards (as train's); default: the embedded corpus "
+               "(with --batch, --seq)", "", false},
       {"steps", "training steps to compare", "3", false},
       {"precision", "f32, or bf16 (bf16 compute, f32 master weights, on both sides; loosen --tol)", "f32", false},
       {"device", "cpu, cuda (GPU local rank % GPUs) or cuda:N: both sides run there", "cpu", false},
@@ -176,7 +177,7 @@ struct Setup {
   std::string cfg_source;
   Reference ref;
   TokenBatch fixed;             // --tokens
-  std::vector<int32_t> tokens;  // else
+  TokenStream tokens;           // else
 };
 
 Setup prepare(int argc, char** argv) {
@@ -195,9 +196,11 @@ Setup prepare(int argc, char** argv) {
   MT_CHECK(!(args.has("config") && args.has("hf")), "meshtrain parity: give --config or --hf, not both");
   MT_CHECK(!(args.has("tokens") && args.has("data")), "meshtrain parity: give --tokens or --data, not both");
   check_output_file(args.str("json"), "--json");
-  check_not_input(args.str("json"), "--json",
-                  {{"--hf", args.str("hf")}, {"--tokens", args.str("tokens")}, {"--data", args.str("data")},
-                   {"--reference", args.str("reference")}, {"--config", args.str("config")}});
+  std::vector<std::pair<std::string, std::string>> inputs = {
+      {"--hf", args.str("hf")}, {"--tokens", args.str("tokens")}, {"--reference", args.str("reference")},
+      {"--config", args.str("config")}};
+  for (const std::string& f : data_files(args.str("data"), "--data")) inputs.emplace_back("--data", f);
+  check_not_input(args.str("json"), "--json", inputs);
   s.plan = std::make_unique<PlanContext>(load_plan_context(plan_path));
   const std::string hf = args.str("hf");
   if (!hf.empty()) {

@@ -44,6 +44,8 @@ int run_tokenize(int argc, char** argv) {
   const std::string tok = args.required("tokenizer"), out = args.required("out"), format = args.str("format");
   MT_CHECK(format == "text" || format == "lines" || format == "jsonl",
            "meshtrain tokenize: --format must be text, lines or jsonl, got '{}'", format);
+  MT_CHECK(!args.has("text-field") || format == "jsonl",
+           "meshtrain tokenize: --text-field applies to --format jsonl, not {}", format);
   const std::string bos = args.str("bos");
   int64_t bos_id = -1;
   if (bos != "auto" && bos != "none") bos_id = args.integer("bos", 0, (int64_t{1} << 31) - 1);

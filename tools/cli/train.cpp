@@ -55,9 +55,10 @@ std::vector<FlagSpec> train_flags() {
   std::vector<FlagSpec> flags = {
       {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
       {"hf", "start from the weights of this Hugging Face checkpoint directory", "", false},
-      {"data", "llm.c token shard (.bin); default: the embedded corpus, byte-tokenized", "", false},
-      {"val-data", "llm.c token shard for a validation loss (cross-entropy, no dropout) on its first "
-                   "--val-batches batches of --batch x --seq; empty: none", "", false},
+      {"data", "llm.c token shard (.bin), or a quoted glob pattern of shards ('dir/train_*.bin': mapped, read in name "
+               "order as one stream); default: the embedded corpus, byte-tokenized", "", false},
+      {"val-data", "llm.c token shard or pattern (as --data) for a validation loss (cross-entropy, no dropout) on its "
+                   "first --val-batches batches of --batch x --seq; default: none", "", false},
       {"val-every", "validation loss every N steps and at the end (0: at the end only)", "0", false},
       {"val-batches", "batches of --batch x --seq in the validation loss", "4", false},
       {"steps", "optimizer steps in the whole run (sets the LR schedule)", "300", false},
@@ -119,9 +120,10 @@ int run_train(int argc, char** argv) {
   const Overwrite overwrite = args.flag("overwrite") ? Overwrite::kAllow : Overwrite::kRefuse;
   check_output_file(args.str("metrics"), "--metrics");
   check_output_file(args.str("profile"), "--profile");
-  const std::vector<std::pair<std::string, std::string>> inputs = {
-      {"--data", args.str("data")}, {"--val-data", args.str("val-data")}, {"--hf", args.str("hf")},
-      {"--config", args.str("config")}, {"--checkpoint-dir", ckpt_dir}};
+  std::vector<std::pair<std::string, std::string>> inputs = {
+      {"--hf", args.str("hf")}, {"--config", args.str("config")}, {"--checkpoint-dir", ckpt_dir}};
+  for (const char* flag : {"--data", "--val-data"})
+    for (const std::string& f : data_files(args.str(flag + 2), flag)) inputs.emplace_back(flag, f);
   check_not_input(args.str("metrics"), "--metrics", inputs);
   check_not_input(args.str("profile"), "--profile", inputs);
   MT_CHECK(args.str("metrics").empty() || args.str("profile").empty() || args.str("metrics") != args.str("profile"),
@@ -219,7 +221,7 @@ int run_train(int argc, char** argv) {
   if (!device.is_cpu()) model->to(device);
 
   // Data.
-  std::vector<int32_t> tokens = run_tokens(args.str("data"), cfg);
+  TokenStream tokens = run_tokens(args.str("data"), cfg);
   DataLoader loader = [&] {
     try {
       return DataLoader(tokens, batch, seq, 0, 1, accum);
@@ -232,7 +234,7 @@ int run_train(int argc, char** argv) {
   const int64_t val_every = args.integer("val-every");
   if (!args.str("val-data").empty()) {
     const int64_t n = args.integer("val-batches");
-    std::vector<int32_t> val_tokens = run_tokens(args.str("val-data"), cfg);
+    TokenStream val_tokens = run_tokens(args.str("val-data"), cfg, "--val-data");
     const int64_t need = n * batch * seq + 1;  // no overflow: validate_train_flags checked it
     MT_CHECK(static_cast<int64_t>(val_tokens.size()) >= need,
              "meshtrain train: --val-data {} holds {} tokens, fewer than the {} that --val-batches {} x --batch {} x "
@@ -304,7 +306,8 @@ int run_train(int argc, char** argv) {
   const double fpt = flops_per_token(cfg, seq);
   fmt::print("model {} ({:.2f}M parameters), {} tokens (unigram entropy {:.4f} nats), batch {}x{}x{}, {} steps, "
              "precision {}, device {}\n",
-             cfg.model_type, static_cast<double>(cfg.num_parameters()) / 1e6, tokens.size(), unigram_entropy(tokens),
+             cfg.model_type, static_cast<double>(cfg.num_parameters()) / 1e6, tokens.size(),
+             tokens.unigram_entropy(cfg.vocab_size),
              batch, seq, accum, steps, args.str("precision"), device.str());
   if (plan)
     fmt::print("plan {} on {} ranks: mesh {}, input placements {}, gradient reduction {}\n", plan->path, plan->world,

@@ -28,29 +28,54 @@ constexpr const char* kResumeSettings[] = {"lr", "min-lr", "warmup", "weight-dec
                                            "dropout", "optimizer", "moe-aux-loss", "moe-z-loss",
                                            "moe-capacity-factor"};
 
-// "N bytes, crc32 X of the first and last MiB" of the token file (cheap on a large shard; a file
-// replaced by another of the same size and ends is not caught), or the embedded corpus.
-std::string data_fingerprint(const std::string& path) {
-  if (path.empty()) return "the embedded corpus";
+// The CRC-32 of the first and last `part` bytes of a token file (at most its size), after `crc`;
+// its size in `size`.
+uint32_t ends_crc(const std::string& path, int64_t part, uint32_t crc, int64_t* size) {
   // A pipe would block this open until a writer came, with no message (and cannot be read twice).
   std::error_code ec;
-  MT_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
+  MT_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec) ||
+               std::filesystem::is_directory(path, ec),
            "--data {}: is not a regular file (a pipe or device cannot be read by position; write the tokens to a "
            "file)", path);
+  read_token_file_header(path);  // says what is wrong with a file that is missing or no shard
   std::ifstream f(path, std::ios::binary);
   MT_CHECK(f.good(), "--data {}: cannot open it", path);
   f.seekg(0, std::ios::end);
-  const int64_t size = static_cast<int64_t>(f.tellg());
-  const int64_t part = std::min<int64_t>(size, int64_t{1} << 20);
+  *size = static_cast<int64_t>(f.tellg());
+  part = std::min(*size, part);
   std::string buf(static_cast<size_t>(part), '\0');
-  uint32_t crc = 0;
-  for (int64_t at : {int64_t{0}, size - part}) {
+  for (int64_t at : {int64_t{0}, *size - part}) {
     f.seekg(at);
     f.read(buf.data(), part);
     MT_CHECK(f.good() || part == 0, "--data {}: cannot read it", path);
     crc = crc32_update(crc, buf.data(), buf.size());
   }
-  return fmt::format("{} bytes, crc32 {:08x} of the first and last MiB", size, crc);
+  return crc;
+}
+
+// One file: "N bytes, crc32 X of the first and last MiB" (cheap on a large shard; a file replaced
+// by another of the same size and ends is not caught). Several (a pattern): their count, total
+// size and one CRC-32 over each file's name, size and first and last 64 KiB, in order, so that a
+// shard added, removed, renamed or rewritten at its ends is caught. The embedded corpus: its name.
+std::string data_fingerprint(const std::string& data) {
+  if (data.empty()) return "the embedded corpus";
+  const std::vector<std::string> files = data_files(data, "--data");
+  int64_t size = 0;
+  if (files.size() == 1) {
+    const uint32_t crc = ends_crc(files[0], int64_t{1} << 20, 0, &size);
+    return fmt::format("{} bytes, crc32 {:08x} of the first and last MiB", size, crc);
+  }
+  uint32_t crc = 0;
+  int64_t total = 0;
+  for (const std::string& f : files) {
+    const std::string name = std::filesystem::path(f).filename().string();
+    crc = crc32_update(crc, name.data(), name.size());
+    crc = ends_crc(f, int64_t{1} << 16, crc, &size);
+    crc = crc32_update(crc, &size, sizeof(size));
+    total += size;
+  }
+  return fmt::format("{} files, {} bytes, crc32 {:08x} of their names, sizes and first and last 64 KiB",
+                     files.size(), total, crc);
 }
 
 // Two flag values are the same when they are the same string or the same finite number ("3e-3"

@@ -1,8 +1,11 @@
 // The training step shared by `meshtrain train` and `meshtrain parity` (see trainer.h).
 #include "tools/cli/trainer.h"
 
+#include <glob.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "models/corpus.h"
@@ -131,11 +134,32 @@ std::shared_ptr<CausalLM> build_run_model(const ModelConfig& cfg, HfCheckpoint* 
   return model;
 }
 
-std::vector<int32_t> run_tokens(const std::string& data, const ModelConfig& cfg) {
-  std::vector<int32_t> tokens = data.empty() ? embedded_corpus_tokens() : read_token_file(data);
-  for (int32_t t : tokens)
-    MT_CHECK(t >= 0 && t < cfg.vocab_size, "{}: token id {} is out of range for vocab_size {}",
-             data.empty() ? "embedded corpus" : data, t, cfg.vocab_size);
+std::vector<std::string> data_files(const std::string& data, const char* flag) {
+  std::error_code ec;
+  if (data.empty() || std::filesystem::exists(data, ec) || data.find_first_of("*?[") == std::string::npos)
+    return {data};  // read_token_file names what is wrong with it
+  glob_t g{};
+  const int rc = ::glob(data.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> out;
+  for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  MT_CHECK(rc != GLOB_NOSPACE && rc != GLOB_ABORTED, "{} {}: cannot expand the pattern (a directory on its way "
+           "cannot be read)", flag, data);
+  MT_CHECK(!out.empty(), "{} {}: no file matches the pattern", flag, data);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TokenStream run_tokens(const std::string& data, const ModelConfig& cfg, const char* flag) {
+  TokenStream tokens = data.empty() ? TokenStream(embedded_corpus_tokens()) : TokenStream::map_files(data_files(data, flag));
+  const int64_t bad = tokens.find_outside(cfg.vocab_size);
+  if (bad >= 0) {
+    int64_t t = 0;
+    tokens.copy(bad, 1, &t);
+    MT_FAIL("{}: token id {} (at {}) is out of range for vocab_size {}",
+            data.empty() ? std::string("embedded corpus") : fmt::format("{} {}", flag, data), t, tokens.where(bad),
+            cfg.vocab_size);
+  }
   return tokens;
 }
 

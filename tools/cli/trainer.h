@@ -60,9 +60,13 @@ DType parse_precision(const std::string& precision, const std::string& command);
 // the single-device init), else initialized here. The caller seeds the default generator first.
 std::shared_ptr<CausalLM> build_run_model(const ModelConfig& cfg, HfCheckpoint* weights, bool on_meta);
 
-// The token stream of a run: the llm.c shard `data`, or the embedded corpus when it is empty;
-// an id outside the vocabulary is an error naming the file.
-std::vector<int32_t> run_tokens(const std::string& data, const ModelConfig& cfg);
+// The llm.c shards that a --data / --val-data value names: the file itself when it exists, else
+// the files its glob pattern matches (*, ?, [...]), sorted by name; errors name `flag`.
+std::vector<std::string> data_files(const std::string& data, const char* flag);
+// The token stream of a run: the shards `data` names (data_files), mapped and concatenated in
+// order, or the embedded corpus when it is empty; an id outside the vocabulary is an error naming
+// the file and position.
+TokenStream run_tokens(const std::string& data, const ModelConfig& cfg, const char* flag = "--data");
 
 // A token file of one sequence of T+1 comma-separated ids per line (eval/grad/parity --tokens):
 // inputs are the first T ids, targets the last T. Errors name the file (ids outside the

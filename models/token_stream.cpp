@@ -1,0 +1,153 @@
+// Token streams over memory or memory-mapped llm.c shards (token_stream.h).
+#include "models/token_stream.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "models/data.h"
+#include "runtime/error.h"
+
+namespace mt {
+
+namespace {
+
+int64_t token_at(const unsigned char* p, int width, int64_t i) {
+  const unsigned char* q = p + i * width;
+  if (width == 2) return static_cast<int64_t>(q[0]) | (static_cast<int64_t>(q[1]) << 8);
+  return static_cast<int64_t>(q[0]) | (static_cast<int64_t>(q[1]) << 8) | (static_cast<int64_t>(q[2]) << 16) |
+         (static_cast<int64_t>(q[3]) << 24);
+}
+
+}  // namespace
+
+TokenStream::TokenStream(std::vector<int32_t> tokens) {
+  auto held = std::make_shared<std::vector<int32_t>>(std::move(tokens));
+  Shard s;
+  s.count = static_cast<int64_t>(held->size());
+  s.width = 4;
+  // The vector's int32 are read as little-endian bytes, as a mapped uint32 shard's are: the hosts
+  // meshtrain builds for are little-endian (x86-64, aarch64).
+  static_assert(std::endian::native == std::endian::little, "TokenStream reads int32 tokens as little-endian bytes");
+  s.data = std::shared_ptr<const unsigned char>(held, reinterpret_cast<const unsigned char*>(held->data()));
+  size_ = s.count;
+  shards_.push_back(std::move(s));
+}
+
+TokenStream TokenStream::map_files(const std::vector<std::string>& paths) {
+  MT_CHECK(!paths.empty(), "TokenStream: no token files given");
+  TokenStream out;
+  for (const std::string& path : paths) {
+    const TokenFileLayout layout = read_token_file_header(path);
+    Shard s;
+    s.path = path;
+    s.width = layout.width;
+    s.begin = out.size_;
+    s.count = layout.count;
+    const auto bytes = static_cast<size_t>(kTokenFileHeaderBytes + layout.count * layout.width);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    MT_CHECK(fd >= 0, "read_token_file: cannot open '{}': {}", path, std::strerror(errno));
+    void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int map_errno = errno;
+    ::close(fd);  // the mapping keeps the file
+    MT_CHECK(map != MAP_FAILED, "read_token_file '{}': cannot map its {} bytes: {}", path, bytes,
+             std::strerror(map_errno));
+    ::madvise(map, bytes, MADV_SEQUENTIAL);  // windows are read in order; a hint only
+    const auto* base = static_cast<const unsigned char*>(map);
+    std::shared_ptr<const unsigned char> whole(base, [bytes](const unsigned char* p) {
+      ::munmap(const_cast<unsigned char*>(p), bytes);
+    });
+    s.data = std::shared_ptr<const unsigned char>(whole, base + kTokenFileHeaderBytes);
+    out.size_ += s.count;
+    out.shards_.push_back(std::move(s));
+  }
+  return out;
+}
+
+const TokenStream::Shard& TokenStream::shard_at(int64_t pos) const {
+  // The last shard that begins at or before pos (empty shards are skipped by the `count` test of
+  // the callers' loops).
+  auto it = std::upper_bound(shards_.begin(), shards_.end(), pos,
+                             [](int64_t p, const Shard& s) { return p < s.begin; });
+  MT_ASSERT(it != shards_.begin(), "TokenStream: position {} before the first shard", pos);
+  return *std::prev(it);
+}
+
+void TokenStream::copy(int64_t pos, int64_t n, int64_t* out) const {
+  MT_CHECK(pos >= 0 && n >= 0 && pos <= size_ - n, "TokenStream: tokens [{}, {}) lie outside the {} tokens", pos,
+           pos + n, size_);
+  if (n == 0) return;
+  auto it = std::upper_bound(shards_.begin(), shards_.end(), pos,
+                             [](int64_t p, const Shard& s) { return p < s.begin; });
+  for (--it; n > 0; ++it) {
+    const int64_t from = pos - it->begin, take = std::min(n, it->count - from);
+    if (take <= 0) continue;  // an empty shard at this position
+    if (it->width == 4 && it->path.empty()) {  // in memory: int32
+      const auto* v = reinterpret_cast<const int32_t*>(it->data.get());
+      std::copy(v + from, v + from + take, out);
+    } else {
+      for (int64_t i = 0; i < take; ++i) out[i] = token_at(it->data.get(), it->width, from + i);
+    }
+    out += take;
+    pos += take;
+    n -= take;
+  }
+}
+
+int64_t TokenStream::find_outside(int64_t vocab, int64_t from) const {
+  for (const Shard& s : shards_) {
+    if (s.begin + s.count <= from) continue;
+    for (int64_t i = std::max<int64_t>(0, from - s.begin); i < s.count; ++i) {
+      const int64_t t = s.path.empty() ? reinterpret_cast<const int32_t*>(s.data.get())[i]
+                                       : token_at(s.data.get(), s.width, i);
+      if (t < 0 || t >= vocab) return s.begin + i;
+    }
+  }
+  return -1;
+}
+
+std::string TokenStream::where(int64_t pos) const {
+  if (shards_.empty() || pos < 0 || pos >= size_) return fmt::format("position {}", pos);
+  const Shard& s = shard_at(pos);
+  return s.path.empty() ? fmt::format("position {}", pos) : fmt::format("{} position {}", s.path, pos - s.begin);
+}
+
+std::vector<std::string> TokenStream::paths() const {
+  std::vector<std::string> out;
+  for (const Shard& s : shards_)
+    if (!s.path.empty()) out.push_back(s.path);
+  return out;
+}
+
+double TokenStream::unigram_entropy(int64_t vocab) const {
+  MT_CHECK(size_ > 0, "unigram_entropy: the token stream is empty");
+  std::vector<int64_t> counts(static_cast<size_t>(vocab), 0), buf(size_t{1} << 20);
+  for (int64_t pos = 0; pos < size_;) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(buf.size()), size_ - pos);
+    copy(pos, n, buf.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = buf[static_cast<size_t>(i)];
+      MT_CHECK(t >= 0 && t < vocab, "unigram_entropy: token {} at {} is outside [0, {})", t, where(pos + i), vocab);
+      ++counts[static_cast<size_t>(t)];
+    }
+    pos += n;
+  }
+  const double total = static_cast<double>(size_);
+  double h = 0.0;
+  for (int64_t c : counts) {
+    if (c == 0) continue;
+    const double p = static_cast<double>(c) / total;
+    h -= p * std::log(p);
+  }
+  return h;
+}
+
+}  // namespace mt

@@ -1,0 +1,51 @@
+// A token stream for the DataLoader (models/data.h): tokens in memory, or one or more llm.c token
+// shards memory-mapped and read in place, concatenated in the order given. A mapped corpus costs
+// no memory up front and its pages are shared by every rank of a node through the page cache:
+// before, each rank read the whole shard into an int32 vector (8 ranks x a 2-billion-token shard
+// were 64 GB). Copies share the tokens. docs/data.md, "Several shards".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+class TokenStream {
+ public:
+  TokenStream() = default;
+  // Tokens held in memory (the embedded corpus, tests); implicit, so that a vector still makes a
+  // DataLoader.
+  TokenStream(std::vector<int32_t> tokens);  // NOLINT(google-explicit-constructor)
+  // Each file checked as read_token_file checks it (magic, version, size against the header's
+  // count), then mapped; throws naming the file. At least one file.
+  static TokenStream map_files(const std::vector<std::string>& paths);
+
+  int64_t size() const { return size_; }
+  // Tokens [pos, pos + n) as int64, across shard boundaries; pos and n must lie in [0, size()].
+  void copy(int64_t pos, int64_t n, int64_t* out) const;
+  // The first token at or after `from` outside [0, vocab), or -1 when there is none: scans the
+  // tokens (a mapped corpus is read once, at the disk's speed).
+  int64_t find_outside(int64_t vocab, int64_t from = 0) const;
+  // Where token `pos` lies, for messages: "FILE position P" (or "position P" in memory).
+  std::string where(int64_t pos) const;
+  // The files, in order (empty in memory).
+  std::vector<std::string> paths() const;
+  // unigram_entropy (models/corpus.h) of the stream, whose ids must lie in [0, vocab): counted in
+  // a vector, one pass, the same sum in id order.
+  double unigram_entropy(int64_t vocab) const;
+
+ private:
+  struct Shard {
+    std::string path;
+    std::shared_ptr<const unsigned char> data;  // the tokens (after the header), or memory's
+    int width = 4;                              // bytes per token: 2 or 4 (little-endian)
+    int64_t begin = 0, count = 0;               // position in the stream, tokens
+  };
+  const Shard& shard_at(int64_t pos) const;
+  std::vector<Shard> shards_;
+  int64_t size_ = 0;
+};
+
+}  // namespace mt

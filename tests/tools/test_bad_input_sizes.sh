@@ -239,6 +239,16 @@ train_bad "--lr 1e38: weights overflow in the step; the final save refuses them"
   "holds" "after the optimizer step" -- --steps 1 --lr 1e38 --min-lr 0 --warmup 0 --metrics "$WORK/lr1.jsonl"
 train_bad "--lr 1e38 with periodic saves: the first save refuses, nothing saved" "refusing to save step 1" -- \
   --steps 3 --lr 1e38 --min-lr 0 --warmup 0 --checkpoint-every 1 --metrics "$WORK/lr2.jsonl"
+# A final norm gain of 1e21: the loss (~1e21) and the f64 gradient norm stay finite, but gradient
+# elements beyond sqrt(FLT_MAX) made f32 second moments inf; 8-bit AdamW's inf block absmax then
+# decoded its zero codes to nan, and the step-1 checkpoint already held the inf state (a reviewer,
+# 2026-12-07). Unclipped, the run now stops before the optimizer step; clipped, it trains.
+c=$(ck_with big_gain_ck 'for k in range(64): poke("model.norm.weight", k, 1e21)')
+train_bad "gradient elements beyond sqrt(FLT_MAX), unclipped: stopped before the step, nothing saved" \
+  "step 1: the gradient norm" "where a gradient element's square overflows the optimizer's f32 moments" -- \
+  --hf "$c" --grad-clip 0 --optimizer adamw8bit --checkpoint-every 1 --metrics "$WORK/big.jsonl"
+"$BIN" train --hf "$c" --steps 2 --batch 2 --seq 16 --optimizer adamw8bit --metrics "" >/dev/null 2>"$WORK/err" \
+  && pass "the same weights train with --grad-clip (the default 1)" || fail "clipped big gains: $(tail -n 1 "$WORK/err")"
 
 # ---- 6. a full disk -------------------------------------------------------------------------------
 bad_case "train: metrics to /dev/full" --watch "$OUTS" "cannot write metrics file '/dev/full' at step 1" -- \

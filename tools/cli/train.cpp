@@ -333,14 +333,38 @@ int run_train(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     TrainState s{done,  seed,  default_generator().offset(), loader.position(), args.str("precision"), batch, seq,
                  accum, plan ? plan->world : 1, plan ? plan->path : "", settings, trainer.warmup_steps()};
-    // Never a checkpoint with non-finite weights (the loop stops before such a step; this guards it).
-    auto refuse_non_finite = [&](const NamedTensors& weights) {
-      auto bad = first_non_finite(weights);
-      MT_CHECK(!bad, "meshtrain train: refusing to save step {}: weight '{}' holds {} at element {} after the "
-               "optimizer step (lower --lr)", done, bad->name, bad->value, bad->index);
+    // Never a checkpoint with non-finite weights or optimizer state (the loop stops before such a
+    // step; this guards it: an f32 moment can overflow where the f64 norm did not). `shards`: each
+    // rank holds other values, so the ranks agree first, and every rank stops, after committing a
+    // save still in flight (an earlier step's, the one to resume from; it was discarded until
+    // 2026-12-07).
+    auto refuse_non_finite = [&](const NamedTensors& weights, const NamedTensors& state, bool shards) {
+      std::optional<NonFinite> bad = first_non_finite(weights);
+      const char* what = "weight";
+      if (!bad) {
+        bad = first_non_finite(state);
+        what = "optimizer state";
+      }
+      bool any = bad.has_value();
+      if (shards) {
+        Tensor flag = from_vector<int64_t>({any ? 1 : 0}, Shape{1});
+        world_comm(*plan).all_reduce(flag, CommReduceOp::kMax);
+        any = flag.to_vector<int64_t>()[0] != 0;
+      }
+      if (!any) return;
+      if (saver) saver->finish();
+      const std::string fix = "; the last checkpoint saved is the one to resume from (lower --lr, or enable "
+                              "--grad-clip)";
+      if (!bad)
+        throw NonFiniteStop(fmt::format("meshtrain train: refusing to save step {}: another rank's shards of the "
+                                        "weights or optimizer state are not finite{}", done, fix));
+      throw NonFiniteStop(fmt::format("meshtrain train: refusing to save step {}: {} '{}' holds {} at element {} "
+                                      "after the optimizer step{}", done, what, bad->name,
+                                      std::isnan(bad->value) ? "nan" : fmt::format("{}", bad->value), bad->index,
+                                      fix));
     };
     if (!plan) {
-      refuse_non_finite(master.master_params());
+      refuse_non_finite(master.master_params(), opt.state_dict(), false);
       fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, master.master_params(), opt.state_dict(), s, overwrite));
       apply_retention(ckpt_dir, args.integer("keep"), start);
       return;
@@ -348,18 +372,21 @@ int run_train(int argc, char** argv) {
     if (!saver) {  // --gather-save: full tensors, gathered by every rank (collective); rank 0 writes
       NamedTensors weights = gather_stages(*plan, master.master_params()),
                    moments = gather_stages(*plan, opt.state_dict());
-      refuse_non_finite(weights);
+      refuse_non_finite(weights, moments, false);  // full tensors: every rank sees the same
       if (root) fmt::print("checkpoint {}\n", save_checkpoint(ckpt_dir, cfg, weights, moments, s, overwrite));
       if (root) apply_retention(ckpt_dir, args.integer("keep"), start);
       gather_save_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return;
     }
     // Sharded: every rank checks and writes its own shards (sharded_save.h).
-    NamedTensors local;
-    for (const auto& [name, t] : master.master_params())
-      local.emplace_back(name, t.is_distributed() ? to_local(t).detach() : t.detach());
-    refuse_non_finite(local);
-    saver->save(s, master.master_params(), opt.state_dict());
+    auto locals = [](const NamedTensors& tensors) {
+      NamedTensors out;
+      for (const auto& [name, t] : tensors) out.emplace_back(name, t.is_distributed() ? to_local(t).detach() : t.detach());
+      return out;
+    };
+    const NamedTensors state = opt.state_dict();
+    refuse_non_finite(locals(master.master_params()), locals(state), true);
+    saver->save(s, master.master_params(), state);
   };
 
   // --profile: every step is a marked region of the trace (docs/profiler.md).

@@ -379,7 +379,18 @@ double Trainer::clip(int64_t step, double loss) {
     throw NonFiniteStop(fmt::format(
         "meshtrain {}: step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, so no "
         "checkpoint of step {} is written (lower --lr, enable --grad-clip, or check the data and the starting "
-        "weights)", command_, step + 1, loss, norm, step + 1));
+        "weights)", command_, step + 1, std::isnan(loss) ? "nan" : fmt::format("{}", loss),
+        std::isnan(norm) ? "nan" : fmt::format("{}", norm), step + 1));
+  // The norm is summed in f64, but the optimizers square gradient elements in f32: one element
+  // above sqrt(FLT_MAX) makes an inf second moment (and, for 8-bit AdamW, an inf block absmax whose
+  // zero codes decode to nan). Unclipped, such a norm stops the run as a non-finite one does.
+  constexpr double kF32SquareMax = 1.8446742974197924e19;  // sqrt(FLT_MAX), rounded down
+  if (grad_clip_ <= 0 && norm > kF32SquareMax)
+    throw NonFiniteStop(fmt::format(
+        "meshtrain {}: step {}: the gradient norm {:.4g} is beyond {:.4g}, where a gradient element's square "
+        "overflows the optimizer's f32 moments; stopped before the optimizer step, so no checkpoint of step {} is "
+        "written (enable --grad-clip, or check the data and the starting weights)",
+        command_, step + 1, norm, kF32SquareMax, step + 1));
   return norm;
 }
 

@@ -3,12 +3,12 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -33,10 +33,7 @@ TokenStream::TokenStream(std::vector<int32_t> tokens) {
   auto held = std::make_shared<std::vector<int32_t>>(std::move(tokens));
   Shard s;
   s.count = static_cast<int64_t>(held->size());
-  s.width = 4;
-  // The vector's int32 are read as little-endian bytes, as a mapped uint32 shard's are: the hosts
-  // meshtrain builds for are little-endian (x86-64, aarch64).
-  static_assert(std::endian::native == std::endian::little, "TokenStream reads int32 tokens as little-endian bytes");
+  s.in_memory = true;
   s.data = std::shared_ptr<const unsigned char>(held, reinterpret_cast<const unsigned char*>(held->data()));
   size_ = s.count;
   shards_.push_back(std::move(s));
@@ -55,6 +52,13 @@ TokenStream TokenStream::map_files(const std::vector<std::string>& paths) {
     const auto bytes = static_cast<size_t>(kTokenFileHeaderBytes + layout.count * layout.width);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     MT_CHECK(fd >= 0, "read_token_file: cannot open '{}': {}", path, std::strerror(errno));
+    // The size again, on the descriptor mapped: pages past the end of a file that shrank since its
+    // header was checked would fault (SIGBUS) when read.
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != bytes) {
+      ::close(fd);
+      MT_FAIL("read_token_file '{}': the file changed size while it was opened ({} bytes expected)", path, bytes);
+    }
     void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     const int map_errno = errno;
     ::close(fd);  // the mapping keeps the file
@@ -90,7 +94,7 @@ void TokenStream::copy(int64_t pos, int64_t n, int64_t* out) const {
   for (--it; n > 0; ++it) {
     const int64_t from = pos - it->begin, take = std::min(n, it->count - from);
     if (take <= 0) continue;  // an empty shard at this position
-    if (it->width == 4 && it->path.empty()) {  // in memory: int32
+    if (it->in_memory) {
       const auto* v = reinterpret_cast<const int32_t*>(it->data.get());
       std::copy(v + from, v + from + take, out);
     } else {
@@ -106,8 +110,8 @@ int64_t TokenStream::find_outside(int64_t vocab, int64_t from) const {
   for (const Shard& s : shards_) {
     if (s.begin + s.count <= from) continue;
     for (int64_t i = std::max<int64_t>(0, from - s.begin); i < s.count; ++i) {
-      const int64_t t = s.path.empty() ? reinterpret_cast<const int32_t*>(s.data.get())[i]
-                                       : token_at(s.data.get(), s.width, i);
+      const int64_t t = s.in_memory ? reinterpret_cast<const int32_t*>(s.data.get())[i]
+                                    : token_at(s.data.get(), s.width, i);
       if (t < 0 || t >= vocab) return s.begin + i;
     }
   }
@@ -117,13 +121,13 @@ int64_t TokenStream::find_outside(int64_t vocab, int64_t from) const {
 std::string TokenStream::where(int64_t pos) const {
   if (shards_.empty() || pos < 0 || pos >= size_) return fmt::format("position {}", pos);
   const Shard& s = shard_at(pos);
-  return s.path.empty() ? fmt::format("position {}", pos) : fmt::format("{} position {}", s.path, pos - s.begin);
+  return s.in_memory ? fmt::format("position {}", pos) : fmt::format("{} position {}", s.path, pos - s.begin);
 }
 
 std::vector<std::string> TokenStream::paths() const {
   std::vector<std::string> out;
   for (const Shard& s : shards_)
-    if (!s.path.empty()) out.push_back(s.path);
+    if (!s.in_memory) out.push_back(s.path);
   return out;
 }
 

@@ -39,8 +39,9 @@ class TokenStream {
  private:
   struct Shard {
     std::string path;
-    std::shared_ptr<const unsigned char> data;  // the tokens (after the header), or memory's
-    int width = 4;                              // bytes per token: 2 or 4 (little-endian)
+    std::shared_ptr<const unsigned char> data;  // the tokens (after the header), or the vector's
+    bool in_memory = false;                     // int32 tokens of a vector; else a mapped file's
+    int width = 4;                              // a file's bytes per token: 2 or 4 (little-endian)
     int64_t begin = 0, count = 0;               // position in the stream, tokens
   };
   const Shard& shard_at(int64_t pos) const;

@@ -123,6 +123,23 @@ python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<256i",
   "$WORK/other.bin"
 bad_case "resume on other data" --watch "$WORK/ck" "--data $WORK/other.bin (" "the checkpoint's: the embedded corpus" -- \
   "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --data "$WORK/other.bin"
+# Non-finite moments in a checkpoint (written before saves checked them, by an f32 overflow): every
+# step trained and every save was refused, pointing back at this checkpoint. Refused at the resume.
+copy_ck infstate
+python3 - "$WORK/infstate/step-00000004/optimizer.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+h["__metadata__"].pop("mt.crc32", None)  # edited by hand: no CRC to check
+lo = h["exp_avg_sq.model.layers.0.mlp.up_proj.weight"]["data_offsets"][0]
+b[8 + n + lo + 20:8 + n + lo + 24] = struct.pack("<f", float("inf"))
+hj = json.dumps(h, separators=(",", ":")).encode(); hj += b" " * (n - len(hj))
+assert len(hj) == n
+open(p, "wb").write(bytes(b[:8]) + hj + bytes(b[8 + n:]))
+PY
+bad_case "resume from non-finite optimizer state" --watch "$WORK/infstate" "--resume: $WORK/infstate/step-00000004:" \
+  "optimizer state 'exp_avg_sq.model.layers.0.mlp.up_proj.weight' (element 5: inf)" "resume from an earlier step directory" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/infstate"
 copy_ck changes
 "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/changes" --lr 0.003 --lr 1e-3 --allow-changes \
   >"$WORK/out" 2>"$WORK/err" \
@@ -281,6 +298,16 @@ got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for
 [ "$got" = "1 2 3 4 5 6 7 8" ] && grep -q "met.jsonl: dropped 1 line(s) of steps after 6 .*; dropped its last line, cut short" "$WORK/out" \
   && pass "resume after a cut metrics line: steps $got, each once, valid JSON lines" \
   || fail "metrics after a cut line: '$got' $(grep met.jsonl "$WORK/out") $(tail -n 1 "$WORK/err")"
+# The last line lost its newline and is a step after the checkpoint's: dropped as such, and the
+# notice says only that.
+rm -rf "$WORK/met/step-00000008"; echo step-00000006 >"$WORK/met/latest"
+python3 -c 'import sys; p=sys.argv[1]; t=open(p).read(); open(p,"w").write(t.rstrip("\n"))' "$WORK/met.jsonl"
+"$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --resume --checkpoint-dir "$WORK/met" --metrics "$WORK/met.jsonl" \
+  >"$WORK/out" 2>"$WORK/err"
+got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' "$WORK/met.jsonl" 2>&1)
+[ "$got" = "1 2 3 4 5 6 7 8" ] && [ "$(grep met.jsonl "$WORK/out")" = "--metrics $WORK/met.jsonl: dropped 2 line(s) of steps after 6 (written by a run that went on past its last checkpoint)" ] \
+  && pass "resume after a lost newline on a dropped step: steps $got, one notice of the dropped lines" \
+  || fail "metrics, lost newline on a dropped step: '$got' $(grep met.jsonl "$WORK/out") $(tail -n 1 "$WORK/err")"
 # Only the newline was lost, after the checkpoint's own step: the line is kept and ended, and the
 # notice says only that.
 rm -rf "$WORK/met/step-00000008"; echo step-00000006 >"$WORK/met/latest"

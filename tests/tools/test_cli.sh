@@ -155,6 +155,15 @@ expect_error "resume with the shards renamed" "settings differ from those" \
   "$BIN" "${S[@]}" --steps 8 --data "$WORK/shards/part_*.bin" --metrics "" --checkpoint-dir "$WORK/shck" --resume
 expect_error "a pattern that matches nothing" "--val-data $WORK/shards/none_*.bin: no file matches the pattern" -- \
   "$BIN" "${S[@]}" --val-data "$WORK/shards/none_*.bin" --metrics ""
+expect_error "a pattern under a missing directory" "--data $WORK/nodir/*.bin: no file matches the pattern" -- \
+  "$BIN" "${S[@]}" --data "$WORK/nodir/*.bin" --metrics ""
+mkdir -p "$WORK/shards/part_5.bin"
+expect_error "a pattern matching a directory names the pattern" \
+  "--data $WORK/shards/part_*.bin: read_token_file: '$WORK/shards/part_5.bin' is a directory, not a file" -- \
+  "$BIN" "${S[@]}" --data "$WORK/shards/part_*.bin" --metrics ""
+rmdir "$WORK/shards/part_5.bin"
+expect_error "parity with an empty --data" "meshtrain parity: --data is empty" -- \
+  "$BIN" parity --plan "$(dirname "$0")/../../plans/llama_dp.plan" --data "" --steps 1
 python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<256i",20240520,1,1,*([0]*253))+struct.pack("<H",300))' \
   "$WORK/shards/part_1.bin"
 expect_error "an id beyond the vocabulary, named by file and position" \

@@ -195,6 +195,9 @@ Setup prepare(int argc, char** argv) {
   const std::string plan_path = args.required("plan");
   MT_CHECK(!(args.has("config") && args.has("hf")), "meshtrain parity: give --config or --hf, not both");
   MT_CHECK(!(args.has("tokens") && args.has("data")), "meshtrain parity: give --tokens or --data, not both");
+  MT_CHECK(!args.has("data") || !args.str("data").empty(),
+           "meshtrain parity: --data is empty; give a token shard (or a pattern of shards), or leave --data out to "
+           "train on the embedded corpus");
   check_output_file(args.str("json"), "--json");
   std::vector<std::pair<std::string, std::string>> inputs = {
       {"--hf", args.str("hf")}, {"--tokens", args.str("tokens")}, {"--reference", args.str("reference")},

@@ -101,6 +101,24 @@ double flops_per_token(const ModelConfig& c, int64_t seq) {
   return 6.0 * n + attn;
 }
 
+// Each tensor's local shard (a DTensor's), or the tensor: what this rank holds.
+NamedTensors local_tensors(const NamedTensors& tensors) {
+  NamedTensors out;
+  for (const auto& [name, t] : tensors) out.emplace_back(name, t.is_distributed() ? to_local(t).detach() : t.detach());
+  return out;
+}
+
+// Whether any rank of the job has `v` (a collective under a plan).
+bool any_rank(bool v, const PlanContext* plan) {
+  if (!plan) return v;
+  Tensor flag = from_vector<int64_t>({v ? 1 : 0}, Shape{1});
+  world_comm(*plan).all_reduce(flag, CommReduceOp::kMax);
+  return flag.to_vector<int64_t>()[0] != 0;
+}
+
+// A non-finite value as a message prints it ("nan", not "-nan").
+std::string value_text(double v) { return std::isnan(v) ? "nan" : fmt::format("{}", v); }
+
 }  // namespace
 
 int run_train(int argc, char** argv) {
@@ -190,7 +208,7 @@ int run_train(int argc, char** argv) {
     // non-finite loss at the first step.
     if (auto bad = first_non_finite(start_from.tensors))
       MT_FAIL("meshtrain train: {}: weight '{}' holds {} at element {}: refusing to train from non-finite weights",
-              resume ? loaded.path : args.str("hf"), bad->name, bad->value, bad->index);
+              resume ? loaded.path : args.str("hf"), bad->name, value_text(bad->value), bad->index);
   }
   std::shared_ptr<CausalLM> model = build_run_model(cfg, loaded_weights ? &start_from : nullptr, plan != nullptr);
   // --plan: loaded weights are sliced to the shards, meta ones initialized shard-wise (equal to the
@@ -280,6 +298,16 @@ int run_train(int argc, char** argv) {
                         : plan ? shard_like(loaded.optimizer, opt.state_dict())
                                : loaded.optimizer);
     if (reader) read_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+    // Non-finite moments (a checkpoint written before saves checked them): every step would train
+    // and every save be refused, pointing back at this checkpoint. Refused here, naming it.
+    const std::optional<NonFinite> bad = first_non_finite(local_tensors(opt.state_dict()));
+    if (any_rank(bad.has_value(), plan.get()))
+      MT_FAIL("meshtrain train: --resume: {}: {} holds a non-finite value: refusing to train from it; resume from "
+              "an earlier step directory (name it in {}/latest), or start a new run from its weights (train --hf)",
+              loaded.path,
+              bad ? fmt::format("optimizer state '{}' (element {}: {})", bad->name, bad->index, value_text(bad->value))
+                  : std::string("another rank's shard of the optimizer state"),
+              ckpt_dir);
     try {
       loader.set_position(loaded.state.data_position);
     } catch (const std::exception& e) {
@@ -345,23 +373,16 @@ int run_train(int argc, char** argv) {
         bad = first_non_finite(state);
         what = "optimizer state";
       }
-      bool any = bad.has_value();
-      if (shards) {
-        Tensor flag = from_vector<int64_t>({any ? 1 : 0}, Shape{1});
-        world_comm(*plan).all_reduce(flag, CommReduceOp::kMax);
-        any = flag.to_vector<int64_t>()[0] != 0;
-      }
-      if (!any) return;
+      if (!any_rank(bad.has_value(), shards ? plan.get() : nullptr)) return;
       if (saver) saver->finish();
       const std::string fix = "; the last checkpoint saved is the one to resume from (lower --lr, or enable "
-                              "--grad-clip)";
+                              "--grad-clip if it is off)";
       if (!bad)
         throw NonFiniteStop(fmt::format("meshtrain train: refusing to save step {}: another rank's shards of the "
                                         "weights or optimizer state are not finite{}", done, fix));
       throw NonFiniteStop(fmt::format("meshtrain train: refusing to save step {}: {} '{}' holds {} at element {} "
-                                      "after the optimizer step{}", done, what, bad->name,
-                                      std::isnan(bad->value) ? "nan" : fmt::format("{}", bad->value), bad->index,
-                                      fix));
+                                      "after the optimizer step{}", done, what, bad->name, value_text(bad->value),
+                                      bad->index, fix));
     };
     if (!plan) {
       refuse_non_finite(master.master_params(), opt.state_dict(), false);
@@ -379,13 +400,8 @@ int run_train(int argc, char** argv) {
       return;
     }
     // Sharded: every rank checks and writes its own shards (sharded_save.h).
-    auto locals = [](const NamedTensors& tensors) {
-      NamedTensors out;
-      for (const auto& [name, t] : tensors) out.emplace_back(name, t.is_distributed() ? to_local(t).detach() : t.detach());
-      return out;
-    };
     const NamedTensors state = opt.state_dict();
-    refuse_non_finite(locals(master.master_params()), locals(state), true);
+    refuse_non_finite(local_tensors(master.master_params()), local_tensors(state), true);
     saver->save(s, master.master_params(), state);
   };
 

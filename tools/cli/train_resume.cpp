@@ -29,15 +29,20 @@ constexpr const char* kResumeSettings[] = {"lr", "min-lr", "warmup", "weight-dec
                                            "moe-capacity-factor"};
 
 // The CRC-32 of the first and last `part` bytes of a token file (at most its size), after `crc`;
-// its size in `size`.
-uint32_t ends_crc(const std::string& path, int64_t part, uint32_t crc, int64_t* size) {
+// its size in `size`. `pattern`: the --data value that named it (in errors, when it differs).
+uint32_t ends_crc(const std::string& path, const std::string& pattern, int64_t part, uint32_t crc, int64_t* size) {
   // A pipe would block this open until a writer came, with no message (and cannot be read twice).
   std::error_code ec;
   MT_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec) ||
                std::filesystem::is_directory(path, ec),
            "--data {}: is not a regular file (a pipe or device cannot be read by position; write the tokens to a "
            "file)", path);
-  read_token_file_header(path);  // says what is wrong with a file that is missing or no shard
+  try {
+    read_token_file_header(path);  // says what is wrong with a file that is missing or no shard
+  } catch (const Error& e) {
+    if (path == pattern) throw;
+    MT_FAIL("--data {}: {}", pattern, e.what());
+  }
   std::ifstream f(path, std::ios::binary);
   MT_CHECK(f.good(), "--data {}: cannot open it", path);
   f.seekg(0, std::ios::end);
@@ -62,7 +67,7 @@ std::string data_fingerprint(const std::string& data) {
   const std::vector<std::string> files = data_files(data, "--data");
   int64_t size = 0;
   if (files.size() == 1) {
-    const uint32_t crc = ends_crc(files[0], int64_t{1} << 20, 0, &size);
+    const uint32_t crc = ends_crc(files[0], data, int64_t{1} << 20, 0, &size);
     return fmt::format("{} bytes, crc32 {:08x} of the first and last MiB", size, crc);
   }
   uint32_t crc = 0;
@@ -70,7 +75,7 @@ std::string data_fingerprint(const std::string& data) {
   for (const std::string& f : files) {
     const std::string name = std::filesystem::path(f).filename().string();
     crc = crc32_update(crc, name.data(), name.size());
-    crc = ends_crc(f, int64_t{1} << 16, crc, &size);
+    crc = ends_crc(f, data, int64_t{1} << 16, crc, &size);
     crc = crc32_update(crc, &size, sizeof(size));
     total += size;
   }
@@ -176,33 +181,32 @@ void drop_metrics_after(const std::string& path, int64_t start) {
   if (!in.good()) return;  // a new file
   std::string line, kept;
   int64_t dropped = 0;
-  bool cut = false, cut_dropped = false;  // the last line had no newline; it was not a whole JSON line
+  // The last line had no newline: it was not a whole JSON line (dropped), or it was (kept and ended,
+  // unless it is a step after `start`, dropped as such).
+  bool cut_dropped = false, cut_kept = false;
   while (std::getline(in, line)) {
     const bool last_without_newline = in.eof();
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (last_without_newline) {
-      cut = true;
-      if (!j.is_object()) {
-        cut_dropped = true;
-        continue;
-      }
+    if (last_without_newline && !j.is_object()) {
+      cut_dropped = true;
+      continue;
     }
     if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > start) {
       ++dropped;
       continue;
     }
     kept += line + "\n";
+    cut_kept = last_without_newline;
   }
   MT_CHECK(in.eof(), "--metrics {}: cannot read it: {}", path, std::strerror(errno));
-  if (dropped == 0 && !cut) return;
+  if (dropped == 0 && !cut_dropped && !cut_kept) return;
   write_file_atomically(path, [&](std::ostream& o) { o << kept; });
   std::vector<std::string> what;
   if (dropped > 0)
     what.push_back(fmt::format("dropped {} line(s) of steps after {} (written by a run that went on past its last "
                                "checkpoint)", dropped, start));
-  if (cut)
-    what.push_back(cut_dropped ? "dropped its last line, cut short by a failed write"
-                               : "ended its last line, whose newline a failed write had cut");
+  if (cut_dropped) what.push_back("dropped its last line, cut short by a failed write");
+  if (cut_kept) what.push_back("ended its last line, whose newline a failed write had cut");
   fmt::print("--metrics {}: {}\n", path, fmt::join(what, "; "));
 }
 

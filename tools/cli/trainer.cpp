@@ -138,20 +138,32 @@ std::vector<std::string> data_files(const std::string& data, const char* flag) {
   std::error_code ec;
   if (data.empty() || std::filesystem::exists(data, ec) || data.find_first_of("*?[") == std::string::npos)
     return {data};  // read_token_file names what is wrong with it
+  // Without GLOB_ERR: a directory of the pattern that is missing or unreadable matches nothing
+  // (GLOB_ERR made a mistyped directory "cannot be read").
   glob_t g{};
-  const int rc = ::glob(data.c_str(), GLOB_ERR, nullptr, &g);
+  const int rc = ::glob(data.c_str(), 0, nullptr, &g);
   std::vector<std::string> out;
   for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   ::globfree(&g);
-  MT_CHECK(rc != GLOB_NOSPACE && rc != GLOB_ABORTED, "{} {}: cannot expand the pattern (a directory on its way "
-           "cannot be read)", flag, data);
+  MT_CHECK(rc != GLOB_NOSPACE, "{} {}: out of memory expanding the pattern", flag, data);
   MT_CHECK(!out.empty(), "{} {}: no file matches the pattern", flag, data);
   std::sort(out.begin(), out.end());
   return out;
 }
 
 TokenStream run_tokens(const std::string& data, const ModelConfig& cfg, const char* flag) {
-  TokenStream tokens = data.empty() ? TokenStream(embedded_corpus_tokens()) : TokenStream::map_files(data_files(data, flag));
+  TokenStream tokens;
+  if (data.empty()) {
+    tokens = TokenStream(embedded_corpus_tokens());
+  } else {
+    const std::vector<std::string> files = data_files(data, flag);
+    try {
+      tokens = TokenStream::map_files(files);
+    } catch (const Error& e) {
+      if (files.size() == 1 && files[0] == data) throw;  // the message names the file given
+      MT_FAIL("{} {}: {}", flag, data, e.what());       // a file of the pattern: name the pattern too
+    }
+  }
   const int64_t bad = tokens.find_outside(cfg.vocab_size);
   if (bad >= 0) {
     int64_t t = 0;

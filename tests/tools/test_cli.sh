@@ -169,6 +169,39 @@ python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<256i",
 expect_error "an id beyond the vocabulary, named by file and position" \
   "--data $WORK/shards/part_*.bin: token id 300 (at $WORK/shards/part_1.bin position 0) is out of range for vocab_size 256" -- \
   "$BIN" "${S[@]}" --data "$WORK/shards/part_*.bin" --metrics ""
+# The fingerprint of a single file samples 32 blocks over it: a same-size change in the middle of a
+# 3 MB shard is caught (the first and last MiB alone missed it); a checkpoint that recorded the
+# older form (its first and last MiB) still resumes.
+python3 - "$WORK/big.bin" <<'PY'
+import struct, sys
+n = 1_500_000
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)) + struct.pack(f"<{n}H", *(i % 251 for i in range(n))))
+PY
+B1=(train --steps 3 --seq 32 --batch 2 --warmup 1 --data "$WORK/big.bin" --metrics "" --checkpoint-dir "$WORK/bigck")
+"$BIN" "${B1[@]}" --stop-at 1 >/dev/null 2>"$WORK/err" || fail "training on a 3 MB shard: $(tail -n 1 "$WORK/err")"
+cp -r "$WORK/bigck" "$WORK/bigck2"  # as written: the new fingerprint
+python3 - "$WORK/big.bin" "$WORK/bigck/step-00000001/trainer_state.json" <<'PY'
+import json, sys, zlib
+data = open(sys.argv[1], "rb").read()
+mib = 1 << 20
+crc = zlib.crc32(data[-mib:], zlib.crc32(data[:mib]))
+p = sys.argv[2]; j = json.load(open(p))
+j["settings"]["data"] = f"{len(data)} bytes, crc32 {crc:08x} of the first and last MiB"
+json.dump(j, open(p, "w"))
+PY
+"$BIN" "${B1[@]}" --stop-at 2 --resume >"$WORK/out" 2>"$WORK/err" && grep -q "resumed from .* at step 1" "$WORK/out" \
+  && pass "a checkpoint that recorded the first and last MiB of its data resumes on the same file" \
+  || fail "resume with the older data fingerprint: $(tail -n 1 "$WORK/err")"
+python3 - "$WORK/big.bin" <<'PY'
+import sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read())
+part = 1 << 16; at = (len(b) - part) * 16 // 31 + 100  # inside the 17th sampled block, far from both ends
+b[at] ^= 1
+open(p, "wb").write(bytes(b))
+PY
+expect_error "a same-size change in the middle of a 3 MB shard" "settings differ from those" \
+  "of 32 blocks of 64 KiB over the file; the checkpoint's:" -- \
+  "$BIN" "${B1[@]}" --checkpoint-dir "$WORK/bigck2" --resume
 # Flags that would be ignored are refused; a missing shard says so.
 expect_error "an empty --data" "--data is empty; give a token shard" -- "$BIN" "${S[@]}" --data "" --metrics ""
 expect_error "--val-every without --val-data" "--val-every applies to the validation loss of --val-data" -- \

@@ -28,9 +28,13 @@ constexpr const char* kResumeSettings[] = {"lr", "min-lr", "warmup", "weight-dec
                                            "dropout", "optimizer", "moe-aux-loss", "moe-z-loss",
                                            "moe-capacity-factor"};
 
-// The CRC-32 of the first and last `part` bytes of a token file (at most its size), after `crc`;
-// its size in `size`. `pattern`: the --data value that named it (in errors, when it differs).
-uint32_t ends_crc(const std::string& path, const std::string& pattern, int64_t part, uint32_t crc, int64_t* size) {
+// The CRC-32, after `crc`, of `points` blocks of `block` bytes of a token file at evenly spaced
+// offsets, the first at its start and the last at its end (the whole file when it is no longer
+// than the blocks together); its size in `size`. `pattern`: the --data value that named it (in
+// errors, when it differs). points 2 with 1 MiB blocks is the fingerprint of checkpoints written
+// before 2026-12-07.
+uint32_t sampled_crc(const std::string& path, const std::string& pattern, int64_t points, int64_t block, uint32_t crc,
+                     int64_t* size) {
   // A pipe would block this open until a writer came, with no message (and cannot be read twice).
   std::error_code ec;
   MT_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec) ||
@@ -47,9 +51,11 @@ uint32_t ends_crc(const std::string& path, const std::string& pattern, int64_t p
   MT_CHECK(f.good(), "--data {}: cannot open it", path);
   f.seekg(0, std::ios::end);
   *size = static_cast<int64_t>(f.tellg());
-  part = std::min(*size, part);
+  const int64_t part = std::min(*size, block);
   std::string buf(static_cast<size_t>(part), '\0');
-  for (int64_t at : {int64_t{0}, *size - part}) {
+  const int64_t span = *size - part, q = span / (points - 1), r = span % (points - 1);
+  for (int64_t i = 0; i < points; ++i) {
+    const int64_t at = q * i + r * i / (points - 1);  // span * i / (points - 1), without overflow
     f.seekg(at);
     f.read(buf.data(), part);
     MT_CHECK(f.good() || part == 0, "--data {}: cannot read it", path);
@@ -58,28 +64,36 @@ uint32_t ends_crc(const std::string& path, const std::string& pattern, int64_t p
   return crc;
 }
 
-// One file: "N bytes, crc32 X of the first and last MiB" (cheap on a large shard; a file replaced
-// by another of the same size and ends is not caught). Several (a pattern): their count, total
-// size and one CRC-32 over each file's name, size and first and last 64 KiB, in order, so that a
-// shard added, removed, renamed or rewritten at its ends is caught. The embedded corpus: its name.
-std::string data_fingerprint(const std::string& data) {
+constexpr const char* kLegacyDataTail = " of the first and last MiB";
+
+// One file: "N bytes, crc32 X of 32 blocks of 64 KiB over the file" (2 MiB read; the whole file up
+// to 2 MiB); a same-size change between the blocks is not caught. Several (a pattern): their count,
+// total size and one CRC-32 over each file's name, size and 4 blocks of 16 KiB, in order, so that a
+// shard added, removed, renamed or rewritten where it is sampled is caught. The embedded corpus: its
+// name. `legacy`: the single-file form of checkpoints written before 2026-12-07 (the first and last
+// MiB only), to compare with what they recorded.
+std::string data_fingerprint(const std::string& data, bool legacy = false) {
   if (data.empty()) return "the embedded corpus";
   const std::vector<std::string> files = data_files(data, "--data");
   int64_t size = 0;
+  if (legacy) {
+    const uint32_t crc = sampled_crc(files[0], data, 2, int64_t{1} << 20, 0, &size);
+    return fmt::format("{} bytes, crc32 {:08x}{}", size, crc, kLegacyDataTail);
+  }
   if (files.size() == 1) {
-    const uint32_t crc = ends_crc(files[0], data, int64_t{1} << 20, 0, &size);
-    return fmt::format("{} bytes, crc32 {:08x} of the first and last MiB", size, crc);
+    const uint32_t crc = sampled_crc(files[0], data, 32, int64_t{1} << 16, 0, &size);
+    return fmt::format("{} bytes, crc32 {:08x} of 32 blocks of 64 KiB over the file", size, crc);
   }
   uint32_t crc = 0;
   int64_t total = 0;
   for (const std::string& f : files) {
     const std::string name = std::filesystem::path(f).filename().string();
     crc = crc32_update(crc, name.data(), name.size());
-    crc = ends_crc(f, data, int64_t{1} << 16, crc, &size);
+    crc = sampled_crc(f, data, 4, int64_t{1} << 14, crc, &size);
     crc = crc32_update(crc, &size, sizeof(size));
     total += size;
   }
-  return fmt::format("{} files, {} bytes, crc32 {:08x} of their names, sizes and first and last 64 KiB",
+  return fmt::format("{} files, {} bytes, crc32 {:08x} of their names, sizes and 4 blocks of 16 KiB of each",
                      files.size(), total, crc);
 }
 
@@ -138,12 +152,18 @@ void check_resume_settings(const TrainState& s, const std::vector<std::pair<std:
                    args.str("steps"), args.str("steps"), brief(saved), s.step + 1);
       continue;
     }
-    for (const auto& [k, v] : now)
-      if (k == key && !same_value(v, saved))
+    for (const auto& [k, now_value] : now) {
+      if (k != key) continue;
+      // A checkpoint from before 2026-12-07 recorded the data's first and last MiB: compared so.
+      const bool legacy = key == "data" && !args.str("data").empty() && saved.ends_with(kLegacyDataTail) &&
+                          data_files(args.str("data"), "--data").size() == 1;
+      const std::string v = legacy ? data_fingerprint(args.str("data"), true) : now_value;
+      if (!same_value(v, saved))
         changes.push_back(key == "data" ? fmt::format("--data {} ({}; the checkpoint's: {})",
                                                        args.str("data").empty() ? "(none)" : args.str("data"), v,
                                                        brief(saved))
                                         : fmt::format("--{} {} (the checkpoint's: {})", key, v, brief(saved)));
+    }
   }
   if (changes.empty()) return;
   MT_CHECK(args.flag("allow-changes"),

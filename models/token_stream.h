@@ -1,8 +1,8 @@
 // A token stream for the DataLoader (models/data.h): tokens in memory, or one or more llm.c token
 // shards memory-mapped and read in place, concatenated in the order given. A mapped corpus costs
 // no memory up front and its pages are shared by every rank of a node through the page cache:
-// before, each rank read the whole shard into an int32 vector (8 ranks x a 2-billion-token shard
-// were 64 GB). Copies share the tokens. docs/data.md, "Several shards".
+// before, each rank held the whole shard twice as int32 (8 ranks x a 2-billion-token shard held
+// 128 GB). Copies of a TokenStream share the tokens. docs/data.md, "Several shards".
 #pragma once
 
 #include <cstdint>

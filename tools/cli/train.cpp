@@ -375,8 +375,8 @@ int run_train(int argc, char** argv) {
       }
       if (!any_rank(bad.has_value(), shards ? plan.get() : nullptr)) return;
       if (saver) saver->finish();
-      const std::string fix = "; the last checkpoint saved is the one to resume from (lower --lr, or enable "
-                              "--grad-clip if it is off)";
+      const std::string fix = "; the last checkpoint saved is the one to resume from (--resume --allow-changes "
+                              "with a lower --lr and --min-lr, or with --grad-clip if it is off)";
       if (!bad)
         throw NonFiniteStop(fmt::format("meshtrain train: refusing to save step {}: another rank's shards of the "
                                         "weights or optimizer state are not finite{}", done, fix));

@@ -387,12 +387,16 @@ double Trainer::clip(int64_t step, double loss) {
   // A non-finite loss or gradient stops the run before the optimizer step applies it: the weights
   // stay those of the previous step, and this step is never saved (docs/cli.md, "Bad input and
   // non-finite values").
+  // What to do next: a train run goes on from its last checkpoint with other flags.
+  const std::string next = command_ == "train"
+                               ? "resume from the last one with --allow-changes and a lower --lr and --min-lr, or "
+                                 "--grad-clip; or check the data and the starting weights"
+                               : "lower --lr, or use --grad-clip; or check the data and the starting weights";
   if (!std::isfinite(loss) || !std::isfinite(norm))
     throw NonFiniteStop(fmt::format(
         "meshtrain {}: step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, so no "
-        "checkpoint of step {} is written (lower --lr, enable --grad-clip, or check the data and the starting "
-        "weights)", command_, step + 1, std::isnan(loss) ? "nan" : fmt::format("{}", loss),
-        std::isnan(norm) ? "nan" : fmt::format("{}", norm), step + 1));
+        "checkpoint of step {} is written ({})", command_, step + 1, std::isnan(loss) ? "nan" : fmt::format("{}", loss),
+        std::isnan(norm) ? "nan" : fmt::format("{}", norm), step + 1, next));
   // The norm is summed in f64, but the optimizers square gradient elements in f32: one element
   // above sqrt(FLT_MAX) makes an inf second moment (and, for 8-bit AdamW, an inf block absmax whose
   // zero codes decode to nan). Unclipped, such a norm stops the run as a non-finite one does.

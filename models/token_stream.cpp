@@ -76,22 +76,20 @@ TokenStream TokenStream::map_files(const std::vector<std::string>& paths) {
   return out;
 }
 
-const TokenStream::Shard& TokenStream::shard_at(int64_t pos) const {
-  // The last shard that begins at or before pos (empty shards are skipped by the `count` test of
-  // the callers' loops).
+size_t TokenStream::shard_at(int64_t pos) const {
+  // The last shard that begins at or before pos: an empty shard at pos comes before the one that
+  // holds it, so this is the one that holds it (when pos < size()).
   auto it = std::upper_bound(shards_.begin(), shards_.end(), pos,
                              [](int64_t p, const Shard& s) { return p < s.begin; });
   MT_ASSERT(it != shards_.begin(), "TokenStream: position {} before the first shard", pos);
-  return *std::prev(it);
+  return static_cast<size_t>(std::prev(it) - shards_.begin());
 }
 
 void TokenStream::copy(int64_t pos, int64_t n, int64_t* out) const {
   MT_CHECK(pos >= 0 && n >= 0 && pos <= size_ - n, "TokenStream: tokens [{}, {}) lie outside the {} tokens", pos,
            pos + n, size_);
   if (n == 0) return;
-  auto it = std::upper_bound(shards_.begin(), shards_.end(), pos,
-                             [](int64_t p, const Shard& s) { return p < s.begin; });
-  for (--it; n > 0; ++it) {
+  for (auto it = shards_.begin() + static_cast<std::ptrdiff_t>(shard_at(pos)); n > 0; ++it) {
     const int64_t from = pos - it->begin, take = std::min(n, it->count - from);
     if (take <= 0) continue;  // an empty shard at this position
     if (it->in_memory) {
@@ -120,7 +118,7 @@ int64_t TokenStream::find_outside(int64_t vocab, int64_t from) const {
 
 std::string TokenStream::where(int64_t pos) const {
   if (shards_.empty() || pos < 0 || pos >= size_) return fmt::format("position {}", pos);
-  const Shard& s = shard_at(pos);
+  const Shard& s = shards_[shard_at(pos)];
   return s.in_memory ? fmt::format("position {}", pos) : fmt::format("{} position {}", s.path, pos - s.begin);
 }
 

@@ -44,7 +44,7 @@ class TokenStream {
     int width = 4;                              // a file's bytes per token: 2 or 4 (little-endian)
     int64_t begin = 0, count = 0;               // position in the stream, tokens
   };
-  const Shard& shard_at(int64_t pos) const;
+  size_t shard_at(int64_t pos) const;  // the index of the shard holding token `pos`
   std::vector<Shard> shards_;
   int64_t size_ = 0;
 };

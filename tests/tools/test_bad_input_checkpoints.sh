@@ -278,47 +278,47 @@ got=$(ls "$WORK/keepr" | tr '\n' ' ')
 # they are dropped, so every step appears once (steps 7 and 8 used to appear twice).
 "$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --checkpoint-every 3 --checkpoint-dir "$WORK/met" \
   --metrics "$WORK/met.jsonl" >/dev/null 2>&1
-rm -rf "$WORK/met/step-00000008"; echo step-00000006 >"$WORK/met/latest"  # as if killed before saving step 8
-"$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --resume --checkpoint-dir "$WORK/met" --metrics "$WORK/met.jsonl" \
-  >"$WORK/out" 2>"$WORK/err"
-got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' "$WORK/met.jsonl")
+# rewind_met: as if killed before saving step 8 (step 6 is the latest). resume_met: resume to step
+# 8; $got is the metrics file's steps.
+rewind_met() { rm -rf "$WORK/met/step-00000008"; echo step-00000006 >"$WORK/met/latest"; }
+resume_met() {
+  "$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --resume --checkpoint-dir "$WORK/met" --metrics "$WORK/met.jsonl" \
+    >"$WORK/out" 2>"$WORK/err"
+  got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' "$WORK/met.jsonl" 2>&1)
+}
+rewind_met
+resume_met
 [ "$got" = "1 2 3 4 5 6 7 8" ] && grep -q "dropped 2 line(s) of steps after 6" "$WORK/out" \
   && pass "resume after a crash past the last checkpoint: metrics steps $got, each once" \
   || fail "metrics after resume: steps '$got' $(tail -n 1 "$WORK/err")"
 # A full disk cut the last line mid-write: it is dropped, not glued to the resumed run's first line.
-rm -rf "$WORK/met/step-00000008"; echo step-00000006 >"$WORK/met/latest"
+rewind_met
 python3 - "$WORK/met.jsonl" <<'PY'
 import sys
 lines = open(sys.argv[1]).read().splitlines(True)
 open(sys.argv[1], "w").write("".join(lines[:7]) + lines[7][:25])  # step 8's line cut after 25 bytes
 PY
-"$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --resume --checkpoint-dir "$WORK/met" --metrics "$WORK/met.jsonl" \
-  >"$WORK/out" 2>"$WORK/err"
-got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' "$WORK/met.jsonl" 2>&1)
+resume_met
 [ "$got" = "1 2 3 4 5 6 7 8" ] && grep -q "met.jsonl: dropped 1 line(s) of steps after 6 .*; dropped its last line, cut short" "$WORK/out" \
   && pass "resume after a cut metrics line: steps $got, each once, valid JSON lines" \
   || fail "metrics after a cut line: '$got' $(grep met.jsonl "$WORK/out") $(tail -n 1 "$WORK/err")"
 # The last line lost its newline and is a step after the checkpoint's: dropped as such, and the
 # notice says only that.
-rm -rf "$WORK/met/step-00000008"; echo step-00000006 >"$WORK/met/latest"
+rewind_met
 python3 -c 'import sys; p=sys.argv[1]; t=open(p).read(); open(p,"w").write(t.rstrip("\n"))' "$WORK/met.jsonl"
-"$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --resume --checkpoint-dir "$WORK/met" --metrics "$WORK/met.jsonl" \
-  >"$WORK/out" 2>"$WORK/err"
-got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' "$WORK/met.jsonl" 2>&1)
+resume_met
 [ "$got" = "1 2 3 4 5 6 7 8" ] && [ "$(grep met.jsonl "$WORK/out")" = "--metrics $WORK/met.jsonl: dropped 2 line(s) of steps after 6 (written by a run that went on past its last checkpoint)" ] \
   && pass "resume after a lost newline on a dropped step: steps $got, one notice of the dropped lines" \
   || fail "metrics, lost newline on a dropped step: '$got' $(grep met.jsonl "$WORK/out") $(tail -n 1 "$WORK/err")"
 # Only the newline was lost, after the checkpoint's own step: the line is kept and ended, and the
 # notice says only that.
-rm -rf "$WORK/met/step-00000008"; echo step-00000006 >"$WORK/met/latest"
+rewind_met
 python3 - "$WORK/met.jsonl" <<'PY'
 import sys
 lines = open(sys.argv[1]).read().splitlines(True)
 open(sys.argv[1], "w").write("".join(lines[:6]).rstrip("\n"))
 PY
-"$BIN" train --batch 2 --seq 32 --warmup 1 --steps 8 --resume --checkpoint-dir "$WORK/met" --metrics "$WORK/met.jsonl" \
-  >"$WORK/out" 2>"$WORK/err"
-got=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' "$WORK/met.jsonl" 2>&1)
+resume_met
 [ "$got" = "1 2 3 4 5 6 7 8" ] && [ "$(grep met.jsonl "$WORK/out")" = "--metrics $WORK/met.jsonl: ended its last line, whose newline a failed write had cut" ] \
   && pass "resume after a lost newline: steps $got, the line kept, one notice that says so" \
   || fail "metrics after a lost newline: '$got' $(grep met.jsonl "$WORK/out") $(tail -n 1 "$WORK/err")"

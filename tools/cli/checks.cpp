@@ -95,6 +95,8 @@ std::optional<NonFinite> first_non_finite(const NamedTensors& tensors) {
   return std::nullopt;
 }
 
+std::string value_text(double v) { return std::isnan(v) ? "nan" : fmt::format("{}", v); }
+
 std::string describe_non_finite(const NamedTensors& tensors) {
   auto bad = first_non_finite(tensors);
   if (!bad) return "every weight is finite, so the forward pass overflowed (weights too large?)";

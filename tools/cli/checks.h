@@ -44,6 +44,8 @@ struct NonFinite {
   double value = 0;
 };
 std::optional<NonFinite> first_non_finite(const NamedTensors& tensors);
+// A value as messages print it: "nan" for any NaN (fmt prints a negative one "-nan").
+std::string value_text(double v);
 // "tensor 'x' holds nan at element 7", or that every weight is finite (the forward pass overflowed).
 std::string describe_non_finite(const NamedTensors& tensors);
 

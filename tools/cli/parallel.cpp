@@ -129,6 +129,13 @@ Communicator world_comm(const PlanContext& ctx) {
   return ctx.is_pipeline() ? ctx.world_mesh->comm() : ctx.mesh->comm();
 }
 
+int64_t max_over_job(int64_t value, const PlanContext* plan) {
+  if (!plan) return value;
+  Tensor t = from_vector<int64_t>({value}, Shape{1});
+  world_comm(*plan).all_reduce(t, CommReduceOp::kMax);
+  return t.to_vector<int64_t>()[0];
+}
+
 std::vector<std::vector<int64_t>> stages_holding(const PlanContext& ctx, const std::vector<std::string>& keys) {
   if (!ctx.is_pipeline()) return std::vector<std::vector<int64_t>>(keys.size(), std::vector<int64_t>{0});
   Communicator comm = ctx.world_mesh->comm(ctx.full_plan.pipeline_dim());

@@ -52,6 +52,9 @@ struct PlanContext {
 // Every rank of the job: the whole mesh's communicator (under a pipeline plan `mesh` is only this
 // rank's stage).
 Communicator world_comm(const PlanContext& ctx);
+// The largest of `value` over every rank of the job (a collective on world_comm); `value` itself
+// without a plan.
+int64_t max_over_job(int64_t value, const PlanContext* plan);
 
 // Pipeline plans: every stage's tensors (full, plain, on the host) in stage order, on every rank
 // (collective over the world); `tensors` are this rank's (DTensors or plain). Other plans: the

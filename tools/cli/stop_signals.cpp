@@ -6,7 +6,6 @@
 #include <csignal>
 #include <cstring>
 
-#include "tensor/tensor.h"
 #include "tools/cli/parallel.h"
 
 namespace mt::cli {
@@ -67,12 +66,7 @@ StopSignals::~StopSignals() {
 
 int StopSignals::received() { return g_signal.load(); }
 
-int StopSignals::agreed(const PlanContext* plan) {
-  if (!plan) return received();
-  Tensor flag = from_vector<int64_t>({static_cast<int64_t>(received())}, Shape{1});
-  world_comm(*plan).all_reduce(flag, CommReduceOp::kMax);
-  return static_cast<int>(flag.to_vector<int64_t>()[0]);
-}
+int StopSignals::agreed(const PlanContext* plan) { return static_cast<int>(max_over_job(received(), plan)); }
 
 const char* signal_name(int sig) {
   switch (sig) {

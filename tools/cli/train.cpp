@@ -108,17 +108,6 @@ NamedTensors local_tensors(const NamedTensors& tensors) {
   return out;
 }
 
-// Whether any rank of the job has `v` (a collective under a plan).
-bool any_rank(bool v, const PlanContext* plan) {
-  if (!plan) return v;
-  Tensor flag = from_vector<int64_t>({v ? 1 : 0}, Shape{1});
-  world_comm(*plan).all_reduce(flag, CommReduceOp::kMax);
-  return flag.to_vector<int64_t>()[0] != 0;
-}
-
-// A non-finite value as a message prints it ("nan", not "-nan").
-std::string value_text(double v) { return std::isnan(v) ? "nan" : fmt::format("{}", v); }
-
 }  // namespace
 
 int run_train(int argc, char** argv) {
@@ -301,7 +290,7 @@ int run_train(int argc, char** argv) {
     // Non-finite moments (a checkpoint written before saves checked them): every step would train
     // and every save be refused, pointing back at this checkpoint. Refused here, naming it.
     const std::optional<NonFinite> bad = first_non_finite(local_tensors(opt.state_dict()));
-    if (any_rank(bad.has_value(), plan.get()))
+    if (max_over_job(bad.has_value() ? 1 : 0, plan.get()) != 0)
       MT_FAIL("meshtrain train: --resume: {}: {} holds a non-finite value: refusing to train from it; resume from "
               "an earlier step directory (name it in {}/latest), or start a new run from its weights (train --hf)",
               loaded.path,
@@ -373,7 +362,7 @@ int run_train(int argc, char** argv) {
         bad = first_non_finite(state);
         what = "optimizer state";
       }
-      if (!any_rank(bad.has_value(), shards ? plan.get() : nullptr)) return;
+      if (max_over_job(bad.has_value() ? 1 : 0, shards ? plan.get() : nullptr) == 0) return;
       if (saver) saver->finish();
       const std::string fix = "; the last checkpoint saved is the one to resume from (--resume --allow-changes "
                               "with a lower --lr and --min-lr, or with --grad-clip if it is off)";

@@ -395,8 +395,7 @@ double Trainer::clip(int64_t step, double loss) {
   if (!std::isfinite(loss) || !std::isfinite(norm))
     throw NonFiniteStop(fmt::format(
         "meshtrain {}: step {}: the loss is {} and the gradient norm {}; stopped before the optimizer step, so no "
-        "checkpoint of step {} is written ({})", command_, step + 1, std::isnan(loss) ? "nan" : fmt::format("{}", loss),
-        std::isnan(norm) ? "nan" : fmt::format("{}", norm), step + 1, next));
+        "checkpoint of step {} is written ({})", command_, step + 1, value_text(loss), value_text(norm), step + 1, next));
   // The norm is summed in f64, but the optimizers square gradient elements in f32: one element
   // above sqrt(FLT_MAX) makes an inf second moment (and, for 8-bit AdamW, an inf block absmax whose
   // zero codes decode to nan). Unclipped, such a norm stops the run as a non-finite one does.

@@ -190,6 +190,14 @@ ShardedIndex index_from_json(const std::string& text, const std::string& path, b
     }
     MT_CHECK(!out.find(t.group, t.name), "{}: tensor '{}' of group '{}' appears twice", path, t.name, t.group);
     if (check) check_tiling(t, path);
+    // A chunk's key names its tensor and offsets (chunk_key): an entry that points at another
+    // tensor's chunk (a mis-merged or edited index) would load that tensor's values, CRCs and all.
+    for (const ChunkBox& c : t.chunks) {
+      const std::string key = chunk_key(t.group, t.name, c.offsets);
+      MT_CHECK(c.key == key, "{}: tensor '{}': the chunk at offsets {} has key '{}', expected '{}': the index points "
+               "at another tensor's chunk (a damaged or mis-merged index)", path, t.name, c.offsets,
+               c.key.size() <= 120 ? c.key : c.key.substr(0, 117) + "...", key);
+    }
     out.tensors.push_back(std::move(t));
   }
   return out;

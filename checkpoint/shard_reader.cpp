@@ -125,16 +125,17 @@ Tensor ShardedCheckpointReader::read_full(const IndexedTensor& t) {
 }
 
 std::vector<std::pair<std::string, Tensor>> ShardedCheckpointReader::load_like(
-    const std::string& group, const std::vector<std::pair<std::string, Tensor>>& live, bool exact) {
+    const std::string& group, const std::vector<std::pair<std::string, Tensor>>& live,
+    const std::set<std::string>* whole) {
   std::vector<std::string> missing, extra;
   std::set<std::string> wanted;
   for (const auto& [name, l] : live) {
     wanted.insert(name);
     if (!index_.find(group, name)) missing.push_back(name);
   }
-  if (exact)
-    for (const auto& t : index_.tensors)
-      if (t.group == group && !wanted.count(t.name)) extra.push_back(t.name);
+  if (!whole) whole = &wanted;
+  for (const auto& t : index_.tensors)
+    if (t.group == group && !whole->count(t.name)) extra.push_back(t.name);
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
     for (size_t i = 0; i < v.size() && i < 8; ++i) {

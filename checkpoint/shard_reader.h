@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,11 +37,12 @@ class ShardedCheckpointReader {
   Tensor read_full(const IndexedTensor& t);
   // Tensors shaped like `live` (same names, same order): for a DTensor, this rank's local shard
   // (only its boxes are read) wrapped with the live spec; for a plain tensor, the full tensor.
-  // The live dtype is kept. Errors list the names `group` lacks or has in excess (when
-  // `exact`), and name a tensor whose global shape differs from the live one.
+  // The live dtype is kept. Errors list the names `group` lacks or has beyond `whole` (the names
+  // of the whole model in `group`; null: those of `live`; a pipeline stage passes every stage's,
+  // since its own are a part), and name a tensor whose global shape differs from the live one.
   std::vector<std::pair<std::string, Tensor>> load_like(const std::string& group,
                                                         const std::vector<std::pair<std::string, Tensor>>& live,
-                                                        bool exact = true);
+                                                        const std::set<std::string>* whole = nullptr);
   uint64_t bytes_read() const;
 
  private:

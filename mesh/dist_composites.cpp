@@ -80,7 +80,11 @@ Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& ids, uint32_
   os.push_back(wl.local_shape()[1]);
   Tensor local;
   if (n == 0) {
-    local = zeros(os, wl.options());
+    // A rank whose shard of the table is empty (a vocabulary smaller than the split) still joins
+    // the autograd graph through it (a sum over no rows, zeros): the collectives of the backward
+    // pass that follow the output (the all-gather of a reduce-scatter) must run on every rank.
+    // Plain zeros left this rank out of them, and the ranks' collectives no longer matched.
+    local = add(zeros(os, wl.options()), sum(wl, {0}));
   } else {
     auto [idx, valid] = local_index(il, lo, n);
     local = mul(embedding(wl, idx), valid.unsqueeze(-1).to(wl.dtype()));
@@ -111,7 +115,7 @@ Tensor vocab_parallel_rows(const Tensor& logits0, const Tensor& target, int64_t 
   Tensor tl = ts ? to_local(target) : target;
   Tensor picked;
   if (n == 0) {
-    picked = zeros(tl.local_shape(), zl.options());
+    picked = sum(zl, {last});  // zeros, in the graph as in vocab_parallel_embedding
   } else {
     auto [idx, valid] = local_index(tl, lo, n);
     picked = mul(gather(zl, -1, idx.unsqueeze(-1)).squeeze(-1), valid.to(zl.dtype()));

@@ -129,20 +129,32 @@ std::vector<std::string> TokenStream::paths() const {
   return out;
 }
 
-double TokenStream::unigram_entropy(int64_t vocab) const {
-  MT_CHECK(size_ > 0, "unigram_entropy: the token stream is empty");
-  std::vector<int64_t> counts(static_cast<size_t>(vocab), 0), buf(size_t{1} << 20);
+TokenStream::IdCounts TokenStream::count_ids(int64_t vocab) const {
+  MT_CHECK(vocab > 0, "count_ids: the vocabulary size must be positive, got {}", vocab);
+  IdCounts r;
+  r.counts.assign(static_cast<size_t>(vocab), 0);
+  std::vector<int64_t> buf(size_t{1} << 16);
   for (int64_t pos = 0; pos < size_;) {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(buf.size()), size_ - pos);
     copy(pos, n, buf.data());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = buf[static_cast<size_t>(i)];
-      MT_CHECK(t >= 0 && t < vocab, "unigram_entropy: token {} at {} is outside [0, {})", t, where(pos + i), vocab);
-      ++counts[static_cast<size_t>(t)];
+      if (t < 0 || t >= vocab) {
+        r.outside = pos + i;
+        return r;
+      }
+      ++r.counts[static_cast<size_t>(t)];
     }
     pos += n;
   }
-  const double total = static_cast<double>(size_);
+  return r;
+}
+
+double TokenStream::IdCounts::entropy() const {
+  int64_t n = 0;
+  for (int64_t c : counts) n += c;
+  MT_CHECK(n > 0, "unigram_entropy: the token stream is empty");
+  const double total = static_cast<double>(n);
   double h = 0.0;
   for (int64_t c : counts) {
     if (c == 0) continue;
@@ -150,6 +162,16 @@ double TokenStream::unigram_entropy(int64_t vocab) const {
     h -= p * std::log(p);
   }
   return h;
+}
+
+double TokenStream::unigram_entropy(int64_t vocab) const {
+  const IdCounts c = count_ids(vocab);
+  if (c.outside >= 0) {
+    int64_t t = 0;
+    copy(c.outside, 1, &t);
+    MT_FAIL("unigram_entropy: token {} at {} is outside [0, {})", t, where(c.outside), vocab);
+  }
+  return c.entropy();
 }
 
 }  // namespace mt

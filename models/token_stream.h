@@ -32,8 +32,17 @@ class TokenStream {
   std::string where(int64_t pos) const;
   // The files, in order (empty in memory).
   std::vector<std::string> paths() const;
-  // unigram_entropy (models/corpus.h) of the stream, whose ids must lie in [0, vocab): counted in
-  // a vector, one pass, the same sum in id order.
+  // One pass over the tokens: how often each id of [0, vocab) occurs, or, where an id lies outside
+  // [0, vocab), its position in `outside` (the counts then stop there). The start-up check of
+  // `train` and its entropy line share the pass.
+  struct IdCounts {
+    std::vector<int64_t> counts;  // vocab entries
+    int64_t outside = -1;         // the first position of an id outside [0, vocab), or -1
+    // unigram_entropy (models/corpus.h) of the counted ids: the same sum in id order.
+    double entropy() const;
+  };
+  IdCounts count_ids(int64_t vocab) const;
+  // count_ids(vocab).entropy() of a stream whose ids must all lie in [0, vocab).
   double unigram_entropy(int64_t vocab) const;
 
  private:

@@ -145,6 +145,9 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
              "estimate: --accum {} is not a multiple of the {} pipeline stages (interleaved 1F1B)", o.accum, est.stages);
     est.bubble = bubble_fraction_theory(est.stages, o.accum, est.virtual_stages);
     est.schedule = layout->schedule;
+    // Every entry against the whole model first (as parallelize_run): pruned, a stage skips the
+    // entries that match only other stages' modules.
+    lower(stage_plan, *model, PlanMesh{sim_names, sim_shape});
     std::vector<std::string> keep;
     if (em.tied_embeddings && est.stages > 1 && est.stage + 1 == est.stages) keep.push_back("model.embed_tokens");
     prune_to_stage(*model, *layout, est.stage, keep);

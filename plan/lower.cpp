@@ -377,8 +377,10 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
     std::vector<size_t> matched;
     for (size_t i = 0; i < modules.size(); ++i)
       if (mre.full_match(modules[i].path)) matched.push_back(i);
-    // An fsdp entry of a pipeline stage may name only another stage's modules (see lower_fsdp).
-    if (matched.empty() && e.kind == PlanEntryKind::kFsdp && stage_pruned) continue;
+    // An entry of a pipeline stage may name only another stage's modules: that stage applies it
+    // (callers lower the plan on the whole model before pruning it, which finds an entry that
+    // matches nothing anywhere: tools/cli/parallel.cpp, plan/estimate.cpp).
+    if (matched.empty() && stage_pruned) continue;
     MT_CHECK(!matched.empty(), "{}: module regex '{}' matches no module path of the model; nearest module paths: "
              "{}",
              e.module_loc.str(), e.module_re, nearest(e.module_re, module_paths));
@@ -466,6 +468,12 @@ HookIR lower(const Plan& plan, Module& model, const PlanMesh& mesh) {
         if (e.phase != PlanPhase::kInit) merge(p.run, e.how, mesh);
         p.from.push_back(e.loc);
       }
+    // A pipeline stage holds a placeholder (no parameters) for another stage's unit, e.g. lm_head
+    // on stage 0: an entry for that unit's parameters is lowered on the stage that holds them.
+    const bool other_stage = stage_pruned && std::all_of(matched.begin(), matched.end(), [&](size_t mi) {
+      return is_other_stage_module(*model.get_module(modules[mi].path));
+    });
+    if (hits == 0 && other_stage) continue;
     if (hits == 0) {
       std::string mods;
       for (size_t i = 0; i < std::min<size_t>(3, matched.size()); ++i) { mods += i ? ", " : ""; mods += shown(modules[matched[i]].path); }

@@ -59,9 +59,13 @@ std::vector<fs::path> profile_dirs() {
   dirs.emplace_back("plans/hardware");
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  // The source tree's plans/ (a build directory inside it), and an installed tree's
+  // <prefix>/share/meshtrain/plans (meson install: tools/meson.build).
   if (!ec)
-    for (fs::path p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path())
+    for (fs::path p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path()) {
       dirs.push_back(p / "plans" / "hardware");
+      dirs.push_back(p / "share" / "meshtrain" / "plans" / "hardware");
+    }
   return dirs;
 }
 
@@ -145,8 +149,10 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path) {
         break;
       }
     }
-    MT_CHECK(!file.empty(), "--hardware {}: no such stock profile (looked for {}); stock profiles: h100-nvlink, "
-             "h100-ib, h200, a100, or give a JSON file", name_or_path, searched);
+    MT_CHECK(!file.empty(), "--hardware {}: no profile file found (looked for {}). The stock profiles (h100-nvlink, "
+             "h100-ib, h200, a100) are plans/hardware/NAME.json in the source tree and "
+             "<prefix>/share/meshtrain/plans/hardware in an install; set MT_HARDWARE_DIR to their directory, or give "
+             "a JSON file", name_or_path, searched);
   }
   std::ifstream in(file);
   MT_CHECK(in.good(), "--hardware {}: cannot read {}", name_or_path, file.string());

@@ -213,7 +213,11 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
   // bits as multiplying its f32 copy), so no f32 copy of the weight is made or kept for backward.
   const bool widen_w = ct == DType::kF32 && is_16bit(w0.dtype()) && !w0.device().is_cuda();
   Tensor x = x0.to(ct), w = widen_w ? w0 : w0.to(ct), bias = has_bias ? bias0.to(ct) : Tensor();
-  Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, in_f});  // [rows, in]
+  // [rows, in]; rows from the leading dims, not -1, so that in == 0 (an empty tensor-parallel
+  // slice of the inner dim) is a shape too.
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in_f});
   Tensor out;
   {
     NoGradGuard no_grad;

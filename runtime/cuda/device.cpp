@@ -106,12 +106,19 @@ int gemm_tune_level() {
   int v = g_gemm_tune.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* s = std::getenv("MT_GEMM_TUNE");
-    v = !s || !*s || !std::strcmp(s, "0") ? 0 : !std::strcmp(s, "2") ? 2 : 1;
+    v = !s || !*s || !std::strcmp(s, "0") ? 0 : !std::strcmp(s, "2") ? 2 : !std::strcmp(s, "3") ? 3 : 1;
     g_gemm_tune.store(v, std::memory_order_relaxed);
   }
   return v;
 }
 
 void set_gemm_tune_level(int level) { g_gemm_tune.store(level < 0 ? 0 : level, std::memory_order_relaxed); }
+
+namespace {
+std::atomic<int64_t> g_gemm_taken{0};
+}  // namespace
+
+int64_t gemm_tune_taken() { return g_gemm_taken.load(std::memory_order_relaxed); }
+void count_gemm_tune_taken() { g_gemm_taken.fetch_add(1, std::memory_order_relaxed); }
 
 }  // namespace mt::cuda

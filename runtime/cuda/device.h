@@ -47,9 +47,13 @@ void set_allow_tf32(bool allow);
 
 // Choosing GEMM algorithms by timing (kernels/cuda/matmul.cu, docs/cuda.md): 0 off (the
 // default), 1 the first call of a large 16-bit geometry times cuBLASLt's top candidates and keeps
-// the fastest with the same output bits, 2 also prints each choice. From MT_GEMM_TUNE, or set here
-// (geometries already tuned stay as they are).
+// the fastest with the same output bits, 2 also prints each choice, 3 (tests) takes the first
+// other candidate with the same bits whatever its time, so that the swap path runs. From
+// MT_GEMM_TUNE, or set here (geometries already tuned stay as they are).
 int gemm_tune_level();
 void set_gemm_tune_level(int level);
+// How many tuned geometries took another algorithm than cuBLASLt's first choice (this process).
+int64_t gemm_tune_taken();
+void count_gemm_tune_taken();
 
 }  // namespace mt::cuda

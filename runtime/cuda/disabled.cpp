@@ -31,6 +31,8 @@ bool allow_tf32() { return false; }
 void set_allow_tf32(bool) {}
 int gemm_tune_level() { return 0; }
 void set_gemm_tune_level(int) {}
+int64_t gemm_tune_taken() { return 0; }
+void count_gemm_tune_taken() {}
 
 void* alloc(size_t nbytes, int index) {
   check_device(Device::cuda(index), fmt::format("allocating {} bytes", nbytes));

@@ -298,7 +298,7 @@ TEST_CASE("sharded checkpoint: an index's bad fields are named, with their tenso
   t.shape = Shape{2, 3};
   t.dtype = DType::kF32;
   t.placements = "[S(0)]";
-  t.chunks = {{{0, 0}, {2, 3}, "shard-00000-of-00002.safetensors", "k0", "00000000", 0, {}}};
+  t.chunks = {{{0, 0}, {2, 3}, "shard-00000-of-00002.safetensors", "model/w@0,0", "00000000", 0, {}}};
   ix.tensors = {t};
   const nlohmann::json good = nlohmann::json::parse(index_to_json(ix));
   CHECK_NOTHROW(index_from_json(good.dump(), "ix.json"));
@@ -326,6 +326,14 @@ TEST_CASE("sharded checkpoint: an index's bad fields are named, with their tenso
                     Contains("ix.json: tensor 'w': 'shape' [4294967296,4294967297] holds more elements"));
   CHECK_THROWS_WITH(index_from_json(bad([](auto& j) { j["tensors"][0]["shape"] = {int64_t{1} << 61, 0}; }), "ix.json"),
                     Contains("'shape' [2305843009213693952,0] holds more elements"));
+  // A chunk's key names its own tensor and offsets: an entry pointing at another tensor's chunk
+  // (the two entries' chunk lists swapped) would load that tensor's values.
+  CHECK_THROWS_WITH(index_from_json(bad([](auto& j) { j["tensors"][0]["chunks"][0]["key"] = "model/v@0,0"; }), "ix.json"),
+                    Contains("ix.json: tensor 'w': the chunk at offsets [0, 0] has key 'model/v@0,0', expected "
+                             "'model/w@0,0': the index points at another tensor's chunk"));
+  CHECK_THROWS_WITH(index_from_json(bad([](auto& j) { j["tensors"][0]["chunks"][0]["key"] = std::string(1000, 'k'); }),
+                                    "ix.json"),
+                    Contains("has key 'kkkk") && Contains("...', expected"));
   // A hostile value is cut short in the message, not copied whole.
   const std::string long_name(100000, 'x');
   try {

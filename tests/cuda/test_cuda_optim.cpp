@@ -2,6 +2,7 @@
 // than one launch takes, sizes across its block size, a misaligned contiguous view, f64 beside
 // f32), gradient clipping's f64 sum of squares, and the dense 16-byte cast path that moves f32
 // master weights to bf16 and gradients back. Skips (exit 77) without a GPU.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -188,6 +189,45 @@ TEST_CASE("cuda 8-bit AdamW gives the CPU's weights, codes and absmax bit for bi
       REQUIRE(mt::testing::same_bits(sb[i].second, sa[i].second));
     else
       REQUIRE_CLOSE(on_cpu(sb[i].second), sa[i].second, 1e-6, 1e-9);
+  }
+}
+
+TEST_CASE("cuda 8-bit AdamW codes a tiny positive v 1, as the CPU does, bit for bit", "[cuda]") {
+  // The schedule of tests/optim/test_adamw8bit.cpp ("a v rounded below its block's smallest
+  // code"): after step 0, row 0's v (about 1e9) is the block's absmax and rows 1..31's v (1e-3)
+  // lies below half its smallest code, so q8_encode_v's clamp to code 1 runs on every such row
+  // (random gradients almost never reach it, so the test above cannot tell the clamp is there).
+  mt::testing::require_cuda();
+  NamedTensors pc = {{"w", zeros(Shape{32, 128}, TensorOptions(DType::kF32))}};
+  NamedTensors pg = {{"w", on_cuda(zeros(Shape{32, 128}, TensorOptions(DType::kF32)))}};
+  pc[0].second.requires_grad_();
+  pg[0].second.requires_grad_();
+  AdamWOptions o;
+  o.lr = 1e-3;
+  AdamW8bit oc(make_param_groups(pc, 0.0), o), og(make_param_groups(pg, 0.0), o);
+  bool clamped = false;
+  for (int step = 0; step < 40; ++step) {
+    Tensor g = zeros(Shape{32, 128}, TensorOptions(DType::kF32));
+    if (step == 0) g.narrow(0, 0, 1).fill_(1e6);
+    else if (step < 35) g.narrow(0, 1, 31).fill_(1.0);
+    pc[0].second.set_grad(g);
+    pg[0].second.set_grad(on_cuda(g));
+    oc.step();
+    og.step();
+    for (const auto& [name, t] : oc.state_dict())  // rows 1..31 hold v's code 1 (the clamp)
+      if (name.rfind("exp_avg_sq_q.", 0) == 0) {
+        const std::vector<int64_t> codes = t.to(DType::kI64).to_vector<int64_t>();
+        clamped |= std::count(codes.begin(), codes.end(), int64_t{1}) > 0;
+      }
+  }
+  CHECK(clamped);
+  REQUIRE(mt::testing::same_bits(on_cpu(pg[0].second.detach()), pc[0].second.detach()));
+  const NamedTensors sa = oc.state_dict(), sb = og.state_dict();
+  REQUIRE(sa.size() == sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    INFO(sa[i].first << " " << sa[i].second.desc());
+    if (sa[i].second.dtype() == DType::kU8 || sa[i].first.find("absmax") != std::string::npos)
+      REQUIRE(mt::testing::same_bits(sb[i].second, sa[i].second));
   }
 }
 

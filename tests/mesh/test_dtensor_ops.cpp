@@ -219,6 +219,17 @@ TEST_CASE("dtensor ops: embedding and cross-entropy, vocabulary-parallel", "[mpi
   check_op(m, {{table, P("S(0)")}, {ids, P("R")}}, [](const auto& t) { return embedding(t[0], t[1]); }, "P(sum)");
   check_op(m, {{table, P("R")}, {ids, P("S(1)")}}, [](const auto& t) { return embedding(t[0], t[1]); }, "S(1)");
   check_op(m, {{table, P("S(1)")}, {ids, P("R")}}, [](const auto& t) { return embedding(t[0], t[1]); }, "S(2)");
+  // A vocabulary smaller than the split leaves the last rank no rows; the Partial output is then
+  // reduce-scattered (sequence parallelism after the embedding), and that rank must still run the
+  // backward's all-gather (it dropped out of the graph and corrupted the other ranks' collectives
+  // until 2026-12-07).
+  const int64_t small = std::max<int64_t>(1, k - 1);
+  check_op(m, {{r({small, 6}, 38), P("S(0)")}, {randint(0, small, {2, 3 * k}, DType::kI64), P("R")}},
+           [](const auto& t) {
+             Tensor e = embedding(t[0], t[1]);
+             return e.is_distributed() ? redistribute(e, P("S(1)")) : e;
+           },
+           "S(1)");
   Tensor logits = r({4 * k, V}, 23);
   Tensor target = randint(0, V, {4 * k}, DType::kI64);
   target = where(eq(target, 0.0), full({4 * k}, -100.0, DType::kI64), target);  // some ignored
@@ -230,6 +241,9 @@ TEST_CASE("dtensor ops: embedding and cross-entropy, vocabulary-parallel", "[mpi
   check_op(m, {{logits, P("S(1)")}, {target, P("R")}}, ce(Reduction::kMean), "R");
   check_op(m, {{logits, P("S(1)")}, {target, P("R")}}, ce(Reduction::kSum), "R");
   check_op(m, {{logits, P("S(1)")}, {target, P("R")}}, ce(Reduction::kNone), "R");
+  // Logits of a vocabulary smaller than the split (an empty shard on the last rank).
+  check_op(m, {{r({4 * k, small}, 39), P("S(1)")}, {randint(0, small, {4 * k}, DType::kI64), P("R")}},
+           ce(Reduction::kMean), "R");
 }
 
 TEST_CASE("dtensor ops: on a 2-D mesh", "[mpi]") {

@@ -452,6 +452,19 @@ TEST_CASE("TokenStream: mapped shards of both widths read as their concatenation
   // The entropy is the vector version's, bit for bit.
   CHECK(s.unigram_entropy(100000) == unigram_entropy(all));
   CHECK(TokenStream(all).unigram_entropy(100000) == unigram_entropy(all));
+  CHECK_THROWS_WITH(s.unigram_entropy(65536), Contains("token " + std::to_string(all[300]) + " at " + paths[2] +
+                                                        " position 0 is outside [0, 65536)"));
+  // One pass both checks and counts (train's start-up): the counts of the ids, or the first
+  // position outside the vocabulary.
+  const TokenStream::IdCounts counted = s.count_ids(100000);
+  CHECK(counted.outside == -1);
+  std::vector<int64_t> expect(100000, 0);
+  for (int32_t t : all) ++expect[static_cast<size_t>(t)];
+  CHECK(counted.counts == expect);
+  CHECK(counted.entropy() == unigram_entropy(all));
+  CHECK(s.count_ids(65536).outside == 300);
+  CHECK(TokenStream(std::vector<int32_t>{3, 1, 3}).count_ids(3).outside == 0);
+  CHECK_THROWS_WITH(TokenStream().count_ids(4).entropy(), Contains("empty"));
   // A DataLoader over the shards draws the batches of one over the whole vector, rank split and
   // accumulation included (windows cross the shard boundaries).
   DataLoader a(s, 2, 9, 1, 2, 3), b(all, 2, 9, 1, 2, 3);

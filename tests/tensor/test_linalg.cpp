@@ -276,6 +276,26 @@ TEST_CASE("linear = x @ weight^T + bias", "[cpu]") {
   }
 }
 
+TEST_CASE("linear over an empty inner dim gives the bias and empty gradients", "[cpu]") {
+  // A tensor-parallel slice of the inner dim can be empty (intermediate 3 over 4 ranks: the row
+  // split of down_proj leaves the last rank none); its partial product is zero.
+  for (DType dt : {DType::kF64, DType::kF32}) {
+    Tensor x = zeros({2, 3, 0}, dt).requires_grad_(), w = zeros({4, 0}, dt).requires_grad_();
+    Tensor bias = rand({4}, dt, 3).requires_grad_();
+    Tensor y = linear(x, w, bias);
+    REQUIRE(y.shape() == Shape{2, 3, 4});
+    const std::vector<double> b = bias.to_vector<double>();
+    std::vector<double> want;
+    for (int i = 0; i < 6; ++i) want.insert(want.end(), b.begin(), b.end());
+    REQUIRE(y.to_vector<double>() == want);
+    REQUIRE(linear(x, w).to_vector<double>() == std::vector<double>(24, 0.0));
+    sum(y).backward();
+    REQUIRE(x.grad().shape() == Shape{2, 3, 0});
+    REQUIRE(w.grad().shape() == Shape{4, 0});
+    REQUIRE(bias.grad().to_vector<double>() == std::vector<double>(4, 6.0));
+  }
+}
+
 TEST_CASE("matmul gradients by finite differences", "[cpu]") {
   auto mm = [](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); };
   SECTION("2-D non-contiguous") {

@@ -119,6 +119,21 @@ bad_case "resume: a hostile recorded setting is cut short in the message" --watc
   || fail "a 100,000-character setting gave $(wc -c <"$WORK/case.err") bytes of stderr"
 bad_case "resume with --config of another model" --watch "$WORK/ck" "--resume: --config mixtral-tiny is mixtral" \
   "holds llama with 4 layers" -- "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --config mixtral-tiny
+# The same shapes but another computation (RoPE base, the norm's eps): the run went on with the
+# checkpoint's config and dropped --config without a word until 2026-12-07.
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["rope_theta"]=500000.0; j["rms_norm_eps"]=1e-6; json.dump(j,open(sys.argv[2],"w"))' \
+  "$WORK/ck/step-00000004/config.json" "$WORK/rope.json"
+bad_case "resume with --config of the same shapes, another RoPE and eps" --watch "$WORK/ck" \
+  "--config $WORK/rope.json differs from the model" "rms_norm_eps 1e-06 (the checkpoint's: 1e-05)" \
+  "rope_theta 500000 (the checkpoint's: 10000)" -- \
+  "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" --config "$WORK/rope.json"
+# --accum-dtype changes a bf16 run's gradient sums over micro-batches: a setting like --lr (it was
+# not recorded until 2026-12-07, and a resume with the other dtype diverged silently).
+"$BIN" "${T[@]}" --steps 2 --precision bf16 --accum 2 --checkpoint-dir "$WORK/bf16" >/dev/null 2>&1 \
+  || fail "fixture: bf16 --accum 2 run"
+bad_case "resume a bf16 --accum 2 run with another --accum-dtype" --watch "$WORK/bf16" \
+  "--accum-dtype bf16 (the checkpoint's: f32)" "--allow-changes" -- \
+  "$BIN" "${T[@]}" --steps 4 --precision bf16 --accum 2 --accum-dtype bf16 --resume --checkpoint-dir "$WORK/bf16"
 python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<256i",20240520,1,300,*([0]*253))+struct.pack("<300H",*(i % 256 for i in range(300))))' \
   "$WORK/other.bin"
 bad_case "resume on other data" --watch "$WORK/ck" "--data $WORK/other.bin (" "the checkpoint's: the embedded corpus" -- \

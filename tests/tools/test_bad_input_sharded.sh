@@ -37,8 +37,15 @@ PY
 Q=model.layers.0.self_attn.q_proj.weight
 R=("$BIN" "${T[@]}" --steps 4 --resume --checkpoint-dir)  # + the checkpoint directory
 
-copy_ck nokey; edit_index nokey 't["chunks"][0]["key"] = "model/nope@0,0"'
-bad_case "chunk missing from its file" --watch "$WORK/nokey" "index.json" "tensor '$Q'" "is not in" "shard-0000" -- "${R[@]}" "$WORK/nokey"
+copy_ck nokey; edit_index nokey 't["chunks"][0]["file"] = "shard-00001-of-00002.safetensors"'
+bad_case "chunk missing from its file" --watch "$WORK/nokey" "index.json" "tensor '$Q'" "is not in" "shard-00001" -- "${R[@]}" "$WORK/nokey"
+# An entry whose key is another tensor's chunk (a mis-merged or edited index) would load that
+# tensor's values, CRCs and all: the key must name the entry's own tensor and offsets.
+copy_ck swapped; edit_index swapped '
+u = next(e for e in ix["tensors"] if e["name"] == "model.layers.1.self_attn.q_proj.weight" and e["group"] == "model")
+t["chunks"], u["chunks"] = u["chunks"], t["chunks"]'
+bad_case "index entry pointing at another tensor's chunk" --watch "$WORK/swapped" "index.json: tensor '$Q'" \
+  "has key 'model/model.layers.1.self_attn.q_proj.weight@0,0', expected 'model/$Q@0,0'" -- "${R[@]}" "$WORK/swapped"
 copy_ck dtype; edit_index dtype 't["dtype"] = "BF16"'
 bad_case "index dtype differs from the file" --watch "$WORK/dtype" "tensor '$Q'" "but the index says bf16" "shard-0000" -- "${R[@]}" "$WORK/dtype"
 copy_ck nofile; rm "$WORK/nofile/$S/shard-00001-of-00002.safetensors"

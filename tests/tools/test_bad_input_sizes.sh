@@ -220,6 +220,14 @@ train_bad "batch x seq beyond the corpus" "--data (the embedded corpus)" "corpus
 bad_case "plan: --world 2^62 (used to plan for ever)" --timeout 20 "--world $TWO62 is out of range" -- \
   "$BIN" plan --plan "$HERE/../../plans/llama_dp.plan" --world $TWO62
 bad_case "init: --seed -1" --watch "$OUTS" "--seed -1 is out of range" -- "$BIN" init --config llama-tiny --seed -1 --out "$OUTS/ck"
+# An initializer_range that overflows the output dtype (normal draws of std 3e4 pass f16's 65504):
+# the file held +-inf and init exited 0 until 2026-12-07.
+c=$(cfg big_init '{"initializer_range": 3e4}')
+bad_case "init: weights that overflow --dtype f16" --watch "$OUTS" "meshtrain init: weight '" "would hold inf in f16" \
+  "initializer_range 30000" "nothing written" -- "$BIN" init --config "$c" --dtype f16 --out "$OUTS/ck"
+[ ! -e "$OUTS/ck" ] || fail "init wrote $OUTS/ck"
+"$BIN" init --config "$c" --dtype f32 --out "$WORK/big_f32" >/dev/null 2>&1 \
+  && pass "  the same config in f32 (no overflow) writes its file" || fail "init --dtype f32 of initializer_range 3e4"
 
 # ---- 2. non-finite weights: eval/grad fail naming the tensor, train stops and saves nothing -------
 c=$(ck_with nan_ck 'poke("model.layers.1.mlp.up_proj.weight", 5, float("nan"))')

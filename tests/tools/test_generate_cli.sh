@@ -65,6 +65,20 @@ assert all(len(r["sample_tokens"]) == 30 for r in b if "sample" in r)
 PY
 grep -A1 "step    12/12 | sample (30 tokens):" "$WORK/sampled.out" | tail -n 1 | grep -qx "brown fox jumps over the lazy " \
   && pass "the step-12 sample (greedy) continues the memorized sentence" || fail "step-12 sample: $(tail -n 3 "$WORK/sampled.out")"
+# Sampled (temperature 1) samples draw from the run's seed + step: a resumed run's seed is its
+# checkpoint's, so it samples what the uninterrupted run sampled (until 2026-12-07 it drew from
+# --seed's default instead).
+T3="train --data $WORK/rep.bin --batch 2 --seq 16 --steps 4 --warmup 1 --seed 5 --sample-every 1 --sample-tokens 6"
+"$BIN" $T3 --metrics "$WORK/s_full.jsonl" >/dev/null 2>&1 || fail "train --seed 5 --sample-every 1"
+"$BIN" $T3 --stop-at 2 --metrics "$WORK/s_part.jsonl" --checkpoint-dir "$WORK/s_ck" >/dev/null 2>&1 || fail "train --stop-at 2"
+"$BIN" ${T3/--seed 5 /} --metrics "$WORK/s_part.jsonl" --checkpoint-dir "$WORK/s_ck" --resume >/dev/null 2>&1 \
+  || fail "train --resume (no --seed)"
+python3 - "$WORK/s_full.jsonl" "$WORK/s_part.jsonl" <<'PY' && pass "a resumed run (no --seed) samples what the uninterrupted --seed 5 run sampled" || fail "resumed samples differ"
+import json, sys
+a = [json.loads(l)["sample_tokens"] for l in open(sys.argv[1])]
+b = [json.loads(l)["sample_tokens"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 4 and a == b, (a, b)
+PY
 expect_error "--sample-every under --plan" "--sample-every runs on one device, not under --plan" -- \
   "$BIN" train --plan "$PLANS/llama_dp.plan" --steps 2 --sample-every 1 --metrics ""
 

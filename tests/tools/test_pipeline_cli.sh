@@ -90,6 +90,18 @@ PY
   expect_error "an fsdp regex matching no module on any stage" "no_stage.plan:3:6" "matches no module path" -- \
     mpi 4 "$BIN" parity --plan "$WORK/no_stage.plan" $SMALL --steps 1 --accum 2
 
+  # pp x tp with the vocabulary split over tp (Megatron's layout): the entries for lm_head and the
+  # embedding name modules that one stage holds and the other only as a placeholder (refused as
+  # "matches no parameter" on that stage until 2026-12-07); a misspelt parameter is still refused
+  # on the stage that holds the module.
+  printf 'mesh pp=2 tp=*\nstages pp=even\nplace model\\.embed_tokens weight tp=S(0)\nredistribute model\\.embed_tokens <out>:0 tp=P(sum) -> tp=R\nplace lm_head weight tp=S(0)\nplace model <in>:0 tp=R\nfactory model rope tp=R\n' \
+    > "$WORK/pp_vocab_tp.plan"
+  parity "$WORK/pp_vocab_tp.plan" 4 3 2 1e-5 5e-3 --batch 2
+  sed 's/lm_head weight/lm_head wieght/' "$WORK/pp_vocab_tp.plan" > "$WORK/pp_vocab_typo.plan"
+  expect_error "a misspelt parameter of a module on one stage" "pp_vocab_typo.plan:5:15" \
+    "parameter regex 'wieght' matches no parameter of the modules matched by 'lm_head'" -- \
+    mpi 4 "$BIN" parity --plan "$WORK/pp_vocab_typo.plan" $SMALL --steps 1 --accum 2
+
   # ---- checkpoints across stage counts ---------------------------------------------------------
   F="$SMALL --steps 4 --accum 2 --checkpoint-every 2"
   "$BIN" train $F --checkpoint-dir "$WORK/ref" > "$WORK/ref.txt" 2>&1 || fail "single-device train: $(tail -n 2 "$WORK/ref.txt")"
@@ -114,6 +126,19 @@ PY
       || fail "pp 2 checkpoint resumed $tag: '$got' vs '$want': $(grep error "$WORK/t.txt" | tail -n 1)"
   }
   resume "without a plan" 1
+  # A checkpoint holding tensors no stage has (its config.json says 2 layers, its index 4): each
+  # stage reads only its own tensors, and the union of the stages' is checked (until 2026-12-07
+  # the run trained layers 0-1 only and saved that smaller model as the next checkpoint).
+  rm -rf "$WORK/ck" && cp -r "$WORK/pp2" "$WORK/ck"
+  sed -i 's/"num_hidden_layers": 4/"num_hidden_layers": 2/' "$WORK/ck/step-00000002/config.json"
+  if mpi 2 "$BIN" train --plan "$PLANS/llama_pp.plan" $F --checkpoint-dir "$WORK/ck" --resume > "$WORK/t.txt" 2>&1; then
+    fail "a pp checkpoint with tensors of no stage resumed (exit 0)"
+  elif grep -qF "the model tensors do not match this model: unexpected model.layers.2." "$WORK/t.txt" \
+      && [ ! -e "$WORK/ck/step-00000004" ]; then
+    pass "a pp checkpoint with tensors of no stage is refused, naming them, and nothing is written"
+  else
+    fail "a pp checkpoint with tensors of no stage: $(grep error "$WORK/t.txt" | tail -n 1)"
+  fi
   resume "under gpipe pp 4" 4 --plan "$WORK/llama_pp_gpipe.plan"
   resume "under pp 2 x dp 2" 4 --plan "$PLANS/llama_pp_dp.plan"
   resume "under pp 2 x FSDP dp 2" 4 --plan "$PLANS/llama_pp_fsdp.plan"

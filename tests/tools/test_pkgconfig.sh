@@ -45,4 +45,14 @@ OUT=$(env -u LD_LIBRARY_PATH OMP_NUM_THREADS=1 "$WORK/consumer" "$PLAN" "$WORK/c
 echo "$OUT"
 echo "$OUT" | grep -q '^step 2 loss ' || { echo "FAIL: unexpected output"; exit 1; }
 [ -f "$WORK/ckpt/model.safetensors" ] || { echo "FAIL: no checkpoint written"; exit 1; }
-echo "pkgconfig: 1 passed, 0 failed"
+# The installed CLI runs from the moved tree (its rpath finds libmeshtrain) and, from a directory
+# outside any source tree, finds the installed stock plans and the default hardware profile.
+BIN=$(find "$WORK/moved" -type f -name meshtrain -path '*/bin/*' | head -n 1)
+[ -n "$BIN" ] || { echo "FAIL: no meshtrain installed"; exit 1; }
+IPLAN=$(find "$WORK/moved" -path '*/share/meshtrain/plans/llama_tp.plan' | head -n 1)
+[ -n "$IPLAN" ] || { echo "FAIL: the stock plans are not installed under share/meshtrain/plans"; exit 1; }
+EST=$(cd "$WORK" && env -u LD_LIBRARY_PATH -u MT_PLANS_DIR -u MT_HARDWARE_DIR OMP_NUM_THREADS=1 \
+  "$BIN" plan --config llama-tiny --plan "$IPLAN" --world 2 --estimate 2>&1) \
+  || { echo "FAIL: the installed meshtrain plan --estimate: $EST"; exit 1; }
+echo "$EST" | grep -q 'h100-nvlink' || { echo "FAIL: the estimate does not name its profile: $EST"; exit 1; }
+echo "pkgconfig: 2 passed, 0 failed"

@@ -103,9 +103,14 @@ r=$(python3 "$CMP" losses "$WORK/single.jsonl" "$WORK/xd.jsonl" 1e-5 rel 2>&1) \
   && pass "saved under llama_tp np 2, resumed under llama_dp np 2: $r" || fail "cross (llama_dp): $r"
 
 # ---- a run started with --hf resumes with --resume added (the flag is then not read) --------------------
-"$BIN" init --config llama-tiny --seed 3 --out "$WORK/hf0" >/dev/null 2>&1
+# The --hf input is bf16; the step directories hold f32 masters, and their config.json says so (it
+# kept the input's "bfloat16" until 2026-12-07).
+"$BIN" init --config llama-tiny --seed 3 --dtype bf16 --out "$WORK/hf0" >/dev/null 2>&1
 mpi 2 "$BIN" $T --plan "$PLANS/llama_tp.plan" --metrics "" --hf "$WORK/hf0" --stop-at 3 --checkpoint-dir "$WORK/hfres" \
   >/dev/null 2>"$WORK/err" || fail "--hf run: $(tail -n 2 "$WORK/err")"
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); sys.exit(0 if c['torch_dtype'] == 'float32' else 1)" \
+  "$WORK/hfres/step-00000003/config.json" && pass "a sharded step from a bf16 --hf says torch_dtype float32 (its f32 masters)" \
+  || fail "a sharded step's config.json: $(grep torch_dtype "$WORK/hfres/step-00000003/config.json")"
 mpi 2 "$BIN" $T --plan "$PLANS/llama_tp.plan" --metrics "" --hf "$WORK/hf0" --resume --checkpoint-dir "$WORK/hfres" \
   >"$WORK/out" 2>"$WORK/err" && grep -q "not read on --resume" "$WORK/out" && grep -q "resumed from $WORK/hfres/step-00000003" "$WORK/out" \
   && pass "--hf run resumed with --resume added under llama_tp (sharded)" \

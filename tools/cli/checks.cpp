@@ -100,7 +100,7 @@ std::string value_text(double v) { return std::isnan(v) ? "nan" : fmt::format("{
 std::string describe_non_finite(const NamedTensors& tensors) {
   auto bad = first_non_finite(tensors);
   if (!bad) return "every weight is finite, so the forward pass overflowed (weights too large?)";
-  return fmt::format("tensor '{}' holds {} at element {}", bad->name, bad->value, bad->index);
+  return fmt::format("tensor '{}' holds {} at element {}", bad->name, value_text(bad->value), bad->index);
 }
 
 void flush_stdout(const std::string& command) {

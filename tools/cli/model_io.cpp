@@ -66,7 +66,7 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& comma
   if (parallel)
     parallel->par = std::make_unique<Parallelized>(parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh));
   if (parallel)
-    check_input_split(*parallel->par, parallel->ctx, batch.inputs.size(0), batch.inputs.size(1), command, tokens);
+    check_input_split(parallel->par->ir(), parallel->ctx, batch.inputs.size(0), batch.inputs.size(1), command, tokens);
   if (!device.is_cpu()) {  // loaded (and sliced) on the host, then moved: the same bytes
     model->to(device);
     batch.inputs = batch.inputs.to(device);
@@ -82,7 +82,7 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& comma
   // weight when there is one (else the forward pass itself overflowed).
   const double value = scalar_value(loss);
   MT_CHECK(std::isfinite(value), "meshtrain {}: the loss of checkpoint '{}' on '{}' is {}: {}", command, dir, tokens,
-           value, describe_non_finite(ck.tensors));
+           value_text(value), describe_non_finite(ck.tensors));
   return {model, loss};
 }
 
@@ -141,7 +141,7 @@ std::pair<std::shared_ptr<CausalLM>, double> pipeline_loss(const std::string& co
   std::shared_ptr<CausalLM> model = build_run_model(ck.config, &ck, true);
   model->eval();
   parallel.par = std::make_unique<Parallelized>(parallelize_run(*model, ctx));
-  check_input_split(*parallel.par, ctx, batch.inputs.size(0), batch.inputs.size(1), command, tokens);
+  check_input_split(parallel.par->ir(), ctx, batch.inputs.size(0), batch.inputs.size(1), command, tokens);
   if (!device.is_cpu()) {  // loaded and sliced on the host, then moved: the same bytes
     model->to(device);
     batch.inputs = batch.inputs.to(device);
@@ -158,8 +158,23 @@ std::pair<std::shared_ptr<CausalLM>, double> pipeline_loss(const std::string& co
   }
   // A non-finite loss is an error, never a printed result (every rank of the pipeline has it).
   MT_CHECK(std::isfinite(loss), "meshtrain {}: the loss of checkpoint '{}' on '{}' is {}: {}", command, dir, tokens,
-           loss, describe_non_finite(ck.tensors));
+           value_text(loss), describe_non_finite(ck.tensors));
   return {model, loss};
+}
+
+// init's weights as the file will hold them must be finite: an initializer_range that overflows
+// the output dtype (f16 beyond 65504, or any dtype near FLT_MAX) wrote +-inf and exited 0 until
+// 2026-12-07, and the checkpoint failed only when read. Refused, naming the tensor; nothing written.
+void check_init_values(const NamedTensors& tensors, DType dtype, const ModelConfig& cfg, const std::string& source) {
+  for (const auto& [name, x] : tensors) {
+    if (x.numel() == 0) continue;
+    const double m = max(abs(x.detach().to(Device::cpu()).to(DType::kF64))).item();
+    const double stored = full(Shape{1}, m, DType::kF64).to(dtype).to(DType::kF64).item();
+    MT_CHECK(std::isfinite(stored),
+             "meshtrain init: weight '{}' would hold {} in {} (its largest magnitude is {}): initializer_range {} of "
+             "{} overflows the output dtype; nothing written",
+             name, std::isnan(m) ? "nan" : "inf", dtype, value_text(m), cfg.initializer_range, source);
+  }
 }
 
 }  // namespace
@@ -218,7 +233,7 @@ int run_grad(int argc, char** argv) {
   // A finite loss with a non-finite gradient (an overflow in the backward pass) is no result either.
   if (auto bad = first_non_finite(grads))
     MT_FAIL("meshtrain grad: the gradient of '{}' holds {} at element {} (checkpoint '{}', loss {}); nothing written",
-            bad->name, bad->value, bad->index, args.str("hf"), loss);
+            bad->name, value_text(bad->value), bad->index, args.str("hf"), value_text(loss));
   if (!parallel || parallel->ctx.is_root()) write_safetensors(out, grads);
   print_loss("grad", loss);
   return 0;
@@ -247,7 +262,9 @@ int run_init(int argc, char** argv) {
   if (!parallel) {
     InitDeviceGuard on(device);  // random init runs on the device (Philox: the CPU's values)
     model = build_causal_lm(cfg);
-    write_hf_checkpoint(out, cfg, hf_state(*model, cfg), dtype);
+    const auto state = hf_state(*model, cfg);
+    check_init_values(state, dtype, cfg, args.str("config"));
+    write_hf_checkpoint(out, cfg, state, dtype);
   } else {
     {
       InitDeviceGuard meta(Device::meta());  // each rank fills only its shards (parallelize)
@@ -258,10 +275,12 @@ int run_init(int argc, char** argv) {
       // the same bytes as on a device), gathered.
       Parallelized par = parallelize_run(*model, parallel->ctx);
       auto full = in_model_order(cfg, gather_stages(parallel->ctx, hf_state(*model, cfg)));  // collective
+      check_init_values(full, dtype, cfg, args.str("config"));  // every rank holds the full tensors
       if (parallel->ctx.is_root()) write_hf_checkpoint(out, cfg, full, dtype);
     } else {
       Parallelized par = parallelize(*model, parallel->ctx.plan, *parallel->ctx.mesh, device);
       auto full = full_tensors(hf_state(*model, cfg));  // collective: every rank
+      check_init_values(full, dtype, cfg, args.str("config"));  // every rank holds the full tensors
       if (parallel->ctx.is_root()) write_hf_checkpoint(out, cfg, full, dtype);
     }
   }

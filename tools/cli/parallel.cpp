@@ -10,6 +10,7 @@
 #include "mesh/dtensor.h"
 #include "mesh/world.h"
 #include "runtime/error.h"
+#include "tensor/module.h"
 #include "tensor/ops_nn.h"
 
 namespace mt::cli {
@@ -53,15 +54,38 @@ PlanContext load_plan_context(const std::string& path) {
   return ctx;
 }
 
+namespace {
+
+// A pipeline plan's stages for the whole `model` (resolve_pipeline), after the model checks of
+// pipelines.
+PipelineLayout pipeline_of(const PlanContext& ctx, CausalLM& model) {
+  const ModelConfig& cfg = model.config();
+  MT_CHECK(!(cfg.is_moe() && ((cfg.output_router_logits && cfg.router_aux_loss_coef != 0) ||
+                              cfg.router_z_loss_coef != 0)),
+           "{}: the MoE router losses need every layer's router logits on the last pipeline stage; not supported "
+           "under pipeline parallelism (set --moe-aux-loss 0 --moe-z-loss 0)", ctx.path);
+  return resolve_pipeline(ctx.full_plan, ctx.full_mesh, pipeline_units_of(model, model.pipeline_units()));
+}
+
+}  // namespace
+
+void check_plan_on_meta(const PlanContext& ctx, const ModelConfig& cfg, int64_t batch, int64_t seq,
+                        const std::string& command, const std::string& source) {
+  std::shared_ptr<CausalLM> model;
+  {
+    InitDeviceGuard meta(Device::meta());
+    model = build_causal_lm(cfg);
+  }
+  if (ctx.is_pipeline()) pipeline_of(ctx, *model);
+  // A pipeline stage runs ctx.plan (without the pipeline dim) on its modules: lowered here on
+  // every stage's modules at once, as parallelize_run does.
+  check_input_split(lower(ctx.plan, *model, *ctx.mesh), ctx, batch, seq, command, source);
+}
+
 Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {
   if (ctx.is_pipeline()) {
     const ModelConfig& cfg = model.config();
-    MT_CHECK(!(cfg.is_moe() && ((cfg.output_router_logits && cfg.router_aux_loss_coef != 0) ||
-                                cfg.router_z_loss_coef != 0)),
-             "{}: the MoE router losses need every layer's router logits on the last pipeline stage; not supported "
-             "under pipeline parallelism (set --moe-aux-loss 0 --moe-z-loss 0)", ctx.path);
-    ctx.pipeline = std::make_shared<PipelineLayout>(
-        resolve_pipeline(ctx.full_plan, ctx.full_mesh, pipeline_units_of(model, model.pipeline_units())));
+    ctx.pipeline = std::make_shared<PipelineLayout>(pipeline_of(ctx, model));
     const PipelineStage& st = ctx.pipeline->stages[static_cast<size_t>(ctx.stage)];
     // Tied embeddings: the last stage keeps the embedding too (its weight makes the logits); the
     // two copies start equal (the same init record or checkpoint tensor) and stay equal because
@@ -71,12 +95,11 @@ Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {
       ctx.tied_param = "model.embed_tokens.weight";
       if (ctx.stage + 1 == ctx.pipeline->size()) keep.push_back("model.embed_tokens");
     }
-    // fsdp entries: a unit regex may match only another stage's modules (that stage makes the
-    // unit, this one skips it), but one matching nothing in the whole model is the usual error,
-    // checked here on the whole (meta) model before pruning hides the other stages.
-    bool has_fsdp = false;
-    for (const PlanEntry& e : ctx.plan.entries()) has_fsdp |= e.kind == PlanEntryKind::kFsdp;
-    if (has_fsdp) {
+    // Every entry is lowered on the whole (meta) model first, before pruning hides the other
+    // stages: an entry may match only another stage's modules (that stage applies it, this one
+    // skips it: plan/lower.cpp), but one matching nothing in the whole model is the usual error,
+    // and every rank finds it here, whatever its stage.
+    {
       const HookIR whole = lower(ctx.plan, model, *ctx.mesh);
       // Tied embeddings: the last stage's lm_head reads the embedding weight, but the stage never
       // runs the embedding module whose unit would gather it (without stages the head reads it
@@ -136,8 +159,11 @@ int64_t max_over_job(int64_t value, const PlanContext* plan) {
   return t.to_vector<int64_t>()[0];
 }
 
-std::vector<std::vector<int64_t>> stages_holding(const PlanContext& ctx, const std::vector<std::string>& keys) {
-  if (!ctx.is_pipeline()) return std::vector<std::vector<int64_t>>(keys.size(), std::vector<int64_t>{0});
+namespace {
+
+// Each pipeline stage's `keys` (every rank of the pipeline dim passes its own), on every rank of
+// that dim (collective).
+std::vector<std::set<std::string>> keys_of_stages(const PlanContext& ctx, const std::vector<std::string>& keys) {
   Communicator comm = ctx.world_mesh->comm(ctx.full_plan.pipeline_dim());
   std::string mine;
   for (const std::string& k : keys) mine += k + "\n";
@@ -146,6 +172,22 @@ std::vector<std::vector<int64_t>> stages_holding(const PlanContext& ctx, const s
     std::istringstream lines(broadcast_text(comm, s, s == comm.rank() ? mine : ""));
     for (std::string line; std::getline(lines, line);) held[static_cast<size_t>(s)].insert(line);
   }
+  return held;
+}
+
+}  // namespace
+
+std::set<std::string> keys_over_stages(const PlanContext& ctx, const std::vector<std::string>& keys) {
+  if (!ctx.is_pipeline()) return {keys.begin(), keys.end()};
+  std::set<std::string> out;
+  for (const std::set<std::string>& held : keys_of_stages(ctx, keys)) out.insert(held.begin(), held.end());
+  return out;
+}
+
+std::vector<std::vector<int64_t>> stages_holding(const PlanContext& ctx, const std::vector<std::string>& keys) {
+  if (!ctx.is_pipeline()) return std::vector<std::vector<int64_t>>(keys.size(), std::vector<int64_t>{0});
+  Communicator comm = ctx.world_mesh->comm(ctx.full_plan.pipeline_dim());
+  const std::vector<std::set<std::string>> held = keys_of_stages(ctx, keys);
   std::vector<std::vector<int64_t>> out;
   for (const std::string& k : keys) {
     std::vector<int64_t> stages;
@@ -192,13 +234,13 @@ void quiet_non_root(const PlanContext& ctx) {
   if (!std::freopen("/dev/null", "w", stdout)) MT_FAIL("cannot redirect stdout of rank {}", ctx.rank);
 }
 
-void check_input_split(const Parallelized& par, const PlanContext& ctx, int64_t batch, int64_t seq,
+void check_input_split(const HookIR& ir, const PlanContext& ctx, int64_t batch, int64_t seq,
                        const std::string& command, const std::string& source) {
   const std::string where = source.empty() ? "" : source + ": ";
   const HookRecord* dispatch = nullptr;
-  for (const HookRecord& r : par.ir().records)
+  for (const HookRecord& r : ir.records)
     if (r.action == HookAction::kDispatch) dispatch = &r;
-  for (const HookRecord& r : par.ir().records) {
+  for (const HookRecord& r : ir.records) {
     if (r.hook != HookPoint::kForwardPre || !r.io_input || r.module != "model" || r.io_index != 0 || !r.dst) continue;
     const Placements& ps = *r.dst;
     const std::string line = r.from.empty() ? ctx.path : r.from.back().str();

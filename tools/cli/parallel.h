@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,6 +66,9 @@ NamedTensors gather_stages(const PlanContext& ctx, const NamedTensors& tensors);
 // ranks hold that key too, ascending (collective over the pipeline dim: every rank passes its
 // own keys). Other plans: {0} for every key.
 std::vector<std::vector<int64_t>> stages_holding(const PlanContext& ctx, const std::vector<std::string>& keys);
+// Pipeline plans: the union of every stage's `keys` (collective over the pipeline dim, as
+// stages_holding). Other plans: `keys`.
+std::set<std::string> keys_over_stages(const PlanContext& ctx, const std::vector<std::string>& keys);
 
 // Tied word embeddings under a pipeline plan (ctx.tied_param set): the first and the last stage
 // of a pipeline both hold the weight (parallelize_run keeps it on the last stage for the logits),
@@ -104,8 +108,15 @@ void quiet_non_root(const PlanContext& ctx);
 // length divisible by 2 x the dim's size; a batch split over two or more mesh dims (dp x ep) with
 // MoE token dispatch needs the batch divisible by their product. `source` is "" for --batch/--seq,
 // else the token file the sizes come from; errors name it (or the flag) and the plan line.
-void check_input_split(const Parallelized& par, const PlanContext& ctx, int64_t batch, int64_t seq,
+void check_input_split(const HookIR& ir, const PlanContext& ctx, int64_t batch, int64_t seq,
                        const std::string& command, const std::string& source = "");
+
+// The plan against the whole model of `cfg`, built on meta, before any rank builds its own: the
+// pipeline's stages (resolve_pipeline), every entry lowered (a regex that matches nothing, a
+// placement the shapes refuse) and check_input_split. The same on every rank, so that `parity`
+// agrees on these usage errors at start-up (exit 2 on every rank, no MPI_Abort).
+void check_plan_on_meta(const PlanContext& ctx, const ModelConfig& cfg, int64_t batch, int64_t seq,
+                        const std::string& command, const std::string& source = "");
 
 // The global tensor (the same on every rank) as a DTensor with the placements the plan gives the
 // model's input (ids and targets alike).

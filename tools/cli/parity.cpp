@@ -219,10 +219,16 @@ Setup prepare(int argc, char** argv) {
   validate_train_flags(args, s.cfg, s.cfg_source, "parity");
   check_model_fits_memory(s.cfg, ModelUse::kTraining, "parity", s.cfg_source);
   s.ref = load_reference(args, s.cfg, s.cfg_source, s.steps);
-  if (!args.str("tokens").empty())
+  const bool fixed = !args.str("tokens").empty();
+  if (fixed)
     s.fixed = read_token_batch(args.str("tokens"), s.cfg, s.cfg_source);
   else
     s.tokens = run_tokens(args.str("data"), s.cfg);
+  // The plan against the model (on meta): what it refuses is a usage error too, agreed on below.
+  if (fixed)
+    check_plan_on_meta(*s.plan, s.cfg, s.fixed.inputs.size(0), s.fixed.inputs.size(1), "parity", args.str("tokens"));
+  else
+    check_plan_on_meta(*s.plan, s.cfg, args.integer("batch"), args.integer("seq"), "parity");
   return s;
 }
 

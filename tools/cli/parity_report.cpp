@@ -53,6 +53,12 @@ double relative_diff(double abs_diff, double scale) {
   return scale > 0 ? abs_diff / scale : kInf;
 }
 
+double scale_floor(const std::vector<double>& ref_max) {
+  double top = 0;
+  for (double m : ref_max) top = std::max(top, m);
+  return kScaleFloor * top;
+}
+
 double StepRow::loss_rel() const {
   return ref_loss ? relative_diff(std::fabs(loss - *ref_loss), std::fabs(*ref_loss)) : 0;
 }
@@ -168,6 +174,10 @@ std::vector<TensorDiff> compare_tensors(const NamedTensors& parallel, const Name
       local_shape[k] = static_cast<int64_t>(shapes[static_cast<size_t>((i * world + best) * kMaxDims + k)]);
     d.local_index = unravel(static_cast<int64_t>(slots[slot + 1]), local_shape);
   }
+  std::vector<double> ref_max;
+  for (const TensorDiff& d : out) ref_max.push_back(d.ref_max);
+  const double floor = scale_floor(ref_max);
+  for (TensorDiff& d : out) d.floor = floor;
   return out;
 }
 

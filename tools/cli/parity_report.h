@@ -6,6 +6,7 @@
 // max |ref|, a loss's |ref|), as the project's parity tests always have.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -21,6 +22,15 @@ namespace mt::cli {
 // any nan makes it inf).
 double relative_diff(double abs_diff, double scale);
 
+// A tensor's differences are relative to its largest |reference|, but never to less than this
+// fraction of the largest |reference| among the tensors compared with it (the step's gradients,
+// the weights): a gradient that is zero in exact arithmetic (q and k at a sequence of one token)
+// holds only rounding noise on both sides, of the size of the other gradients' rounding, and
+// its own scale would call that noise a 100% difference. docs/cli.md, "parity".
+inline constexpr double kScaleFloor = 1e-3;
+// The floors of tensors whose largest |reference| values are `ref_max`: kScaleFloor x the largest.
+double scale_floor(const std::vector<double>& ref_max);
+
 struct StepRow {
   int64_t step = 0;
   double loss = 0, grad_norm = 0;                       // the parallel run
@@ -35,9 +45,10 @@ struct TensorDiff {
   std::string placement;  // on the plan's mesh, e.g. "tp=S(0)"; "replicated" for a plain tensor
   double max_abs = 0;     // max |parallel - reference| over every element on every rank
   double ref_max = 0;     // max |reference|
+  double floor = 0;       // the least scale (kScaleFloor of the largest ref_max compared with it)
   int rank = 0;           // the rank that held the worst element
   Shape local_index;      // its coordinates in that rank's local shard
-  double rel() const { return relative_diff(max_abs, ref_max); }
+  double rel() const { return relative_diff(max_abs, std::max(ref_max, floor)); }
 };
 
 // Compares every tensor of `parallel` (this rank's DTensors or plain tensors) with the full

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/shard_reader.h"
@@ -89,15 +90,19 @@ std::vector<FlagSpec> train_flags() {
 }
 
 // Training FLOPs per token: 6 per weight used in a matmul plus the attention scores (PaLM, app. B).
+// The matmul weights are counted from the shapes: the projections, the routed experts and router of
+// an MoE layer, lm_head (a tied one too); not the embedding lookup, the norms' gains or biases
+// (which the parameter count held until 2026-12-07, 0.15% of llama-tiny).
 double flops_per_token(const ModelConfig& c, int64_t seq) {
-  double n = static_cast<double>(c.num_parameters());
-  double emb = static_cast<double>(c.vocab_size * c.hidden_size);
-  if (!c.tie_word_embeddings) n -= emb;  // the lookup table does no matmul; a tied one is the lm_head
-  if (c.is_moe()) {
-    double expert = 3.0 * static_cast<double>(c.hidden_size * c.intermediate_size) * static_cast<double>(c.num_hidden_layers);
-    n -= expert * static_cast<double>(c.num_local_experts - c.num_experts_per_tok);
-  }
-  double attn = 12.0 * static_cast<double>(c.num_hidden_layers * c.num_attention_heads * c.resolved_head_dim() * seq);
+  const auto h = static_cast<double>(c.hidden_size), d = static_cast<double>(c.resolved_head_dim());
+  const double q = static_cast<double>(c.num_attention_heads) * d, kv = static_cast<double>(c.num_key_value_heads) * d;
+  const double attn_proj = h * q + 2 * h * kv + q * h;
+  const double mlp = 3 * h * static_cast<double>(c.intermediate_size);
+  const double ffn = c.is_moe() ? mlp * static_cast<double>(c.num_experts_per_tok) +
+                                      h * static_cast<double>(c.num_local_experts)
+                                : mlp;
+  const double n = static_cast<double>(c.num_hidden_layers) * (attn_proj + ffn) + static_cast<double>(c.vocab_size) * h;
+  const double attn = 12.0 * static_cast<double>(c.num_hidden_layers * c.num_attention_heads * c.resolved_head_dim() * seq);
   return 6.0 * n + attn;
 }
 
@@ -105,6 +110,13 @@ double flops_per_token(const ModelConfig& c, int64_t seq) {
 NamedTensors local_tensors(const NamedTensors& tensors) {
   NamedTensors out;
   for (const auto& [name, t] : tensors) out.emplace_back(name, t.is_distributed() ? to_local(t).detach() : t.detach());
+  return out;
+}
+
+// The names of `t`, in order.
+std::vector<std::string> names_of(const NamedTensors& t) {
+  std::vector<std::string> out;
+  for (const auto& [name, x] : t) out.push_back(name);
   return out;
 }
 
@@ -183,7 +195,7 @@ int run_train(int argc, char** argv) {
   const std::string cfg_source = resume ? loaded.path : !args.str("hf").empty() ? args.str("hf") : args.str("config");
   validate_train_flags(args, cfg, cfg_source);
   check_model_fits_memory(cfg, ModelUse::kTraining, "train", cfg_source);
-  const std::optional<TrainSampler> sampler = TrainSampler::from_args(args, cfg, args.str("hf"), plan != nullptr);
+  const std::optional<TrainSampler> sampler = TrainSampler::from_args(args, cfg, args.str("hf"), plan != nullptr, seed);
   manual_seed(seed);
   HfCheckpoint start_from;  // --resume or --hf: the model starts from these weights
   const bool sharded_resume = resume && loaded.sharded && plan;
@@ -215,8 +227,10 @@ int run_train(int argc, char** argv) {
     // Each rank reads only the boxes of its shards (docs/checkpoints.md, "Sharded checkpoints").
     reader = std::make_unique<ShardedCheckpointReader>(loaded.path);
     const NamedTensors params = model->named_parameters();
-    // A pipeline stage reads only its own modules' tensors (docs/pipeline.md, "Checkpoints").
-    const NamedTensors values = reader->load_like("model", params, !plan->is_pipeline());
+    // A pipeline stage reads only its own modules' tensors (docs/pipeline.md, "Checkpoints"); a
+    // tensor that no stage holds is an error as without stages (collective over the stages).
+    const std::set<std::string> whole = keys_over_stages(*plan, names_of(params));
+    const NamedTensors values = reader->load_like("model", params, &whole);
     NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       Tensor dst = params[i].second.is_distributed() ? to_local(params[i].second).detach() : params[i].second.detach();
@@ -226,9 +240,13 @@ int run_train(int argc, char** argv) {
   }
   // Built, loaded and sharded on the host exactly as a CPU run; then moved (the same bytes).
   if (!device.is_cpu()) model->to(device);
+  // The loaded weights are the model's now: their copy is let go, not held for the whole run (4
+  // bytes per parameter of f32 weights until 2026-12-07).
+  start_from = HfCheckpoint{};
 
   // Data.
-  TokenStream tokens = run_tokens(args.str("data"), cfg);
+  double entropy = 0.0;  // of the tokens, for the start-up line
+  TokenStream tokens = run_tokens(args.str("data"), cfg, "--data", &entropy);
   DataLoader loader = [&] {
     try {
       return DataLoader(tokens, batch, seq, 0, 1, accum);
@@ -283,9 +301,12 @@ int run_train(int argc, char** argv) {
     // Checkpoints hold full tensors: with --plan, each rank takes its shards of the moments.
     // Sharded checkpoints: this rank's boxes of the moments only.
     const auto r0 = std::chrono::steady_clock::now();
-    opt.load_state_dict(reader ? reader->load_like("optimizer", opt.state_dict(), !plan->is_pipeline())
+    std::set<std::string> whole_state;
+    if (reader) whole_state = keys_over_stages(*plan, names_of(opt.state_dict()));
+    opt.load_state_dict(reader ? reader->load_like("optimizer", opt.state_dict(), &whole_state)
                         : plan ? shard_like(loaded.optimizer, opt.state_dict())
                                : loaded.optimizer);
+    loaded.optimizer = NamedTensors{};  // loaded: its copy is let go (8 bytes per parameter of AdamW moments)
     if (reader) read_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     // Non-finite moments (a checkpoint written before saves checked them): every step would train
     // and every save be refused, pointing back at this checkpoint. Refused here, naming it.
@@ -324,7 +345,7 @@ int run_train(int argc, char** argv) {
   fmt::print("model {} ({:.2f}M parameters), {} tokens (unigram entropy {:.4f} nats), batch {}x{}x{}, {} steps, "
              "precision {}, device {}\n",
              cfg.model_type, static_cast<double>(cfg.num_parameters()) / 1e6, tokens.size(),
-             tokens.unigram_entropy(cfg.vocab_size),
+             entropy,
              batch, seq, accum, steps, args.str("precision"), device.str());
   if (plan)
     fmt::print("plan {} on {} ranks: mesh {}, input placements {}, gradient reduction {}\n", plan->path, plan->world,
@@ -434,7 +455,7 @@ int run_train(int argc, char** argv) {
         val_loss = trainer.validation_loss(val_batches);
         if (!std::isfinite(*val_loss))
           throw NonFiniteStop(fmt::format("meshtrain train: step {}: the validation loss on {} is {}; stopped before "
-                                          "saving the step", step + 1, args.str("val-data"), *val_loss));
+                                          "saving the step", step + 1, args.str("val-data"), value_text(*val_loss)));
       }
       if ((step + 1) % log_every == 0 || step + 1 == stop_at) {
         fmt::print("step {:5d}/{} | loss {:.4f} | grad norm {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | mem {:.0f} MiB",

@@ -119,6 +119,10 @@ std::vector<std::pair<std::string, std::string>> resume_settings(const Args& arg
   std::vector<std::pair<std::string, std::string>> out;
   for (const char* flag : kResumeSettings)
     out.emplace_back(flag, std::string_view(flag) == "min-lr" ? fmt::format("{}", min_lr_of(args)) : args.str(flag));
+  // The dtype gradients are summed in: it changes the sums only with micro-batches of a 16-bit
+  // run (recorded as f32 otherwise, so that a flag with no effect is no change).
+  const bool sums_16bit = args.str("precision") != "f32" && args.integer("accum") > 1;
+  out.emplace_back("accum-dtype", sums_16bit ? args.str("accum-dtype") : "f32");
   out.emplace_back("steps", args.str("steps"));
   out.emplace_back("seed", args.str("seed"));
   out.emplace_back("data", data_fingerprint(args.str("data")));
@@ -188,6 +192,36 @@ void check_resume_model(const ModelConfig& saved, const Args& args, const std::s
            "--resume: --config {} is {}, but {} holds {}; drop --config (a resumed run's model is the "
            "checkpoint's) or use another --checkpoint-dir",
            args.str("config"), shape(want), where, shape(saved));
+  // The same shapes, but another computation (RoPE, the norm's eps, biases, routing): the run
+  // would go on with the checkpoint's config and drop --config without a word. Refused, naming
+  // the fields. Not compared: what flags set (dropout, the MoE loss coefficients and capacity:
+  // resume settings) and what only initialization or generation reads.
+  auto rope = [](const RopeScaling& r) {
+    if (r.type == RopeScaling::Type::kNone) return std::string("none");
+    return fmt::format("{} (factor {}, low {}, high {}, original {})",
+                       r.type == RopeScaling::Type::kLinear ? "linear" : "llama3", r.factor, r.low_freq_factor,
+                       r.high_freq_factor, r.original_max_position_embeddings);
+  };
+  const std::pair<const char*, std::pair<std::string, std::string>> fields[] = {
+      {"head_dim", {fmt::format("{}", want.resolved_head_dim()), fmt::format("{}", saved.resolved_head_dim())}},
+      {"max_position_embeddings",
+       {fmt::format("{}", want.max_position_embeddings), fmt::format("{}", saved.max_position_embeddings)}},
+      {"rms_norm_eps", {fmt::format("{}", want.rms_norm_eps), fmt::format("{}", saved.rms_norm_eps)}},
+      {"rope_theta", {fmt::format("{}", want.rope_theta), fmt::format("{}", saved.rope_theta)}},
+      {"rope_scaling", {rope(want.rope_scaling), rope(saved.rope_scaling)}},
+      {"tie_word_embeddings", {fmt::format("{}", want.tie_word_embeddings), fmt::format("{}", saved.tie_word_embeddings)}},
+      {"attention_bias", {fmt::format("{}", want.attention_bias), fmt::format("{}", saved.attention_bias)}},
+      {"mlp_bias", {fmt::format("{}", want.mlp_bias), fmt::format("{}", saved.mlp_bias)}},
+      {"num_experts_per_tok",
+       {fmt::format("{}", want.is_moe() ? want.num_experts_per_tok : 0),
+        fmt::format("{}", saved.is_moe() ? saved.num_experts_per_tok : 0)}},
+  };
+  std::vector<std::string> differ;
+  for (const auto& [name, v] : fields)
+    if (v.first != v.second) differ.push_back(fmt::format("{} {} (the checkpoint's: {})", name, v.first, v.second));
+  MT_CHECK(differ.empty(), "--resume: --config {} differs from the model {} was trained as: {}; drop --config (a "
+           "resumed run's model is the checkpoint's) or use another --checkpoint-dir",
+           args.str("config"), where, fmt::join(differ, ", "));
 }
 
 // A resumed run appends to its metrics file. A run that died after its last checkpoint left lines

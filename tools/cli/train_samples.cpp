@@ -25,7 +25,7 @@ std::vector<FlagSpec> sample_flags() {
 }
 
 std::optional<TrainSampler> TrainSampler::from_args(const Args& args, const ModelConfig& cfg,
-                                                    const std::string& hf_dir, bool under_plan) {
+                                                    const std::string& hf_dir, bool under_plan, uint64_t seed) {
   const int64_t every = args.integer("sample-every", 0, kMaxSteps);
   if (every == 0) return std::nullopt;
   MT_CHECK(!under_plan,
@@ -37,7 +37,7 @@ std::optional<TrainSampler> TrainSampler::from_args(const Args& args, const Mode
   s.opts_.sampling.temperature = args.real("sample-temperature");
   MT_CHECK(s.opts_.sampling.temperature >= 0, "meshtrain train: --sample-temperature {} must be >= 0 (0: greedy)",
            s.opts_.sampling.temperature);
-  s.seed_ = static_cast<uint64_t>(args.integer("seed"));
+  s.seed_ = seed;
   s.bytes_ = cfg.vocab_size == ByteTokenizer::kVocabSize;
   const std::string text = args.str("sample-prompt");
   if (s.bytes_) {

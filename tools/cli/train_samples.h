@@ -28,9 +28,10 @@ struct TrainSample {
 class TrainSampler {
  public:
   // nullopt when --sample-every is 0. Errors name the flag: under --plan, a text prompt for a
-  // vocabulary other than bytes, a sample longer than max_position_embeddings.
+  // vocabulary other than bytes, a sample longer than max_position_embeddings. `seed`: the run's
+  // (a resumed run's is its checkpoint's, not --seed's default); sample N draws from seed + N.
   static std::optional<TrainSampler> from_args(const Args& args, const ModelConfig& cfg, const std::string& hf_dir,
-                                               bool under_plan);
+                                               bool under_plan, uint64_t seed);
   bool due(int64_t done, int64_t stop_at) const { return done % every_ == 0 || done == stop_at; }
   TrainSample take(CausalLM& model, Device device, int64_t done) const;
   // "step N | sample (...):\n<text>" or the ids.

@@ -267,7 +267,11 @@ void write_train_state(const std::string& step_dir, const TrainState& s) {
 }
 
 void write_checkpoint_config(const std::string& step_dir, const ModelConfig& config) {
-  save_hf_config(config, (fs::path(step_dir) / kHfConfigFile).string());
+  // A step directory holds the f32 master weights whatever the run's --precision or its --hf
+  // input's dtype: config.json says so (it kept a bf16 input's "bfloat16" until 2026-12-07).
+  ModelConfig c = config;
+  c.torch_dtype = "float32";
+  save_hf_config(c, (fs::path(step_dir) / kHfConfigFile).string());
 }
 
 std::string commit_step_directory(const std::string& dir, const std::string& tmp_dir, int64_t step,

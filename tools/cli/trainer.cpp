@@ -151,7 +151,7 @@ std::vector<std::string> data_files(const std::string& data, const char* flag) {
   return out;
 }
 
-TokenStream run_tokens(const std::string& data, const ModelConfig& cfg, const char* flag) {
+TokenStream run_tokens(const std::string& data, const ModelConfig& cfg, const char* flag, double* entropy) {
   TokenStream tokens;
   if (data.empty()) {
     tokens = TokenStream(embedded_corpus_tokens());
@@ -164,7 +164,10 @@ TokenStream run_tokens(const std::string& data, const ModelConfig& cfg, const ch
       MT_FAIL("{} {}: {}", flag, data, e.what());       // a file of the pattern: name the pattern too
     }
   }
-  const int64_t bad = tokens.find_outside(cfg.vocab_size);
+  // With `entropy`, one pass both checks the ids and counts them (a multi-GB corpus is read once).
+  TokenStream::IdCounts counts;
+  if (entropy) counts = tokens.count_ids(cfg.vocab_size);
+  const int64_t bad = entropy ? counts.outside : tokens.find_outside(cfg.vocab_size);
   if (bad >= 0) {
     int64_t t = 0;
     tokens.copy(bad, 1, &t);
@@ -172,6 +175,7 @@ TokenStream run_tokens(const std::string& data, const ModelConfig& cfg, const ch
             data.empty() ? std::string("embedded corpus") : fmt::format("{} {}", flag, data), t, tokens.where(bad),
             cfg.vocab_size);
   }
+  if (entropy) *entropy = tokens.size() > 0 ? counts.entropy() : 0.0;  // too few tokens: the DataLoader says so
   return tokens;
 }
 
@@ -241,7 +245,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
     ro.fuse = !args.flag("no-fuse");
     ro.bucket_bytes = static_cast<int64_t>(args.real("bucket-mb") * (1 << 20));
     reducer_ = std::make_unique<GradReducer>(model, *plan->mesh, ro);
-    if (par) check_input_split(*par, *plan, args.integer("batch"), args.integer("seq"), command);
+    if (par) check_input_split(par->ir(), *plan, args.integer("batch"), args.integer("seq"), command);
     if (plan->is_pipeline()) {
       MT_CHECK(plan->pipeline != nullptr, "meshtrain {}: internal: pipeline plan {} not resolved (parallelize_run)",
                command, plan->path);

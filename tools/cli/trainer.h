@@ -65,8 +65,9 @@ std::shared_ptr<CausalLM> build_run_model(const ModelConfig& cfg, HfCheckpoint* 
 std::vector<std::string> data_files(const std::string& data, const char* flag);
 // The token stream of a run: the shards `data` names (data_files), mapped and concatenated in
 // order, or the embedded corpus when it is empty; an id outside the vocabulary is an error naming
-// the file and position.
-TokenStream run_tokens(const std::string& data, const ModelConfig& cfg, const char* flag = "--data");
+// the file and position. With `entropy`, the same pass also gives the unigram entropy of the ids.
+TokenStream run_tokens(const std::string& data, const ModelConfig& cfg, const char* flag = "--data",
+                       double* entropy = nullptr);
 
 // A token file of one sequence of T+1 comma-separated ids per line (eval/grad/parity --tokens):
 // inputs are the first T ids, targets the last T. Errors name the file (ids outside the

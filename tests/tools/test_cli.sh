@@ -249,6 +249,23 @@ grep -q "grad norm" "$WORK/full.out" && grep -q "tok/s" "$WORK/full.out" && grep
   && pass "train prints loss, grad norm, lr, tok/s, MFU, memory" || fail "train step line"
 "$BIN" train $T "$WORK/bf.jsonl" --precision bf16 --steps 4 >/dev/null && pass "bf16 mixed precision trains" || fail "bf16 train"
 
+# ---- train: a --data shard truncated under the run -------------------------------------------------
+# The next read of a lost page of the mapped shard is a SIGBUS: the process still ends by it (no
+# step could go on), but first says what it most likely means (the shell's "Bus error" alone until
+# 2026-12-07).
+python3 -c 'import struct,sys; n=200000; open(sys.argv[1],"wb").write(struct.pack("<256i",20240520,1,n,*([0]*253))+struct.pack("<%dH" % n,*(i % 251 for i in range(n))))' \
+  "$WORK/bus.bin"
+"$BIN" train --data "$WORK/bus.bin" --steps 5000 --seq 32 --batch 2 --warmup 1 --metrics "$WORK/bus.jsonl" \
+  >"$WORK/bus.out" 2>"$WORK/bus.err" &
+pid=$!
+for _ in $(seq 200); do [ "$(wc -l <"$WORK/bus.jsonl" 2>/dev/null || echo 0)" -ge 2 ] && break; sleep 0.1; done
+python3 -c 'import os,sys; os.truncate(sys.argv[1], 1024 + 200)' "$WORK/bus.bin"
+wait $pid
+rc=$?
+[ $rc -eq 135 ] && grep -q "SIGBUS (bus error) reading a memory-mapped file: a --data or --val-data shard was most likely truncated" "$WORK/bus.err" \
+  && pass "a --data shard truncated under the run: SIGBUS, with a message saying what it means" \
+  || fail "a truncated --data shard: exit $rc, $(tail -n 2 "$WORK/bus.err")"
+
 # ---- train: SIGTERM / SIGINT finish the step, save it, exit 128 + signal; the resume is exact --------
 # A script's background job inherits SIGINT ignored (and meshtrain keeps it so, below): the runs
 # are started with the default disposition, as from a terminal.
@@ -411,6 +428,12 @@ grep -qE "expert rows [0-9]+-[0-9]+, [1-9][0-9]* dropped$" "$WORK/moe_cf.out" &&
 python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); sys.exit(0 if r["expert_rows_dropped"] > 0 else 1)' \
   "$WORK/moe_cf.jsonl" && pass "expert_rows_dropped in the metrics" || fail "expert_rows_dropped"
 expect_error "router loss flag on a dense model" "--moe-z-loss" "mixture-of-experts" -- "$BIN" train --config llama-tiny --steps 1 --moe-z-loss 0.1
+# HF's router jitter (training noise on the router's input) is not applied: said, not silent.
+"$BIN" init --config mixtral-tiny --out "$WORK/jit" >/dev/null 2>&1
+python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); c["router_jitter_noise"]=0.1; json.dump(c,open(p,"w"))' "$WORK/jit/config.json"
+"$BIN" train --hf "$WORK/jit" --steps 1 --batch 2 --seq 16 --metrics "" 2>&1 \
+  | grep -qF "note: $WORK/jit/config.json: router_jitter_noise 0.1 is not applied" \
+  && pass "train --hf with router_jitter_noise 0.1 says it is not applied" || fail "no note for router_jitter_noise"
 expect_error "negative router loss coefficient" "--moe-aux-loss" ">= 0" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-aux-loss -1
 
 # ---- train: llama-tiny on the embedded corpus learns more than unigram statistics -----------------

@@ -10,7 +10,8 @@ struct PlanContext;
 
 class StopSignals {
  public:
-  // Installs the handlers; the destructor restores the previous ones.
+  // Installs the handlers (and one for SIGBUS that says a mapped --data shard was most likely cut
+  // short, before the default action ends the process); the destructor restores the previous ones.
   StopSignals();
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;

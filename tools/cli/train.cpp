@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -24,6 +25,7 @@
 #include "models/data.h"
 #include "models/hf_checkpoint.h"
 #include "models/hf_config.h"
+#include "models/json_io.h"
 #include "models/llama.h"
 #include "optim/adamw.h"
 #include "optim/master_weights.h"
@@ -106,6 +108,21 @@ double flops_per_token(const ModelConfig& c, int64_t seq) {
   return 6.0 * n + attn;
 }
 
+// Hugging Face config fields that change training and that meshtrain does not apply, announced
+// (not refused: the same checkpoint evaluates and generates exactly as in HF, where they act in
+// training only). `config_json`: the file the run's model comes from.
+void note_unapplied_fields(const std::string& config_json) {
+  std::error_code ec;
+  if (config_json.empty() || !std::filesystem::is_regular_file(config_json, ec)) return;
+  const nlohmann::json j = read_json_file(config_json, "config.json");
+  if (!j.is_object()) return;
+  const auto it = j.find("router_jitter_noise");
+  if (it != j.end() && it->is_number() && it->get<double>() > 0)
+    fmt::print("note: {}: router_jitter_noise {} is not applied: meshtrain trains the MoE router without jitter "
+               "(Hugging Face multiplies the router's input by uniform(1 - j, 1 + j) noise in training)\n",
+               config_json, it->get<double>());
+}
+
 // Each tensor's local shard (a DTensor's), or the tensor: what this rank holds.
 NamedTensors local_tensors(const NamedTensors& tensors) {
   NamedTensors out;
@@ -186,8 +203,10 @@ int run_train(int argc, char** argv) {
   } else if (!args.str("hf").empty()) {
     start_weights = read_model_checkpoint(args.str("hf"));
     cfg = start_weights.config;
+    note_unapplied_fields((std::filesystem::path(args.str("hf")) / "config.json").string());
   } else {
     cfg = resolve_config(args.str("config"));
+    if (!is_builtin_config(args.str("config"))) note_unapplied_fields(args.str("config"));
   }
   cfg.attention_dropout = cfg.residual_dropout = args.real("dropout");
   apply_moe_loss_flags(args, cfg, "train");

@@ -60,7 +60,7 @@ std::vector<fs::path> profile_dirs() {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   // The source tree's plans/ (a build directory inside it), and an installed tree's
-  // <prefix>/share/meshtrain/plans (meson install: tools/meson.build).
+  // <prefix>/share/meshtrain/plans (meson install: install_subdir in the top-level meson.build).
   if (!ec)
     for (fs::path p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path()) {
       dirs.push_back(p / "plans" / "hardware");

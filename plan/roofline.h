@@ -73,8 +73,9 @@ struct HardwareProfile {
 double gemm_efficiency(const HardwareProfile& hw, int64_t dim);
 
 // `name_or_path`: a file (ends in .json or contains '/'), or a stock profile's name looked up as
-// NAME.json in $MT_HARDWARE_DIR, $MT_PLANS_DIR/hardware, ./plans/hardware and the plans/hardware
-// of the source tree the executable was built from. Errors name the file and the field.
+// NAME.json in $MT_HARDWARE_DIR, $MT_PLANS_DIR/hardware, ./plans/hardware, the plans/hardware
+// of the source tree the executable was built from, and an installed tree's
+// <prefix>/share/meshtrain/plans/hardware. Errors name the file and the field.
 HardwareProfile load_hardware_profile(const std::string& name_or_path);
 HardwareProfile parse_hardware_profile(const std::string& json_text, const std::string& source);
 std::string hardware_profile_json(const HardwareProfile& hw);

@@ -60,6 +60,7 @@ done
 say ""
 grep -E "^ *[0-9]+/[0-9]+ " "$OUT/tests.log" | sed 's/^ */test: /' | tee -a "$SUMMARY" >/dev/null
 grep -hE "^(ok|FAIL) +- " "$OUT/testlog.txt" 2>/dev/null | sed 's/^/cli_cuda: /' >>"$SUMMARY"
+grep -h "^gemm tune test: " "$OUT/testlog.txt" 2>/dev/null | head -n 1 >>"$SUMMARY"
 say "tests done ($(elapsed)), meson exit $trc"
 
 # ---- benchmarks --------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 #include "runtime/log.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/stop_signals.h"
 
 namespace {
 
@@ -59,6 +60,7 @@ void check_process_environment() {
     }
   }
   std::signal(SIGPIPE, SIG_IGN);
+  mt::cli::install_bus_error_notice();
 #ifdef _OPENMP
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int limit = std::max(256, 64 * cores);

@@ -265,6 +265,16 @@ rc=$?
 [ $rc -eq 135 ] && grep -q "SIGBUS (bus error) reading a memory-mapped file: a --data or --val-data shard was most likely truncated" "$WORK/bus.err" \
   && pass "a --data shard truncated under the run: SIGBUS, with a message saying what it means" \
   || fail "a truncated --data shard: exit $rc, $(tail -n 2 "$WORK/bus.err")"
+# A SIGBUS sent with kill has no faulting read to repeat: the handler raises it again itself (before
+# 2026-12-07 the run went on training).
+"$BIN" train --steps 5000 --seq 32 --batch 2 --metrics "$WORK/kbus.jsonl" >/dev/null 2>"$WORK/kbus.err" &
+pid=$!
+for _ in $(seq 200); do [ "$(wc -l <"$WORK/kbus.jsonl" 2>/dev/null || echo 0)" -ge 1 ] && break; sleep 0.1; done
+kill -BUS $pid
+wait $pid
+rc=$?
+[ $rc -eq 135 ] && grep -q "SIGBUS (bus error)" "$WORK/kbus.err" && pass "kill -BUS ends the run (exit 135) after the message" \
+  || { kill $pid 2>/dev/null; fail "kill -BUS: exit $rc, $(tail -n 2 "$WORK/kbus.err")"; }
 
 # ---- train: SIGTERM / SIGINT finish the step, save it, exit 128 + signal; the resume is exact --------
 # A script's background job inherits SIGINT ignored (and meshtrain keeps it so, below): the runs
@@ -434,6 +444,9 @@ python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); c["router_jitt
 "$BIN" train --hf "$WORK/jit" --steps 1 --batch 2 --seq 16 --metrics "" 2>&1 \
   | grep -qF "note: $WORK/jit/config.json: router_jitter_noise 0.1 is not applied" \
   && pass "train --hf with router_jitter_noise 0.1 says it is not applied" || fail "no note for router_jitter_noise"
+"$BIN" train --config "$WORK/jit" --steps 1 --batch 2 --seq 16 --metrics "" 2>&1 \
+  | grep -qF "note: $WORK/jit/config.json: router_jitter_noise 0.1 is not applied" \
+  && pass "train --config DIR with router_jitter_noise 0.1 says it too" || fail "no note for --config DIR's router_jitter_noise"
 expect_error "negative router loss coefficient" "--moe-aux-loss" ">= 0" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-aux-loss -1
 
 # ---- train: llama-tiny on the embedded corpus learns more than unigram statistics -----------------

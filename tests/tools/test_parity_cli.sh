@@ -273,6 +273,20 @@ python3 -c "import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if r['pa
 expect_rc "compare: another seed differs" 1 "$BIN" compare "$WORK/ck" "$WORK/ck4"
 grep -q "^FAIL" "$WORK/out" && grep -q "model.embed_tokens.weight: rel" "$WORK/out" \
   && pass "compare: the failing tensors are named" || fail "compare: $(tail -n 3 "$WORK/out")"
+# Floors per kind of tensor (docs/cli.md, "compare"): two seeds' optimizer files differ in every
+# second moment (about 6e-6, beside a step count of 2) and every 8-bit block scale (beside codes up to
+# 255). With one floor over the whole file, those rows passed.
+for opt in adamw adamw8bit; do
+  for s in 1 2; do
+    "$BIN" train --config llama-tiny --steps 2 --batch 2 --seq 16 --seed $s --optimizer $opt \
+      --checkpoint-dir "$WORK/opt_$opt$s" >/dev/null 2>&1 || fail "train --optimizer $opt --seed $s"
+  done
+  row=exp_avg_sq; [ $opt = adamw8bit ] && row=absmax
+  expect_rc "compare: $opt files of two seeds differ" 1 "$BIN" compare "$WORK/opt_${opt}1/step-00000002/optimizer.safetensors" \
+    "$WORK/opt_${opt}2/step-00000002/optimizer.safetensors"
+  n=$(grep -c "^  $row\..*: rel" "$WORK/out")
+  [ "$n" -ge 30 ] && pass "compare: $n $row rows fail on their own kind's floor" || fail "compare: $n $row rows failed"
+done
 expect_rc "compare: a file against a directory" 0 "$BIN" compare "$WORK/ck/model.safetensors" "$WORK/ck"
 expect_usage "compare: a missing path" "does not exist" -- "$BIN" compare "$WORK/ck" "$WORK/nope"
 expect_usage "compare: one path" "expected two paths" -- "$BIN" compare "$WORK/ck"

@@ -53,8 +53,9 @@ struct Row {
   Shape shape;
   std::string problem;  // names, shapes or dtypes that differ
   double max_abs = 0, ref_max = 0;
-  double floor = 0;    // the least scale (kScaleFloor of the largest ref_max compared: parity_report.h)
-  int64_t worst = -1;  // flat index of the worst element
+  bool floating = false;  // B's dtype is a floating-point one: only these have a floor
+  double floor = 0;       // the least scale (set_floors)
+  int64_t worst = -1;     // flat index of the worst element
   double rel() const { return relative_diff(max_abs, std::max(ref_max, floor)); }
 };
 
@@ -66,6 +67,7 @@ Row compare_one(const std::string& name, const Tensor& a, const Tensor& b) {
     r.problem = fmt::format("shape {} in A, {} in B", a.shape(), b.shape());
     return r;
   }
+  r.floating = is_floating(b.dtype());
   if (a.dtype() != b.dtype()) r.problem = fmt::format("dtype {} in A, {} in B", a.dtype(), b.dtype());
   const std::vector<double> x = a.to(DType::kF64).to_vector<double>(), y = b.to(DType::kF64).to_vector<double>();
   for (size_t i = 0; i < x.size(); ++i) {
@@ -80,12 +82,28 @@ Row compare_one(const std::string& name, const Tensor& a, const Tensor& b) {
   return r;
 }
 
+// A tensor's kind: its name up to the first '.' ("model", "lm_head"; in an optimizer file "exp_avg",
+// "exp_avg_sq", "absmax", ...).
+std::string kind_of(const std::string& name) { return name.substr(0, name.find('.')); }
+
+// Each floating-point row's floor: kScaleFloor (parity_report.h) x the largest |B| among the
+// floating-point tensors of its kind. So an exactly-zero gradient beside large ones is not failed
+// on rounding noise, while a file's step counts, 8-bit codes, or first moments do not raise the
+// floor of its second moments, which are orders of magnitude smaller. Integer rows have no floor.
+void set_floors(std::vector<Row>& rows) {
+  std::map<std::string, std::vector<double>> ref_max;
+  for (const Row& r : rows)
+    if (r.floating) ref_max[kind_of(r.name)].push_back(r.ref_max);
+  for (Row& r : rows) r.floor = r.floating ? scale_floor(ref_max[kind_of(r.name)]) : 0;
+}
+
 }  // namespace
 
 int run_compare(int argc, char** argv) {
   const std::vector<FlagSpec> specs = {
-      {"tol", "largest relative difference that passes (to the largest |B| of each tensor, or 1e-3 of the largest |B| "
-              "of all tensors where that is more)", "1e-5", false},
+      {"tol", "largest relative difference that passes (to the largest |B| of each tensor, or where that is more to "
+              "1e-3 of the largest |B| among the floating-point tensors of its kind: the name up to its first '.')",
+       "1e-5", false},
       {"json", "also write the report as JSON to this file", "", false}};
   // A and B first, then the flags; any usage or read error exits 2 (no verdict).
   std::vector<std::string> files;
@@ -123,10 +141,7 @@ int run_compare(int argc, char** argv) {
     in_b.erase(it);
   }
   for (const auto& [name, t] : in_b) failures.push_back(fmt::format("{}: in B only", name));
-  std::vector<double> ref_max;
-  for (const Row& r : rows) ref_max.push_back(r.ref_max);
-  const double floor = scale_floor(ref_max);
-  for (Row& r : rows) r.floor = floor;
+  set_floors(rows);
   const Row* worst = nullptr;
   for (const Row& r : rows) {
     if (!r.problem.empty()) failures.push_back(fmt::format("{}: {}", r.name, r.problem));
@@ -141,7 +156,7 @@ int run_compare(int argc, char** argv) {
     nlohmann::json j = {{"a", files[0]}, {"b", files[1]}, {"tol", tol}, {"pass", pass}, {"failures", failures}};
     for (const Row& r : rows)
       j["tensors"].push_back({{"name", r.name}, {"shape", fmt::format("{}", r.shape)}, {"max_abs", r.max_abs},
-                              {"ref_max", r.ref_max}, {"rel", std::isfinite(r.rel()) ? r.rel() : -1.0},
+                              {"ref_max", r.ref_max}, {"floor", r.floor}, {"rel", std::isfinite(r.rel()) ? r.rel() : -1.0},
                               {"worst_index", r.worst}, {"problem", r.problem}});
     try {
       write_file_atomically(args.str("json"), [&](std::ostream& f) { f << j.dump(2) << "\n"; });

@@ -168,7 +168,7 @@ std::pair<std::shared_ptr<CausalLM>, double> pipeline_loss(const std::string& co
 void check_init_values(const NamedTensors& tensors, DType dtype, const ModelConfig& cfg, const std::string& source) {
   for (const auto& [name, x] : tensors) {
     if (x.numel() == 0) continue;
-    const double m = max(abs(x.detach().to(Device::cpu()).to(DType::kF64))).item();
+    const double m = max(abs(x.detach().to(Device::cpu()))).to(DType::kF64).item();  // one scalar cast, not the tensor
     const double stored = full(Shape{1}, m, DType::kF64).to(dtype).to(DType::kF64).item();
     MT_CHECK(std::isfinite(stored),
              "meshtrain init: weight '{}' would hold {} in {} (its largest magnitude is {}): initializer_range {} of "

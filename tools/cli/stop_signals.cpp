@@ -40,8 +40,10 @@ extern "C" void on_stop_signal(int sig) {
 
 // A mapped --data shard cut short under the job (docs/data.md): the next read of a lost page is a
 // SIGBUS, which ended the process with only the shell's "Bus error". The handler says what it
-// most likely means, then (SA_RESETHAND) the faulting read runs again and the default action ends
-// the process, as before (exit by signal 7, a core where enabled).
+// most likely means, then raises it again under the default action (SA_RESETHAND restored it on
+// entry), which ends the process as before (exit by signal 7, a core where enabled) once the
+// handler returns. Raising it, rather than letting the faulting read run again, also ends a process
+// sent SIGBUS with kill(1), which has no read to repeat.
 extern "C" void on_bus_error(int) {
   constexpr char kMsg[] =
       "meshtrain: SIGBUS (bus error) reading a memory-mapped file: a --data or --val-data shard was most likely "
@@ -49,13 +51,22 @@ extern "C" void on_bus_error(int) {
       "job; resume from the last checkpoint once the shards are whole\n";
   ssize_t ignored = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);  // async-signal-safe
   (void)ignored;
+  std::raise(SIGBUS);  // pending until the handler returns (SIGBUS is blocked inside it)
 }
 
 }  // namespace
 
+void install_bus_error_notice() {
+  struct sigaction bus;
+  std::memset(&bus, 0, sizeof(bus));
+  bus.sa_handler = on_bus_error;
+  sigemptyset(&bus.sa_mask);
+  bus.sa_flags = SA_RESETHAND;
+  ::sigaction(SIGBUS, &bus, nullptr);
+}
+
 struct StopSignals::Saved {
   struct sigaction old[std::size(kSignals)];
-  struct sigaction old_bus;
 };
 
 StopSignals::StopSignals() : saved_(new Saved) {
@@ -71,17 +82,10 @@ StopSignals::StopSignals() : saved_(new Saved) {
     ::sigaction(kSignals[i], nullptr, &saved_->old[i]);
     if (saved_->old[i].sa_handler != SIG_IGN) ::sigaction(kSignals[i], &sa, nullptr);
   }
-  struct sigaction bus;
-  std::memset(&bus, 0, sizeof(bus));
-  bus.sa_handler = on_bus_error;
-  sigemptyset(&bus.sa_mask);
-  bus.sa_flags = SA_RESETHAND;
-  ::sigaction(SIGBUS, &bus, &saved_->old_bus);
 }
 
 StopSignals::~StopSignals() {
   for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &saved_->old[i], nullptr);
-  ::sigaction(SIGBUS, &saved_->old_bus, nullptr);
   delete saved_;
 }
 

@@ -10,8 +10,7 @@ struct PlanContext;
 
 class StopSignals {
  public:
-  // Installs the handlers (and one for SIGBUS that says a mapped --data shard was most likely cut
-  // short, before the default action ends the process); the destructor restores the previous ones.
+  // Installs the handlers; the destructor restores the previous ones.
   StopSignals();
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
@@ -27,6 +26,11 @@ class StopSignals {
   struct Saved;
   Saved* saved_;
 };
+
+// For the whole process (main, before any command): a SIGBUS first says that a memory-mapped
+// --data / --val-data shard (the only files the CLI maps) was most likely cut short under the job,
+// then ends the process by the default action, as without the handler.
+void install_bus_error_notice();
 
 // "SIGTERM", "SIGINT", "SIGUSR1" or "signal N".
 const char* signal_name(int sig);

@@ -111,8 +111,11 @@ double flops_per_token(const ModelConfig& c, int64_t seq) {
 // Hugging Face config fields that change training and that meshtrain does not apply, announced
 // (not refused: the same checkpoint evaluates and generates exactly as in HF, where they act in
 // training only). `config_json`: the file the run's model comes from.
-void note_unapplied_fields(const std::string& config_json) {
+// `config_json` may be a directory holding config.json, as --config may (resolve_config).
+void note_unapplied_fields(std::string config_json) {
   std::error_code ec;
+  if (!config_json.empty() && std::filesystem::is_directory(config_json, ec))
+    config_json = (std::filesystem::path(config_json) / "config.json").string();
   if (config_json.empty() || !std::filesystem::is_regular_file(config_json, ec)) return;
   const nlohmann::json j = read_json_file(config_json, "config.json");
   if (!j.is_object()) return;
@@ -203,7 +206,7 @@ int run_train(int argc, char** argv) {
   } else if (!args.str("hf").empty()) {
     start_weights = read_model_checkpoint(args.str("hf"));
     cfg = start_weights.config;
-    note_unapplied_fields((std::filesystem::path(args.str("hf")) / "config.json").string());
+    note_unapplied_fields(args.str("hf"));
   } else {
     cfg = resolve_config(args.str("config"));
     if (!is_builtin_config(args.str("config"))) note_unapplied_fields(args.str("config"));

@@ -352,6 +352,16 @@ sys.exit(0 if ok and len(lr) == 12 else 1)
 PY
 "$BIN" train --batch 2 --seq 16 --steps 2 --lr 1e-4 --metrics "" >/dev/null && pass "--lr 1e-4 without --min-lr" \
   || fail "--lr 1e-4 without --min-lr"
+# The default --min-lr is recorded as its double (3e-3 / 10 = 0.00030000000000000003): a resume
+# given --min-lr 3e-4 names that rate, takes the recorded bits, and ends bit for bit where the
+# uninterrupted run does (refused as a change until 2026-12-07).
+M="--batch 2 --seq 16 --steps 4 --lr 3e-3 --warmup 1 --metrics"
+"$BIN" train $M "" --checkpoint-dir "$WORK/mlr_full" >/dev/null \
+  && "$BIN" train $M "" --stop-at 2 --checkpoint-dir "$WORK/mlr" >/dev/null \
+  && "$BIN" train $M "" --min-lr 3e-4 --resume --checkpoint-dir "$WORK/mlr" >/dev/null \
+  && "$BIN" compare "$WORK/mlr" "$WORK/mlr_full" --tol 0 >/dev/null \
+  && pass "resume with --min-lr 3e-4 where the checkpoint recorded --lr 3e-3 / 10: bit for bit" \
+  || fail "resume with --min-lr 3e-4 against the recorded default"
 # A checkpoint written before these rules (min-lr recorded as the old default 3e-4, no
 # warmup_steps) resumes without --min-lr, keeping 3e-4 (and, as before, warmup min(10, 14)): the
 # last step's rate is 3e-4 + (1e-3 - 3e-4) (1 + cos(pi 3/4)) / 2.

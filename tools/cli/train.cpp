@@ -304,7 +304,7 @@ int run_train(int argc, char** argv) {
     const std::string* warmup = loaded.state.setting("warmup");
     if (!warmup || *warmup == args.str("warmup")) trainer.keep_warmup(loaded.state.warmup_steps);
   }
-  if (resume && !args.has("min-lr")) {
+  if (resume && min_lr_as_recorded(loaded.state, args)) {
     // The final rate the checkpoint's run used: recorded exactly (the shortest round-trip form);
     // a checkpoint without settings was written when the default was 3e-4.
     const std::string* min_lr = loaded.state.setting("min-lr");

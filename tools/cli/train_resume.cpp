@@ -3,6 +3,7 @@
 #include "tools/cli/train_resume.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -97,23 +98,33 @@ std::string data_fingerprint(const std::string& data, bool legacy = false) {
                      files.size(), total, crc);
 }
 
+// A flag value as a finite number, if it is one.
+bool as_number(const std::string& s, double* v) {
+  char* end = nullptr;
+  *v = std::strtod(s.c_str(), &end);
+  return !s.empty() && end == s.c_str() + s.size() && std::isfinite(*v);
+}
+
 // Two flag values are the same when they are the same string or the same finite number ("3e-3"
 // and "0.003").
 bool same_value(const std::string& a, const std::string& b) {
   if (a == b) return true;
-  auto number = [](const std::string& s, double* v) {
-    char* end = nullptr;
-    *v = std::strtod(s.c_str(), &end);
-    return !s.empty() && end == s.c_str() + s.size();
-  };
   double x = 0, y = 0;
-  return number(a, &x) && number(b, &y) && x == y;
+  return as_number(a, &x) && as_number(b, &y) && x == y;
 }
 
 // A recorded value as quoted in a message: cut to 80 characters (trainer_state.json is input).
 std::string brief(const std::string& v) { return v.size() <= 80 ? v : v.substr(0, 77) + "..."; }
 
 }  // namespace
+
+bool min_lr_as_recorded(const TrainState& saved, const Args& args) {
+  if (!args.has("min-lr")) return true;
+  const std::string* recorded = saved.setting("min-lr");
+  double given = 0, v = 0;
+  return recorded && as_number(args.str("min-lr"), &given) && as_number(*recorded, &v) &&
+         std::fabs(given - v) <= 1e-12 * std::max(std::fabs(given), std::fabs(v));
+}
 
 std::vector<std::pair<std::string, std::string>> resume_settings(const Args& args) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -138,7 +149,8 @@ void check_resume_settings(const TrainState& s, const std::vector<std::pair<std:
   std::vector<std::string> changes;
   for (const auto& [key, saved] : s.settings) {
     // Not given: the checkpoint's seed and final rate are the ones used (train.cpp).
-    if ((key == "seed" || key == "min-lr") && !args.has(key)) continue;
+    if (key == "seed" && !args.has(key)) continue;
+    if (key == "min-lr" && min_lr_as_recorded(s, args)) continue;
     // Another optimizer has other state (Muon's momentum, 8-bit codes): what the checkpoint holds
     // cannot become it, with --allow-changes or without.
     if (key == "optimizer" && !same_value(args.str("optimizer"), saved)) {

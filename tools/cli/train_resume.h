@@ -28,6 +28,12 @@ void check_resume_matches(const TrainState& saved, const Args& args);
 void check_resume_settings(const TrainState& saved, const std::vector<std::pair<std::string, std::string>>& now,
                            const Args& args, const std::string& where);
 
+// --resume takes the checkpoint's recorded final rate (its bits, so the schedule goes on exactly)
+// when --min-lr is not given, or is given as a decimal within 1e-12 relative of it: the default
+// --lr / 10 is recorded as its double, 3e-3 / 10 as 0.00030000000000000003, and `--min-lr 3e-4`
+// names that rate. Until 2026-12-07 that was refused as a change of --min-lr.
+bool min_lr_as_recorded(const TrainState& saved, const Args& args);
+
 // The model is the checkpoint's on --resume: --hf (the weights a fresh run started from) is then
 // ignored with a notice, so that a run started with --hf resumes with --resume added; a --config
 // given for another model (type, sizes, layers, experts, vocabulary) is refused, naming both.

@@ -30,8 +30,9 @@ bool g_implicit = [] {
   return e && std::strcmp(e, "1") == 0;
 }();
 
-// A cache key: the op's identity, its rule-relevant arguments, and per input its spec pointer
-// (plain inputs: their shape, taken as Replicate). Inline words: no allocation on a hit.
+// A cache key: the op's identity, its rule-relevant arguments, and per input its spec's id (plain
+// inputs: their shape, taken as Replicate). Inline words: no allocation on a hit. The id, not the
+// address: a spec no tensor holds any more is freed, and a new one may take its address.
 struct Key {
   static constexpr int kCap = 48;
   int64_t w[kCap];
@@ -61,9 +62,16 @@ struct Entry {
   DistCtx ctx;
 };
 
+// At most kMaxEntries entries: a run whose shapes vary (batch or sequence sizes that change,
+// evaluation batches) makes a new entry per shape, each holding its specs, and grew without bound
+// until 2026-12-07 (about 25 KB per distinct shape of a small model's step). Past the bound the
+// cache is emptied and refills; a training step of a stock plan needs a few hundred entries.
+constexpr size_t kMaxEntries = 4096;
+
 struct Cache {
   std::unordered_map<Key, Entry, KeyHash> map;
   DispatchStats stats;
+  int depth = 0;  // handle() frames on this thread: entries are referenced while it is above 0
 };
 Cache& cache() {
   thread_local Cache c;
@@ -85,7 +93,7 @@ Key make_key(const DistOp& op, const std::vector<Tensor>& in) {
     if (!t.defined()) {
       k.push(0);
     } else if (t.is_distributed()) {
-      k.push(reinterpret_cast<int64_t>(t.dist_spec()));
+      k.push(static_cast<int64_t>(spec_of(t)->id()));
     } else {
       k.push(-1 - t.dim());
       for (int64_t v : t.shape()) k.push(v);
@@ -256,6 +264,17 @@ std::vector<Tensor> handle(const DistOp& op, const std::vector<Tensor>& in, Dist
   if (op.rule == DistRule::kRandomFill) return {dist_random_fill(op, in[0])};
   if (auto composite = dist_composite(op, in)) return {*composite};
   Cache& c = cache();
+  // Emptied only by the outermost call: an inner one (a redistribution inside this op) must not
+  // free the entry an outer frame is using.
+  if (c.depth == 0 && c.map.size() >= kMaxEntries) {
+    c.map.clear();
+    ++c.stats.flushes;
+  }
+  struct Depth {
+    int& d;
+    explicit Depth(int& x) : d(x) { ++d; }
+    ~Depth() { --d; }
+  } depth(c.depth);
   Key key = make_key(op, in);
   auto it = c.map.find(key);
   Entry uncached;
@@ -309,7 +328,11 @@ void set_implicit_redistribute(bool on) {
 }
 bool implicit_redistribute() { return g_implicit; }
 
-DispatchStats dispatch_stats() { return cache().stats; }
+DispatchStats dispatch_stats() {
+  DispatchStats s = cache().stats;
+  s.entries = static_cast<int64_t>(cache().map.size());
+  return s;
+}
 void clear_dispatch_cache() {
   cache().map.clear();
   cache().stats = {};

@@ -26,8 +26,10 @@ void set_dist_error_note(DistErrorNote note);
 
 struct DispatchStats {
   int64_t hits = 0, misses = 0;
+  int64_t flushes = 0;  // times the cache reached its bound (4096 entries) and was emptied
+  int64_t entries = 0;  // entries now
 };
 DispatchStats dispatch_stats();  // this thread's propagation cache
-void clear_dispatch_cache();     // this thread's
+void clear_dispatch_cache();     // this thread's (the cache bounds itself; this frees it now)
 
 }  // namespace mt

@@ -128,17 +128,32 @@ void validate_everywhere(const DeviceMesh& mesh, const Placements& placements, c
   }
 }
 
+// The interned specs, held weakly: a spec lives while a tensor, another spec (a Partial one's
+// gradient spec) or a propagation cache entry holds it. Expired entries are swept when the table
+// has doubled since the last sweep, so it stays within twice the live specs (or kSweepFloor).
+struct SpecTable {
+  static constexpr size_t kSweepFloor = 1024;
+  std::mutex mu;
+  std::unordered_map<std::string, std::weak_ptr<const DTensorSpec>> specs;
+  size_t sweep_at = kSweepFloor;
+  uint64_t next_id = 1;
+};
+SpecTable& spec_table() {
+  static auto* t = new SpecTable;  // never destroyed: specs may be released during static destruction
+  return *t;
+}
+
 }  // namespace
 
 std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh& mesh, const Placements& placements,
                                                const Shape& global_shape) {
-  static std::mutex mu;
-  static auto* table = new std::unordered_map<std::string, std::shared_ptr<const DTensorSpec>>();
+  SpecTable& t = spec_table();
   std::string key = spec_key(mesh, placements, global_shape);
   {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = table->find(key);
-    if (it != table->end()) return it->second;
+    std::lock_guard<std::mutex> lock(t.mu);
+    auto it = t.specs.find(key);
+    if (it != t.specs.end())
+      if (auto live = it->second.lock()) return live;
   }
   MT_CHECK(static_cast<int>(placements.size()) == mesh.ndim(),
            "DTensor: {} placements {} for mesh {}", placements.size(), placements_str(placements), mesh.str());
@@ -146,8 +161,23 @@ std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh& mesh, const Pla
   auto spec = std::make_shared<DTensorSpec>(mesh, placements, global_shape);
   if (spec->has_partial()) spec->grad_ = intern_spec(mesh, grad_placements(placements), global_shape);
   install_dist_dispatch();
-  std::lock_guard<std::mutex> lock(mu);
-  return table->emplace(std::move(key), std::move(spec)).first->second;
+  std::lock_guard<std::mutex> lock(t.mu);
+  std::weak_ptr<const DTensorSpec>& slot = t.specs[std::move(key)];
+  if (auto live = slot.lock()) return live;  // another thread interned it meanwhile
+  spec->id_ = t.next_id++;
+  slot = spec;
+  if (t.specs.size() >= t.sweep_at) {
+    std::erase_if(t.specs, [](const auto& kv) { return kv.second.expired(); });
+    t.sweep_at = std::max(SpecTable::kSweepFloor, 2 * t.specs.size());
+  }
+  return spec;
+}
+
+size_t live_spec_count() {
+  SpecTable& t = spec_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return static_cast<size_t>(
+      std::count_if(t.specs.begin(), t.specs.end(), [](const auto& kv) { return !kv.second.expired(); }));
 }
 
 const DTensorSpec& dtensor_spec(const Tensor& t, const char* op) {

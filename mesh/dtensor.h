@@ -1,9 +1,12 @@
 // DTensor core (docs/dtensor.md): a Tensor whose impl carries a DTensorSpec (mesh, one placement
 // per mesh dim, global shape) and whose storage is this rank's local shard. Specs are interned:
-// equal specs are the same pointer, so a spec compares and hashes as a pointer.
+// equal live specs are the same pointer, so two tensors' specs compare as pointers. A spec no
+// tensor or cache holds is freed (a run whose shapes vary does not grow); its id() is never
+// reused, so caches that outlive it key on the id, not the address.
 // Ops on DTensors dispatch through sharding rules (mesh/dispatch.cpp, docs/sharding.md).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -24,6 +27,8 @@ class DTensorSpec : public DistSpec, public std::enable_shared_from_this<DTensor
   const DeviceMesh& mesh() const { return mesh_; }
   const Placements& placements() const { return placements_; }
   const Shape& global_shape() const override { return global_shape_; }
+  // Unique over the process's life (an address may be reused once the spec is freed).
+  uint64_t id() const { return id_; }
   std::string placements_str() const override;
   bool is_replicated() const override;
   bool has_partial() const override;
@@ -38,14 +43,18 @@ class DTensorSpec : public DistSpec, public std::enable_shared_from_this<DTensor
   Placements placements_;
   Shape global_shape_;
   std::shared_ptr<const DTensorSpec> grad_;  // set by intern_spec when Partial; else this spec
+  uint64_t id_ = 0;                          // set by intern_spec
   friend std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh&, const Placements&, const Shape&);
 };
 
-// The one spec for (mesh, placements, global shape): equal arguments give the same pointer.
+// The one live spec for (mesh, placements, global shape): equal arguments give the same pointer
+// while any holder of it lives (the table holds specs weakly).
 // Meshes are equal when they print the same and have the same world ranks. Thread-safe.
 // Checks that placements has one entry per mesh dim and that split dims exist.
 std::shared_ptr<const DTensorSpec> intern_spec(const DeviceMesh& mesh, const Placements& placements,
                                                const Shape& global_shape);
+// How many interned specs are alive now (tests: a run whose shapes vary keeps this bounded).
+size_t live_spec_count();
 
 // The spec of a DTensor; throws naming `op` when `t` is not one.
 const DTensorSpec& dtensor_spec(const Tensor& t, const char* op);

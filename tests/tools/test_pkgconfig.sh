@@ -41,6 +41,17 @@ echo '#error "the consumer'"'"'s models/config.h shadowed meshtrain'"'"'s"' > "$
 export PKG_CONFIG_PATH=$(dirname "$PC")
 FLAGS=$(pkg-config --cflags --libs meshtrain)
 ${MT_CONSUMER_CXX:-c++} -std=c++20 ${MT_CONSUMER_FLAGS:-} -I"$WORK/shadow" "$SRC" -o "$WORK/consumer" $FLAGS
+# The one include declares what docs/embedding.md and docs/optim.md use: every optimizer, the
+# master weights of a 16-bit model, the propagation cache's controls (Muon, AdamW8bit and
+# MasterWeights were missing until 2026-12-07).
+cat >"$WORK/umbrella.cpp" <<'CPP'
+#include <meshtrain/meshtrain.h>
+using namespace mt;
+void names(Muon*, AdamW8bit*, AdamW*, SGD*, MasterWeights*) {}
+int main() { clear_dispatch_cache(); return static_cast<int>(dispatch_stats().hits); }
+CPP
+${MT_CONSUMER_CXX:-c++} -std=c++20 ${MT_CONSUMER_FLAGS:-} "$WORK/umbrella.cpp" -o "$WORK/umbrella" $FLAGS \
+  || { echo "FAIL: <meshtrain/meshtrain.h> lacks a public name (above)"; exit 1; }
 OUT=$(env -u LD_LIBRARY_PATH OMP_NUM_THREADS=1 "$WORK/consumer" "$PLAN" "$WORK/ckpt" 2)
 echo "$OUT"
 echo "$OUT" | grep -q '^step 2 loss ' || { echo "FAIL: unexpected output"; exit 1; }
@@ -55,4 +66,4 @@ EST=$(cd "$WORK" && env -u LD_LIBRARY_PATH -u MT_PLANS_DIR -u MT_HARDWARE_DIR OM
   "$BIN" plan --config llama-tiny --plan "$IPLAN" --world 2 --estimate 2>&1) \
   || { echo "FAIL: the installed meshtrain plan --estimate: $EST"; exit 1; }
 echo "$EST" | grep -q 'h100-nvlink' || { echo "FAIL: the estimate does not name its profile: $EST"; exit 1; }
-echo "pkgconfig: 2 passed, 0 failed"
+echo "pkgconfig: 3 passed, 0 failed"

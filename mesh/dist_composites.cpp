@@ -73,8 +73,16 @@ Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& ids, uint32_
              w.str(), ip.str());
     out[d] = ip;  // ids dim j is output dim j
   }
+  // The table's local gradient: its own rows on the vocabulary dims; on a dim that splits the ids
+  // (data parallel), this rank's term of a sum over the ranks' ids, as for any replicated input of
+  // a split output (dispatch.cpp, input_grad_placements). Labelled Replicate there until
+  // 2026-12-07, so a plan with both a batch split and a vocabulary-split embedding never summed
+  // the embedding's gradient over the batch split (a reviewer: 0.72 relative error, exit 0).
+  Placements grad = ws.placements();
+  for (int d = 0; d < nd; ++d)
+    if (!((vocab_dims >> d) & 1) && !out[d].is_replicate()) grad[d] = Placement::partial(PartialOp::kSum);
   auto [lo, n] = local_range(ws, 0, "embedding");
-  Tensor wl = to_local(weight);
+  Tensor wl = to_local(weight, grad);
   Tensor il = is ? to_local(ids) : ids;
   Shape os = il.local_shape();
   os.push_back(wl.local_shape()[1]);

@@ -254,6 +254,12 @@ TEST_CASE("dtensor ops: on a 2-D mesh", "[mpi]") {
            [](const auto& t) { return gelu(linear(t[0], t[1], t[2])); }, "S(0), S(2)");
   check_op(m, {{x, P("S(0), S(2)")}, {r({10, 8}, 27), P("R, S(1)")}},
            [](const auto& t) { return sum(linear(t[0], t[1]), {0}); }, "P(sum), P(sum)");
+  // A vocabulary-split table beside ids split over the other mesh dim (dp x tp): the table's
+  // gradient is a sum over the dp ranks' ids (labelled Replicate there, so never summed, until
+  // 2026-12-07: a reviewer's parity run, 0.72 relative error on the embedding's gradient).
+  auto emb = [](const auto& t) { return embedding(t[0], t[1]); };
+  check_op(m, {{r({9, 6}, 41), P("R, S(0)")}, {randint(0, 9, {4, 5}, DType::kI64), P("S(0), R")}}, emb, "S(0), P(sum)");
+  check_op(m, {{r({9, 6}, 42), P("R, S(0)")}, {randint(0, 9, {4, 5}, DType::kI64), P("S(1), R")}}, emb, "S(1), P(sum)");
   Tensor y = r({4, 8, 6}, 29);
   check_op(m, {{y, P("S(1), S(1)")}}, [](const auto& t) { return mul(t[0], 3.0).reshape({4, -1}); }, "S(1), S(1)");
   check_error(m, {{x, P("S(1), S(1)")}}, [](const auto& t) { return t[0].reshape({4, -1}); },

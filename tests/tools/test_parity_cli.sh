@@ -104,6 +104,20 @@ for spec in $SPECS; do
       || fail "$tag: no PASS line: $(tail -n 2 "$WORK/out")"
   fi
 done
+# A vocabulary-split embedding beside a batch split (a reviewer's plan): the embedding's gradient
+# is summed over dp (it was not until 2026-12-07: 0.72 relative error, parity FAIL, train exit 0).
+# At np 2, tp is 1: the split is the composite's, over one rank.
+cat >"$WORK/dp_vocab.plan" <<'PLAN'
+mesh dp=2 tp=*
+place  model\.embed_tokens  weight  tp=S(0)
+redistribute  model\.embed_tokens  <out>:0  dp=S(0) tp=P(sum) -> dp=S(0) tp=R
+place    model  <in>:0  dp=S(0) tp=R
+factory  model  rope    dp=R tp=R
+PLAN
+expect_rc "dp x vocabulary-split embedding np 2: parity" 0 mpi 2 "$BIN" parity --plan "$WORK/dp_vocab.plan" \
+  --config llama-tiny $SMALL --batch 4 --json "$WORK/dp_vocab.json" \
+  && { r=$(report_within "$WORK/dp_vocab.json" 1e-5 5e-2 2>&1) && pass "dp x vocabulary-split embedding: $r" \
+       || fail "dp x vocabulary-split embedding: $r"; }
 if [ "$MODE" = slow ]; then
   # A capacity factor under dp x ep counts the whole batch, as one device does (until 2026-11-28 it
   # counted one dp group's tokens: other rows kept, step-1 gradients 0.08-0.15 off, exit 0).

@@ -32,6 +32,7 @@ namespace {
 struct OwnedScope {
   const void* owner;
   FactoryScope scope;
+  bool used = false;  // current_factory() returned it during the module's forward
 };
 thread_local std::vector<OwnedScope> g_factories;
 
@@ -338,10 +339,13 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
         });
       }
     }));
+  std::vector<HookRecord> factories;  // in the order the pre-hook pushes their scopes
+  for (const auto& r : pre)
+    if (r.action == HookAction::kFactory) factories.push_back(r);
   if (!fwd.empty() || n_factories > 0)
     handles.push_back(m.register_forward_hook(
-        [fwd, stored, later, mesh, pm, check_index, n_factories](Module& mod, const std::vector<Tensor>&,
-                                                                 std::vector<Tensor>& out) {
+        [fwd, stored, later, mesh, pm, check_index, factories, owner](Module& mod, const std::vector<Tensor>&,
+                                                                      std::vector<Tensor>& out) {
           for (const HookRecord& r : fwd) {
             run_record(r, pm, [&] {
               if (r.action == HookAction::kRelease) {
@@ -362,7 +366,25 @@ void install(Module& m, const Records& recs, const DeviceMesh& mesh, const PlanM
               }
             });
           }
-          for (size_t i = 0; i < n_factories && !g_factories.empty(); ++i) g_factories.pop_back();
+          // A scope nothing read: the forward created its tensors plain, and dispatch took them as
+          // Replicate. Harmless where the plan says R (the stock plans' `factory model rope R`:
+          // the built-in models make their rotary tables plain); any other placement would be
+          // silently not applied (a reviewer's `rope dp=S(1)` trained as R until 2026-12-07).
+          for (size_t i = factories.size(); i-- > 0 && !g_factories.empty();) {
+            OwnedScope top = std::move(g_factories.back());
+            g_factories.pop_back();
+            const HookRecord& r = factories[i];
+            if (top.used || top.owner != owner || top.scope.module != r.module) continue;
+            bool all_r = true;
+            for (const Placement& p : top.scope.placements) all_r = all_r && p.is_replicate();
+            if (!all_r)
+              run_record(r, pm, [&] {
+                MT_FAIL("the forward of '{}' created no tensor through current_factory(\"{}\"), so {} was not "
+                        "applied: tensors a forward makes itself (the built-in models' rotary tables) are plain and "
+                        "used as Replicate. Say R, or place the module's inputs or outputs instead",
+                        r.module.empty() ? "(root)" : r.module, r.tensor, placements_str(top.scope.placements));
+              });
+          }
         }));
   if (!bwd_pre.empty())
     handles.push_back(m.register_backward_pre_hook([bwd_pre, mesh, pm, check_index](Module&, std::vector<Tensor>& g) {
@@ -484,7 +506,10 @@ Placements Parallelized::input_placements(const std::string& path, int index) co
 
 const FactoryScope* current_factory(const std::string& label) {
   for (auto it = g_factories.rbegin(); it != g_factories.rend(); ++it)
-    if (it->scope.label == label || it->scope.label == "*") return &it->scope;
+    if (it->scope.label == label || it->scope.label == "*") {
+      it->used = true;
+      return &it->scope;
+    }
   return nullptr;
 }
 

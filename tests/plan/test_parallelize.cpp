@@ -59,7 +59,49 @@ class Probe : public Module {
   Tensor* w_;
 };
 
+// A module whose forward creates a tensor under the label "table" through its factory scope, as
+// a custom model may (the built-in models create theirs plain).
+class FactoryReader : public Module {
+ public:
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+    const FactoryScope* f = current_factory("table");
+    placements = f ? placements_str(f->placements) : "none";
+    return {in[0]};
+  }
+  std::string placements;
+};
+
 }  // namespace
+
+TEST_CASE("parallelize: a factory placement is read by the forward, or refused where it is not R", "[cpu]") {
+  using Catch::Contains;
+  DeviceMesh mesh({mt::world().size()}, {"dp"});
+  Tensor x = testing::rand({4, 3}, DType::kF32, 1);
+  {
+    auto m = std::make_shared<FactoryReader>();
+    Plan plan = parse_plan("mesh dp=*\nfactory () table dp=S(0)\n", "f.plan");
+    Parallelized par = parallelize(*m, plan, mesh);
+    REQUIRE_NOTHROW((*m)(x));
+    REQUIRE(m->placements == "[S(0)]");
+    REQUIRE(current_factory("table") == nullptr);  // popped after the forward
+  }
+  {
+    // Nothing reads "rope" here: R is what the forward's plain tensors are taken as (the stock
+    // plans' `factory model rope R`), anything else was silently not applied until 2026-12-07.
+    auto m = std::make_shared<FactoryReader>();
+    Plan r = parse_plan("mesh dp=*\nfactory () rope dp=R\n", "f.plan");
+    Parallelized par = parallelize(*m, r, mesh);
+    REQUIRE_NOTHROW((*m)(x));
+  }
+  {
+    auto m = std::make_shared<FactoryReader>();
+    Plan s = parse_plan("mesh dp=*\nfactory () rope dp=S(1)\n", "f.plan");
+    Parallelized par = parallelize(*m, s, mesh);
+    REQUIRE_THAT(error_of([&] { (*m)(x); }), Contains("created no tensor through current_factory(\"rope\")") &&
+                                                  Contains("[S(1)] was not applied") && Contains("(plan f.plan:2:1)"));
+    REQUIRE(current_factory("rope") == nullptr);
+  }
+}
 
 TEST_CASE("parallelize: every stock plan that fits gives the single-device init bit for bit", "[cpu]") {
   const int64_t world = mt::world().size();

@@ -177,6 +177,16 @@ r=$(losses_close "$WORK/a1.jsonl" "$WORK/a3.jsonl" 2>&1) && pass "single-device 
 expect_error "missing plan file" "$WORK/nope.plan" -- mpi 2 "$BIN" eval --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --plan "$WORK/nope.plan"
 printf 'mesh dp=*\nplace model <in>:0 dp=Q(0)\n' >"$WORK/bad.plan"
 expect_error "malformed plan" "bad.plan:2" -- mpi 2 "$BIN" train --steps 1 --metrics "" --plan "$WORK/bad.plan"
+# train agrees on plan errors at start-up (the file's, and what a meta forward under the plan
+# finds): exit 1 on every rank, each with the message, without MPI_Abort (until 2026-12-07 an
+# input split on a dim the ids lack failed in the first step, naming no plan line, with MPI_Abort).
+grep -q "MPI_ABORT" "$WORK/out" "$WORK/err" && fail "malformed plan: train called MPI_Abort" \
+  || pass "malformed plan: train exits without MPI_Abort"
+printf 'mesh tp=*\nplace model <in>:0 tp=S(2)\n' >"$WORK/io_dim.plan"
+expect_error "train: an input split on a dim it lacks" "io_dim.plan:2:20" "splits tensor dim 2" -- \
+  mpi 2 "$BIN" train --steps 1 --batch 2 --seq 16 --metrics "" --plan "$WORK/io_dim.plan"
+[ "$(grep -c '\] error: .*io_dim.plan:2:20' "$WORK/err")" -eq 2 ] && ! grep -q "MPI_ABORT" "$WORK/out" "$WORK/err" \
+  && pass "train: the plan error on both ranks, without MPI_Abort" || fail "train io_dim: $(tail -n 3 "$WORK/err")"
 printf 'mesh dp=3\n' >"$WORK/three.plan"
 expect_error "world does not fit the mesh" "three.plan" -- mpi 2 "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/x.safetensors" --plan "$WORK/three.plan"
 # MT_COLLECTIVE_TIMEOUT_S=inf means no deadline (inf * 1000 in int64 came out negative: every job

@@ -9,9 +9,11 @@
 #include "mesh/communicator.h"
 #include "mesh/dtensor.h"
 #include "mesh/world.h"
+#include "plan/check.h"
 #include "runtime/error.h"
 #include "tensor/module.h"
 #include "tensor/ops_nn.h"
+#include "tools/cli/args.h"
 
 namespace mt::cli {
 
@@ -79,7 +81,38 @@ void check_plan_on_meta(const PlanContext& ctx, const ModelConfig& cfg, int64_t 
   if (ctx.is_pipeline()) pipeline_of(ctx, *model);
   // A pipeline stage runs ctx.plan (without the pipeline dim) on its modules: lowered here on
   // every stage's modules at once, as parallelize_run does.
-  check_input_split(lower(ctx.plan, *model, *ctx.mesh), ctx, batch, seq, command, source);
+  const HookIR ir = lower(ctx.plan, *model, *ctx.mesh);
+  check_input_split(ir, ctx, batch, seq, command, source);
+  // Then one forward on meta under the plan (no kernel runs, nothing is allocated): what only the
+  // ops find (these errors came from the first step's forward, with MPI_Abort, until 2026-12-07).
+  InitDeviceGuard meta(Device::meta());
+  const std::vector<Tensor> ids = {zeros(Shape{batch, seq}, TensorOptions(DType::kI64).with_device(Device::meta()))};
+  check_io_shapes(ctx.plan, ir, *model, ids);
+  check_plan_forward(ctx.plan, ctx.plan_mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(cfg); }, ids);
+}
+
+void agree_on_start(const std::string& command, int code, const std::function<void()>& step) {
+  constexpr int kAgreementTag = 0x7a17;  // the start-up communicator's tag (no other group uses it)
+  std::string error;
+  try {
+    step();
+  } catch (const std::exception& e) {  // mt::Error, and whatever a library reading a file throws
+    error = e.what();
+  }
+  int64_t failed = error.empty() ? 0 : 1;
+  if (world().size() > 1) {
+    std::vector<int> ranks(static_cast<size_t>(world().size()));
+    for (int r = 0; r < world().size(); ++r) ranks[static_cast<size_t>(r)] = r;
+    Communicator comm = Communicator::create(ranks, kAgreementTag, fmt::format("meshtrain {} start-up (every rank)", command));
+    Tensor t = from_vector<int64_t>({failed}, Shape{1});
+    comm.all_reduce(t, CommReduceOp::kMax);
+    failed = t.to_vector<int64_t>()[0];
+  }
+  if (failed)
+    throw ExitError(error.empty() ? fmt::format("meshtrain {}: stopped: another rank could not start (its error is "
+                                                "above)", command)
+                                  : error,
+                    code, true);
 }
 
 Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {

@@ -4,6 +4,7 @@
 // full tensors are gathered (collectively, on every rank) for what rank 0 writes.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -113,10 +114,20 @@ void check_input_split(const HookIR& ir, const PlanContext& ctx, int64_t batch, 
 
 // The plan against the whole model of `cfg`, built on meta, before any rank builds its own: the
 // pipeline's stages (resolve_pipeline), every entry lowered (a regex that matches nothing, a
-// placement the shapes refuse) and check_input_split. The same on every rank, so that `parity`
-// agrees on these usage errors at start-up (exit 2 on every rank, no MPI_Abort).
+// placement the shapes refuse), check_input_split, and a meta forward of a [batch, seq] batch
+// under the plan (check_io_shapes, check_plan_forward: an input split on a dim it lacks, heads
+// that do not split evenly, a factory placement nothing reads), as `meshtrain plan` runs it. The
+// same on every rank, so that `parity` and `train` agree on these usage errors at start-up
+// (agree_on_start: no MPI_Abort). Builds meta models: call it before seeding the run's init.
 void check_plan_on_meta(const PlanContext& ctx, const ModelConfig& cfg, int64_t batch, int64_t seq,
                         const std::string& command, const std::string& source = "");
+
+// Runs `step` on every rank of the world and agrees on how it went (one all-reduce of the world):
+// when it throws on any rank, every rank throws ExitError(code, agreed): the failing ranks with
+// their error, the others saying that another rank could not start. So the job ends with every
+// rank returning `code` and one message per rank, without MPI_Abort. `step` must call no
+// collective that a rank failing before it would leave the others waiting in.
+void agree_on_start(const std::string& command, int code, const std::function<void()>& step);
 
 // The global tensor (the same on every rank) as a DTensor with the placements the plan gives the
 // model's input (ids and targets alike).

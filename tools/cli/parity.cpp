@@ -37,7 +37,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kMaxParitySteps = 100000;
-constexpr int kAgreementTag = 0x7a17;  // the start-up communicator's tag (any value no other group uses)
 
 std::vector<FlagSpec> parity_flags() {
   std::vector<FlagSpec> flags = {
@@ -232,29 +231,10 @@ Setup prepare(int argc, char** argv) {
   return s;
 }
 
-// The largest of `value` over the ranks of the job (a world communicator made for this once).
-double world_max(double value) {
-  if (world().size() == 1) return value;
-  std::vector<int> ranks(static_cast<size_t>(world().size()));
-  for (int r = 0; r < world().size(); ++r) ranks[static_cast<size_t>(r)] = r;
-  Communicator comm = Communicator::create(ranks, kAgreementTag, "meshtrain parity start-up (every rank)");
-  Tensor t = from_vector<double>({value}, Shape{1});
-  comm.all_reduce(t, CommReduceOp::kMax);
-  return t.to_vector<double>()[0];
-}
-
 // prepare() on every rank; an error on any rank ends every rank with exit code 2.
 Setup start_up(int argc, char** argv) {
   Setup s;
-  std::string error;
-  try {
-    s = prepare(argc, argv);
-  } catch (const std::exception& e) {  // mt::Error, and whatever a library reading a file throws
-    error = e.what();
-  }
-  if (world_max(error.empty() ? 0 : 1) > 0)
-    throw ExitError(error.empty() ? "meshtrain parity: stopped: another rank could not start (its error is above)"
-                                  : error, 2, true);
+  agree_on_start("parity", 2, [&] { s = prepare(argc, argv); });
   return s;
 }
 

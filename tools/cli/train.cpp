@@ -172,7 +172,8 @@ int run_train(int argc, char** argv) {
                               args.integer("checkpoint-every")});
   std::unique_ptr<PlanContext> plan;
   if (!args.str("plan").empty()) {
-    plan = std::make_unique<PlanContext>(load_plan_context(args.str("plan")));
+    // A plan file's errors (the same on every rank) end each rank with exit 1, without MPI_Abort.
+    agree_on_start("train", 1, [&] { plan = std::make_unique<PlanContext>(load_plan_context(args.str("plan"))); });
     quiet_non_root(*plan);
   }
   const bool root = !plan || plan->is_root();
@@ -218,6 +219,9 @@ int run_train(int argc, char** argv) {
   validate_train_flags(args, cfg, cfg_source);
   check_model_fits_memory(cfg, ModelUse::kTraining, "train", cfg_source);
   const std::optional<TrainSampler> sampler = TrainSampler::from_args(args, cfg, args.str("hf"), plan != nullptr, seed);
+  // The plan against the model, on meta (lowering, the input split, a forward), before the init
+  // is seeded (it builds meta models): agreed on as the plan file's errors above.
+  if (plan) agree_on_start("train", 1, [&] { check_plan_on_meta(*plan, cfg, batch, seq, "train"); });
   manual_seed(seed);
   HfCheckpoint start_from;  // --resume or --hf: the model starts from these weights
   const bool sharded_resume = resume && loaded.sharded && plan;

@@ -181,8 +181,18 @@ Entry build_entry(const DistOp& op, const std::vector<Tensor>& in, DistLocalFn l
       for (size_t i = 0; i < in.size(); ++i) {
         if (!moved[i] || moved[i]->placements()[d].is_replicate()) continue;
         Placements ps = moved[i]->placements();
+        const Placement was = ps[d];
         ps[d] = Placement::replicate();
-        moved[i] = intern_spec(*mesh, ps, moved[i]->global_shape());
+        try {
+          moved[i] = intern_spec(*mesh, ps, moved[i]->global_shape());
+        } catch (const Error&) {
+          // A split of the same tensor dim on a later mesh dim, sized within this one's shards (a
+          // RaggedShard of a dp shard's rows), does not fit the whole dim: replicated too (the
+          // spec check failed with no word of the op or of implicit mode until 2026-12-07).
+          for (int d2 = d + 1; d2 < mesh->ndim(); ++d2)
+            if (was.splits() && ps[d2].splits() && ps[d2].dim() == was.dim()) ps[d2] = Placement::replicate();
+          moved[i] = intern_spec(*mesh, ps, moved[i]->global_shape());
+        }
         raw[i] = moved[i].get();
         e.pre[i] = ps;
       }

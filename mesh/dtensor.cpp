@@ -189,11 +189,27 @@ const DTensorSpec& dtensor_spec(const Tensor& t, const char* op) {
   return *s;
 }
 
+namespace {
+
+// intern_spec for an API call: its errors (a placement the shape or the mesh cannot take) start
+// with the call, not with the layout check inside (they read "local_layout: ..." until 2026-12-07).
+std::shared_ptr<const DTensorSpec> spec_for(const std::string& call, const DeviceMesh& mesh, const Placements& placements,
+                                            const Shape& global_shape) {
+  try {
+    return intern_spec(mesh, placements, global_shape);
+  } catch (const Error& e) {
+    MT_FAIL("{}: {}", call, e.what());
+  }
+}
+
+}  // namespace
+
 Tensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Placements& placements) {
   MT_CHECK(global.defined(), "distribute_tensor: undefined tensor");
   MT_CHECK(!global.is_distributed(), "distribute_tensor: input is already a DTensor ({})",
            global.dist_spec()->str());
-  auto spec = intern_spec(mesh, placements, global.shape());
+  auto spec = spec_for(fmt::format("distribute_tensor(global shape {}, {})", global.shape(), placements_str(placements)),
+                       mesh, placements, global.shape());
   NoGradGuard ng;
   Tensor local = local_shard(global.detach(), placements, mesh.shape(), mesh.coordinate_shape());
   return wrap(local, std::move(spec));
@@ -203,7 +219,8 @@ Tensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements&
                   const Shape& global_shape) {
   MT_CHECK(local.defined(), "from_local: undefined tensor");
   MT_CHECK(!local.is_distributed(), "from_local: input is already a DTensor ({})", local.dist_spec()->str());
-  auto spec = intern_spec(mesh, placements, global_shape);
+  auto spec = spec_for(fmt::format("from_local(global shape {}, {})", global_shape, placements_str(placements)), mesh,
+                       placements, global_shape);
   Shape want = spec->local_shape();
   MT_CHECK(local.shape() == want,
            "from_local: rank {} (mesh coordinates {}) expected local shape {} for global shape {} "
@@ -253,7 +270,9 @@ Tensor redistribute(const Tensor& dt, const Placements& dst) {
   MT_CHECK(dst.size() == s.placements().size(), "redistribute: {} destination placements {} for mesh {}",
            dst.size(), placements_str(dst), s.mesh().str());
   auto src_spec = intern_spec(s.mesh(), s.placements(), s.global_shape());
-  auto dst_spec = intern_spec(s.mesh(), dst, s.global_shape());
+  auto dst_spec = spec_for(fmt::format("redistribute({} -> {}, global shape {})", placements_str(s.placements()),
+                                       placements_str(dst), s.global_shape()),
+                           s.mesh(), dst, s.global_shape());
   Tensor local = dt.detach();
   local.impl()->dist = nullptr;
   Tensor out_local = redistribute_local(local, s.global_shape(), s.placements(), dst, s.mesh());

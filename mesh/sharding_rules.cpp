@@ -254,10 +254,13 @@ bool rule_matmul(DimCtx& c) {
     if (o.is_partial())
       return c.fail(fmt::format("{} is Partial ({}) while {} is split: redistribute it to R",
                                 a_split ? "b" : "a", o.str(), a_split ? "a" : "b"));
-    // A Replicate operand must not have a full-size dim lining up with a split batch dim.
+    // A Replicate operand must not have a full-size dim lining up with a split batch dim. A size-1
+    // dim broadcasts in matmul, but not in bmm (args[1]): there a split batch of 1 leaves the other
+    // ranks a batch of 0 against the Replicate operand's 1, which bmm refuses on those ranks only
+    // (the job hung until 2026-12-07).
     const int od = a_split ? b_dim_of(role) : a_dim_of(role);
     const Shape& other = a_split ? c.shape(1) : c.shape(0);
-    if (od >= 0 && other[od] != 1)
+    if (od >= 0 && (other[od] != 1 || c.op.args[1] != 0))
       return c.fail(fmt::format("{} splits batch dim {} but {} is Replicate there: split both alike",
                                 a_split ? "a" : "b", role, a_split ? "b" : "a"));
     out = with_dim(s, role);
@@ -444,6 +447,13 @@ bool rule_view(DimCtx& c) {
     c.set_all(q);  // R stays R, Partial stays Partial (a view is linear)
     return true;
   }
+  // A split of a size-1 dim over a mesh dim of size 1 holds the whole tensor: a reshape that drops
+  // or merges that dim gave it an out dim it does not have ([2, 4, 1] S(2) -> [8] made S(1) of a
+  // 1-D tensor, an error from the spec check that named no op, until 2026-12-07). Taken as R.
+  if (c.in[0]->mesh().size(c.mesh_dim) == 1 && c.shape(0)[q.dim()] == 1 && c.op.args[0] != 1) {
+    c.set_all(Placement::replicate());
+    return true;
+  }
   switch (c.op.args[0]) {
     case 1: {  // permute: out dim i is in dim perm[i]
       for (int i = 0; i < c.op.shape.size(); ++i)
@@ -453,8 +463,15 @@ bool rule_view(DimCtx& c) {
         }
       return c.fail("permute: bad permutation");
     }
-    case 2: {  // expand: new leading dims
+    case 2: {  // expand: new leading dims, and size-1 dims broadcast
       const int lead = c.out_shapes[0].size() - c.rank(0);
+      // A split dim that broadcasts (size 1 to n) is refused as the elementwise rule refuses it:
+      // its shards are the one row on one rank and nothing on the others, which cannot all expand
+      // (until 2026-12-07 the rule kept the split, the empty shards failed alone, and the job hung).
+      if (c.shape(0)[q.dim()] != c.out_shapes[0][q.dim() + lead])
+        return c.fail(fmt::format("expand: {} splits dim {} of size {}, which broadcasts to {}: redistribute it to R "
+                                  "over this mesh dim first", q.str(), q.dim(), c.shape(0)[q.dim()],
+                                  c.out_shapes[0][q.dim() + lead]));
       c.set_all(with_dim(q, q.dim() + lead));
       return true;
     }

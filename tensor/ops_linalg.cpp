@@ -58,6 +58,14 @@ Shape batch_of(const Tensor& t) {
   return s;
 }
 
+// The product of t's dims before its last: its rows as a 2-D matrix. Not a -1 in a view, which
+// an empty last dim leaves ambiguous ([2, 3, 0] as [-1, 0]: an uneven split's K or N of 0).
+int64_t rows_of(const Tensor& t) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return rows;
+}
+
 // out[..., M, N] = a[..., M, K] @ b[..., K, N] for ranks >= 2 and one floating dtype (f32/f64).
 // No autograd here. `op` names the user-facing op in messages.
 Tensor gemm(Tensor a, Tensor b, const char* op) {
@@ -68,7 +76,7 @@ Tensor gemm(Tensor a, Tensor b, const char* op) {
   out_shape.push_back(n);
   // [..., M, K] @ [K, N] with a dense a: one big GEMM over all rows instead of a batch of them.
   if (b.dim() == 2 && a.dim() > 2 && a.is_contiguous()) {
-    return gemm(a.view({-1, k}), b, op).view(out_shape);
+    return gemm(a.view({rows_of(a), k}), b, op).view(out_shape);
   }
   Tensor out = empty(out_shape, a.options());
   if (out.numel() == 0) return out;
@@ -131,7 +139,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, const char* op) {
     if (b.requires_grad()) {
       if (b.dim() == 2 && a.dim() > 2) {  // shared weight: one GEMM over all batch rows
         const int64_t k = a.size(-1), n = b.size(-1);
-        gb = matmul(mT(a.reshape({-1, k})), g[0].reshape({-1, n}));
+        gb = matmul(mT(a.reshape({rows_of(a), k})), g[0].reshape({rows_of(g[0]), n}));
       } else {
         gb = sum_to(matmul(mT(a), g[0]), b.shape());
       }
@@ -169,8 +177,11 @@ Tensor matmul(const Tensor& a0, const Tensor& b0) {
 }
 
 Tensor bmm(const Tensor& a0, const Tensor& b0) {
-  if (any_dist(a0, b0)) [[unlikely]]
-    return dist_dispatch1({"bmm", DistRule::kMatmul}, {a0, b0}, MT_DIST_LOCAL(bmm(l[0], l[1])));
+  if (any_dist(a0, b0)) [[unlikely]] {
+    DistOp d{"bmm", DistRule::kMatmul};
+    d.args[1] = 1;  // batch dims do not broadcast (matmul's size-1 batch dims do)
+    return dist_dispatch1(d, {a0, b0}, MT_DIST_LOCAL(bmm(l[0], l[1])));
+  }
   check_same_device(a0, b0, "bmm");
   MT_CHECK(a0.dim() == 3 && b0.dim() == 3, "bmm: expected 3-D operands [B, M, K] and [B, K, N], got {} and {}",
            a0.shape(), b0.shape());
@@ -213,11 +224,8 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& bias0) {
   // bits as multiplying its f32 copy), so no f32 copy of the weight is made or kept for backward.
   const bool widen_w = ct == DType::kF32 && is_16bit(w0.dtype()) && !w0.device().is_cuda();
   Tensor x = x0.to(ct), w = widen_w ? w0 : w0.to(ct), bias = has_bias ? bias0.to(ct) : Tensor();
-  // [rows, in]; rows from the leading dims, not -1, so that in == 0 (an empty tensor-parallel
-  // slice of the inner dim) is a shape too.
-  int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in_f});
+  // [rows, in] (rows_of: in == 0, an empty tensor-parallel slice of the inner dim, is a shape too).
+  Tensor x2 = x.dim() == 2 ? x : x.reshape({rows_of(x), in_f});
   Tensor out;
   {
     NoGradGuard no_grad;

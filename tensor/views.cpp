@@ -70,8 +70,8 @@ Shape infer_size(const Shape& shape, int64_t numel, const char* op, const Tensor
     }
   }
   if (infer >= 0) {
-    MT_CHECK(known != 0 && numel % known == 0, "{}: shape {} is invalid for {} ({} elements)", op, shape,
-             t.desc(), numel);
+    MT_CHECK(known != 0 && numel % known == 0, "{}: shape {} is invalid for {} ({} elements){}", op, shape,
+             t.desc(), numel, known == 0 ? ": -1 is ambiguous beside a dim of size 0; give every size" : "");
     out[infer] = numel / known;
   }
   MT_CHECK(out.numel() == numel, "{}: shape {} is invalid for {} ({} elements)", op, shape, t.desc(), numel);

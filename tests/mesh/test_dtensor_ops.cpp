@@ -318,6 +318,44 @@ TEST_CASE("dtensor ops: random numbers equal the single-device tensor", "[mpi]")
   REQUIRE_THROWS_WITH(uniform_(p, 0, 1), Contains("Partial"));
 }
 
+TEST_CASE("dtensor ops: rules refuse on every rank what only some ranks' shards could not do", "[mpi]") {
+  // Each of these was accepted by its rule, then failed on the ranks holding an empty shard only,
+  // and the others waited in the next collective until the timeout (a reviewer, 2026-12-07).
+  const DeviceMesh& m = mesh_1d();
+  if (world().size() > 1) {
+    // A split size-1 dim broadcast by expand.
+    check_error(m, {{r({1, 3}, 50), P("S(0)")}}, [](const auto& t) { return t[0].expand({4, 3}); },
+                "splits dim 0 of size 1, which broadcasts to 4");
+    // bmm does not broadcast its batch: a split batch of 1 against a Replicate operand.
+    check_error(m, {{r({1, 2, 3}, 51), P("S(0)")}, {r({1, 3, 2}, 52), P("R")}},
+                [](const auto& t) { return bmm(t[0], t[1]); }, "split both alike");
+    // matmul does broadcast it, and stays right.
+    check_op(m, {{r({1, 2, 3}, 51), P("S(0)")}, {r({1, 3, 2}, 52), P("R")}},
+             [](const auto& t) { return matmul(t[0], t[1]); }, "S(0)");
+  }
+  // An uneven column split leaves a rank N = 0: the batched product's backward (one GEMM over the
+  // rows) viewed them as [-1, 0] and threw on that rank only.
+  const int64_t k = world().size();
+  check_op(m, {{r({4, 3, 4}, 53), P("R")}, {r({4, k - 1 > 0 ? k - 1 : 1}, 54), P("S(1)")}},
+           [](const auto& t) { return matmul(t[0], t[1]); }, "S(2)");
+  // Errors of the API calls name the call.
+  REQUIRE_THROWS_WITH(distribute_tensor(r({4, 3}, 55), m, P("S(2)")),
+                      Contains("distribute_tensor(global shape [4, 3], [S(2)])"));
+  REQUIRE_THROWS_WITH(redistribute(distribute_tensor(r({4, 3}, 55), m, P("R")), P("S(2)")),
+                      Contains("redistribute([R] -> [S(2)], global shape [4, 3])"));
+  if (world().size() == 2) {
+    // Over a mesh dim of size 1: a split size-1 dim in a reshape that drops it (it gave S(1) of a
+    // 1-D tensor), and implicit mode replicating the outer split of a nested RaggedShard (it left
+    // [R, RS] that does not fit the whole dim).
+    DeviceMesh m21({2, 1}, {"a", "b"});
+    check_op(m21, {{r({2, 4, 1}, 56), P("S(0), S(2)")}}, [](const auto& t) { return t[0].reshape({8}); }, "S(0), R");
+    set_implicit_redistribute(true);
+    check_op(m21, {{r({6, 3}, 57), Placements{Placement::shard(0), Placement::ragged_shard(0, {1}, 3)}}},
+             [](const auto& t) { return softmax(t[0], 0); }, "R, R");
+    set_implicit_redistribute(false);
+  }
+}
+
 TEST_CASE("dtensor ops: a run whose shapes vary keeps the cache and the specs bounded", "[mpi]") {
   // 5000 distinct shapes, with autograd: every step makes new specs and cache entries. Until
   // 2026-12-07 the cache and the intern table kept them all (about 25 KB a shape in a trainer).

@@ -296,6 +296,23 @@ TEST_CASE("linear over an empty inner dim gives the bias and empty gradients", "
   }
 }
 
+TEST_CASE("matmul of [B, M, K] by [K, N] with K or N empty, and its gradients", "[cpu]") {
+  // An uneven column or contraction split leaves a rank K or N of 0; the one-GEMM paths viewed
+  // the rows as [-1, K] or [-1, N], ambiguous when that dim is 0, and threw until 2026-12-07 (the
+  // other ranks then waited in the gradient's collective).
+  for (auto [k, n] : {std::pair<int64_t, int64_t>{0, 5}, {4, 0}}) {
+    INFO("K " << k << " N " << n);
+    Tensor a = rand({2, 3, k}, DType::kF64, 1).requires_grad_(), b = rand({k, n}, DType::kF64, 2).requires_grad_();
+    Tensor y = matmul(a, b);
+    REQUIRE(y.shape() == Shape{2, 3, n});
+    REQUIRE(y.to_vector<double>() == std::vector<double>(static_cast<size_t>(6 * n), 0.0));
+    sum(y).backward();
+    REQUIRE(a.grad().shape() == Shape{2, 3, k});
+    REQUIRE(b.grad().shape() == Shape{k, n});
+    REQUIRE(a.grad().to_vector<double>() == std::vector<double>(static_cast<size_t>(6 * k), 0.0));
+  }
+}
+
 TEST_CASE("matmul gradients by finite differences", "[cpu]") {
   auto mm = [](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); };
   SECTION("2-D non-contiguous") {

@@ -329,6 +329,17 @@ bool rule_reshape(DimCtx& c, const Placement& q) {
   }
   for (const ViewGroup& g : view_groups(is, os)) {
     if (j < g.i0 || j >= g.i1) continue;
+    if (g.o0 == g.o1) {
+      // Trailing size-1 dims with no out dim left ([2, 4, 1] -> [8]): the split dim is dropped. Over
+      // one rank in all it holds the whole tensor, so R; over more, one rank holds the element and
+      // the others nothing, which no out dim can say. (It took the out dim past the end, an invalid
+      // spec with an error that named no op, until 2026-12-07.)
+      if (k == 1) {
+        c.set_all(Placement::replicate());
+        return true;
+      }
+      return c.fail(fmt::format("{} splits dim {} of size 1, which the view {} -> {} drops", q.str(), j, is, os));
+    }
     int64_t before = 1, after = 1;
     for (int t = g.i0; t < j; ++t) before *= is[t];
     for (int t = j + 1; t < g.i1; ++t) after *= is[t];
@@ -445,13 +456,6 @@ bool rule_view(DimCtx& c) {
   const Placement& q = c.p(0);
   if (!q.splits()) {
     c.set_all(q);  // R stays R, Partial stays Partial (a view is linear)
-    return true;
-  }
-  // A split of a size-1 dim over a mesh dim of size 1 holds the whole tensor: a reshape that drops
-  // or merges that dim gave it an out dim it does not have ([2, 4, 1] S(2) -> [8] made S(1) of a
-  // 1-D tensor, an error from the spec check that named no op, until 2026-12-07). Taken as R.
-  if (c.in[0]->mesh().size(c.mesh_dim) == 1 && c.shape(0)[q.dim()] == 1 && c.op.args[0] != 1) {
-    c.set_all(Placement::replicate());
     return true;
   }
   switch (c.op.args[0]) {

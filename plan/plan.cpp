@@ -679,6 +679,8 @@ std::string Plan::str() const {
 Plan parse_plan(std::string_view text, const std::string& filename) {
   MT_CHECK(text.size() <= kMaxPlanBytes, "{}: the plan file is {} bytes; expected a text file of at most {} bytes",
            filename, text.size(), kMaxPlanBytes);
+  // A UTF-8 byte-order mark (editors on Windows write one) is not part of the first keyword.
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
   // Binary data is not a plan: name the first control byte in the file instead of echoing it back,
   // before any line is parsed (so the error does not depend on what precedes the byte).
   for (size_t i = 0, line = 1, col = 1; i < text.size(); ++i, ++col) {
@@ -713,10 +715,12 @@ Plan parse_plan(std::string_view text, const std::string& filename) {
         const std::string& t = toks[i].text;
         size_t eq = t.find('=');
         std::string size = eq == std::string::npos ? "" : t.substr(eq + 1);
-        bool digits = !size.empty() && size.size() < 12 && size.find_first_not_of("0123456789") == std::string::npos;
+        bool digits = !size.empty() && size.find_first_not_of("0123456789") == std::string::npos;
         MT_CHECK(eq != std::string::npos && eq > 0 && (size == "*" || digits),
                  "{}: '{}' is not a mesh dim; expected NAME=SIZE or NAME=* (the rest of the world), e.g. tp=2",
                  loc_of(toks[i]).str(), t);
+        MT_CHECK(size == "*" || size.size() < 12, "{}: mesh dim '{}' has size {}: too large for any world",
+                 loc_of(toks[i]).str(), t.substr(0, eq), size.substr(0, 40));
         dims.push_back({t.substr(0, eq), size == "*" ? -1 : std::stoll(size), loc_of(toks[i])});
       }
       plan.set_mesh(std::move(dims), loc_of(toks[0]));

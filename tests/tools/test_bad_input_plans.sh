@@ -113,9 +113,16 @@ bad_case "2 MB plan file" --watch "$P" "toolarge.plan" "larger than 1048576 byte
 mkdir -p "$WORK/adir.plan"
 bad_case "plan is a directory" --watch "$P" "adir.plan" "cannot" -- "${run[@]}" "$WORK/adir.plan" --world 2
 bad_case "missing plan file" --watch "$P" "cannot open plan file '$WORK/none.plan'" -- "${run[@]}" "$WORK/none.plan" --world 2
-plan bom "\xef\xbb\xbfmesh tp=*\n"
-bad_case "UTF-8 byte-order mark" --watch "$P" "bom.plan:1:1" "unknown keyword '\\xef\\xbb\\xbfmesh'" -- \
-  "${run[@]}" "$P/bom.plan" --world 2
+# A UTF-8 byte-order mark before the first line is skipped (an unknown keyword until 2026-12-07).
+plan bom "\xef\xbb\xbfmesh tp=*\nplace model\\\\.norm weight tp=R\n"
+"${run[@]}" "$P/bom.plan" --world 2 >"$WORK/bom.out" 2>&1 && grep -q "tp=2" "$WORK/bom.out" \
+  && pass "a plan file with a UTF-8 byte-order mark" || fail "BOM plan: $(tail -n 2 "$WORK/bom.out")"
+plan nonascii "\xc3\xa9mesh tp=*\n"
+bad_case "a non-ASCII keyword" --watch "$P" "nonascii.plan:1:1" "unknown keyword '\\xc3\\xa9mesh'" -- \
+  "${run[@]}" "$P/nonascii.plan" --world 2
+plan huge_dim "mesh tp=99999999999999999999\n"
+bad_case "a 20-digit mesh size" --watch "$P" "huge_dim.plan:1:6" "too large for any world" -- \
+  "${run[@]}" "$P/huge_dim.plan" --world 2
 plan kw "mesh tp=*\nplase model weight tp=R\n"
 bad_case "unknown keyword" --watch "$P" "kw.plan:2:1" "unknown keyword 'plase'" -- "${run[@]}" "$P/kw.plan" --world 2
 

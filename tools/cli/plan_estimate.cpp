@@ -155,13 +155,22 @@ std::string coord_str(const PlanMesh& mesh, const std::vector<int64_t>& c) {
   return "[" + s + "]";
 }
 
+// "1.235B", "0.79M", "12.3K": a parameter count in the unit that shows its digits (a 0.12M model
+// read "0.000B" until 2026-12-07).
+std::string count_text(int64_t n) {
+  const double v = static_cast<double>(n);
+  if (v >= 1e9) return fmt::format("{:.3f}B", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  return fmt::format("{:.1f}K", v / 1e3);
+}
+
 constexpr const char* kShapes = "measured-from-shapes";
 constexpr const char* kModel = "modelled";
 
 void print_text(const PlanRun& r, const std::string& config_name, const ModelConfig& cfg, const EstimateOptions& o,
                 const HardwareProfile& hw) {
-  fmt::print("# estimate: plan {} for {} ({:.3f}B parameters) on a world of {}: mesh {}\n", r.plan_path, config_name,
-             static_cast<double>(cfg.num_parameters()) / 1e9, r.mesh.size(), r.mesh.str());
+  fmt::print("# estimate: plan {} for {} ({} parameters) on a world of {}: mesh {}\n", r.plan_path, config_name,
+             count_text(cfg.num_parameters()), r.mesh.size(), r.mesh.str());
   fmt::print("# step: batch {} x seq {} x accum {}, precision {}, optimizer {}; hardware {} ({})\n", o.batch, o.seq,
              o.accum, dtype_name(o.precision), o.optimizer, hw.name, hw.source);
   if (r.ranks.size() < static_cast<size_t>(r.mesh.size()))
@@ -442,8 +451,8 @@ int run_sweep(const Args& args, const std::string& config_name, const ModelConfi
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
-  fmt::print("# sweep for {} ({:.3f}B parameters), batch {} x seq {} x accum {}, {}, hardware {}, memory budget {}\n",
-             config_name, static_cast<double>(cfg.num_parameters()) / 1e9, o.batch, o.seq, o.accum,
+  fmt::print("# sweep for {} ({} parameters), batch {} x seq {} x accum {}, {}, hardware {}, memory budget {}\n",
+             config_name, count_text(cfg.num_parameters()), o.batch, o.seq, o.accum,
              dtype_name(o.precision), hw.name, human(budget));
   fmt::print("# plans that fit, fastest first (peak and step time of rank 0, pipeline plans: the largest peak and the "
              "slowest stage of all stages; step time modelled, peak measured from shapes)\n");

@@ -12,7 +12,7 @@ namespace mt {
 
 void check_plan_forward(const Plan& plan, const PlanMesh& mesh,
                         const std::function<std::shared_ptr<Module>()>& build_meta_model,
-                        const std::vector<Tensor>& example_inputs) {
+                        const std::vector<Tensor>& example_inputs, const AfterForward& after_forward) {
   // The coordinates to run: all of a small mesh, else the first and the last (uneven shards put
   // the short ones last).
   std::vector<std::vector<int64_t>> coords;
@@ -30,7 +30,8 @@ void check_plan_forward(const Plan& plan, const PlanMesh& mesh,
     NoGradGuard no_grad;
     try {
       Parallelized par = parallelize(*model, plan, sim, Device::meta());
-      (void)(*model)(example_inputs);
+      const std::vector<Tensor> out = (*model)(example_inputs);
+      if (after_forward) after_forward(out, par, sim);
     } catch (const Error& e) {
       MT_FAIL("{}: a forward under the plan on mesh {} at coordinate {} fails: {}", plan.source(), mesh.str(),
               sim.coordinate_shape(), e.what());

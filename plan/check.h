@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "plan/parallelize.h"
 #include "plan/plan.h"
 #include "tensor/module.h"
 
@@ -23,8 +24,13 @@ namespace mt {
 // rule and every plan hook runs, redistributions only change shapes. The first error is rethrown
 // as "PLAN: a forward under the plan on mesh M at coordinate C fails: ERROR", where ERROR names
 // the module path and the plan entries for it (Module::set_error_note, set by parallelize()).
+// `after_forward` (optional) runs after each forward on its outputs, with the model's
+// Parallelized and the simulated mesh, under the same guards: a trainer checks its loss there (the
+// targets placed as the plan places the inputs), and its errors are reported the same way.
+using AfterForward = std::function<void(const std::vector<Tensor>& outputs, const Parallelized& par,
+                                        const DeviceMesh& mesh)>;
 void check_plan_forward(const Plan& plan, const PlanMesh& mesh,
                         const std::function<std::shared_ptr<Module>()>& build_meta_model,
-                        const std::vector<Tensor>& example_inputs);
+                        const std::vector<Tensor>& example_inputs, const AfterForward& after_forward = {});
 
 }  // namespace mt

@@ -48,6 +48,11 @@ bad_case "a cp dim the mesh lacks" --watch "$P" "nocp.plan:2:28" "'cp=ZS(1)' nam
 plan embodd "mesh tp=*\nplace model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.down_proj weight tp=S(0)\nplace model\\\\.embed_tokens weight tp=S(1)\n"
 bad_case "an embedding split that a later norm cannot take" --watch "$P" "normalizes the last dim" \
   "before it in the model, 'model.embed_tokens'" "embodd.plan:3:1" -- "${run[@]}" "$P/embodd.plan" --world 2
+# Logits and targets split differently (the loss, checked after the meta forward since
+# 2026-12-07; before, the first training step failed, naming no plan line).
+plan normseq "mesh dp=*\nplace model <in>:0 dp=S(0)\nplace model\\\\.norm <in>:0 dp=S(1)\n"
+bad_case "logits and targets split differently" --watch "$P" "normseq.plan: a forward under the plan" "the loss:" \
+  "must split the rows alike" "input of module 'model' ([S(0)])" -- "${run[@]}" "$P/normseq.plan" --world 2
 plan zsodd "mesh cp=*\nplace model <in>:0 cp=ZS(3)\n"
 bad_case "ZS on a dim the ids lack" --watch "$P" "zsodd.plan:2:20" -- "${run[@]}" "$P/zsodd.plan" --world 2
 

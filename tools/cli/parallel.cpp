@@ -88,7 +88,20 @@ void check_plan_on_meta(const PlanContext& ctx, const ModelConfig& cfg, int64_t 
   InitDeviceGuard meta(Device::meta());
   const std::vector<Tensor> ids = {zeros(Shape{batch, seq}, TensorOptions(DType::kI64).with_device(Device::meta()))};
   check_io_shapes(ctx.plan, ir, *model, ids);
-  check_plan_forward(ctx.plan, ctx.plan_mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(cfg); }, ids);
+  check_plan_forward(ctx.plan, ctx.plan_mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(cfg); }, ids,
+                     loss_check(ids[0]));
+}
+
+AfterForward loss_check(const Tensor& ids) {
+  return [ids](const std::vector<Tensor>& out, const Parallelized& par, const DeviceMesh& mesh) {
+    const Placements placed = par.input_placements("model");
+    try {
+      (void)cross_entropy(out[0], distribute_tensor(ids, mesh, placed));
+    } catch (const Error& e) {
+      MT_FAIL("the loss: {}; the targets are placed as the plan places the input of module 'model' ({})", e.what(),
+              placements_str(placed));
+    }
+  };
 }
 
 void agree_on_start(const std::string& command, int code, const std::function<void()>& step) {

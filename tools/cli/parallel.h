@@ -14,6 +14,7 @@
 #include "mesh/device_mesh.h"
 #include "models/data.h"
 #include "models/llama.h"
+#include "plan/check.h"
 #include "plan/parallelize.h"
 #include "plan/pipeline.h"
 #include "plan/pipeline_run.h"
@@ -121,6 +122,12 @@ void check_input_split(const HookIR& ir, const PlanContext& ctx, int64_t batch, 
 // (agree_on_start: no MPI_Abort). Builds meta models: call it before seeding the run's init.
 void check_plan_on_meta(const PlanContext& ctx, const ModelConfig& cfg, int64_t batch, int64_t seq,
                         const std::string& command, const std::string& source = "");
+
+// For check_plan_forward: the training loss on a meta forward's logits, with targets shaped as
+// `ids` (meta, global) placed as the trainer places them (the plan's input placements of 'model').
+// A plan whose logits and targets split the rows differently (a reviewer's `place model\.norm
+// <in>:0 dp=S(1)`) failed only in the first step, naming no plan line, until 2026-12-07.
+AfterForward loss_check(const Tensor& ids);
 
 // Runs `step` on every rank of the world and agrees on how it went (one all-reduce of the world):
 // when it throws on any rank, every rank throws ExitError(code, agreed): the failing ranks with

@@ -17,6 +17,7 @@
 #include "tensor/ops.h"
 #include "tools/cli/args.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/parallel.h"
 #include "tools/cli/plan_estimate.h"
 
 namespace mt::cli {
@@ -86,7 +87,8 @@ int run_plan(int argc, char** argv) {
     std::vector<Tensor> ids = {zeros(Shape{world, seq}, TensorOptions(DType::kI64).with_device(Device::meta()))};
     check_io_shapes(plan, ir, *model, ids);
     // Then the ops themselves under the plan (heads split evenly, views of shards, ...).
-    check_plan_forward(plan, mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(config); }, ids);
+    check_plan_forward(plan, mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(config); }, ids,
+                       loss_check(ids[0]));
   }
   fmt::print("# plan {} for {} on a world of {}: mesh {}\n", plan_path, args.str("config"), world, mesh.str());
   if (plan.is_pipeline()) {

@@ -486,7 +486,7 @@ std::vector<FlagSpec> estimate_flags() {
       {"precision", "--estimate: f32, bf16 or f16 (16-bit adds f32 master weights)", "bf16", false},
       {"accum-dtype", "--estimate: with --accum > 1 and 16-bit --precision, the dtype gradients are summed in: f32 "
                       "(as `meshtrain train`) or the precision", "f32", false},
-      {"optimizer", "--estimate: adamw, adamw8bit or muon (its optimizer state; Newton-Schulz GEMMs not timed)", "adamw", false},
+      {"optimizer", "--estimate: adamw, adamw8bit or muon (its optimizer state, traffic and Newton-Schulz GEMMs; docs/estimate.md)", "adamw", false},
       {"recompute", "--estimate: none, full (every decoder layer recomputes in backward) or selective (each "
                     "layer's feed-forward block), as `meshtrain train --recompute`", "none", false},
       {"bucket-mb", "--estimate: gradient reducer bucket size in MiB", "25", false},

@@ -175,6 +175,8 @@ r=$(losses_close "$WORK/a1.jsonl" "$WORK/a3.jsonl" 2>&1) && pass "single-device 
 
 # ---- errors: one line naming the file, non-zero exit on every rank, no hang ----------------------------
 expect_error "missing plan file" "$WORK/nope.plan" -- mpi 2 "$BIN" eval --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --plan "$WORK/nope.plan"
+grep -q "MPI_ABORT" "$WORK/out" "$WORK/err" && fail "missing plan file: eval called MPI_Abort" \
+  || pass "missing plan file: eval exits without MPI_Abort (agreed at start-up)"
 printf 'mesh dp=*\nplace model <in>:0 dp=Q(0)\n' >"$WORK/bad.plan"
 expect_error "malformed plan" "bad.plan:2" -- mpi 2 "$BIN" train --steps 1 --metrics "" --plan "$WORK/bad.plan"
 # train agrees on plan errors at start-up (the file's, and what a meta forward under the plan

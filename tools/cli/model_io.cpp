@@ -92,10 +92,11 @@ void print_loss(const std::string& command, double loss) {
 }
 
 // --plan: reads the plan (every rank) and silences stdout on ranks other than 0.
-std::unique_ptr<Parallel> parallel_from(const Args& args) {
+std::unique_ptr<Parallel> parallel_from(const Args& args, const char* command) {
   if (args.str("plan").empty()) return nullptr;
   auto p = std::make_unique<Parallel>();
-  p->ctx = load_plan_context(args.str("plan"));
+  // A plan file's errors (the same on every rank) end each rank with exit 1, without MPI_Abort.
+  agree_on_start(command, 1, [&] { p->ctx = load_plan_context(args.str("plan")); });
   quiet_non_root(p->ctx);
   return p;
 }
@@ -185,7 +186,7 @@ int run_eval(int argc, char** argv) {
     if (f.name != "out") flags.push_back(f);
   Args args("eval", flags, argc, argv, 2);
   NoGradGuard no_grad;
-  auto parallel = parallel_from(args);
+  auto parallel = parallel_from(args, "eval");
   if (parallel && parallel->ctx.is_pipeline()) {
     print_loss("eval", pipeline_loss("eval", args, *parallel, false).second);
     return 0;
@@ -200,7 +201,7 @@ int run_grad(int argc, char** argv) {
   const std::string out = args.required("out");
   check_output_file(out, "--out");
   check_not_input(out, "--out", {{"--hf", args.str("hf")}, {"--tokens", args.str("tokens")}});
-  auto parallel = parallel_from(args);
+  auto parallel = parallel_from(args, "grad");
   const bool pipeline = parallel && parallel->ctx.is_pipeline();
   std::shared_ptr<CausalLM> model;
   double loss = 0;
@@ -254,7 +255,7 @@ int run_init(int argc, char** argv) {
   std::string dt = args.str("dtype");
   MT_CHECK(dt == "f32" || dt == "bf16" || dt == "f16", "meshtrain init: --dtype must be f32, bf16 or f16, got '{}'", dt);
   DType dtype = dt == "f32" ? DType::kF32 : dt == "bf16" ? DType::kBF16 : DType::kF16;
-  auto parallel = parallel_from(args);
+  auto parallel = parallel_from(args, "init");
   const Device device = resolve_device("init", args.str("device"));
   manual_seed(static_cast<uint64_t>(args.integer("seed", 0, std::numeric_limits<int64_t>::max())));
   check_model_fits_memory(cfg, ModelUse::kWeights, "init", args.str("config"));

@@ -83,25 +83,27 @@ void check_plan_on_meta(const PlanContext& ctx, const ModelConfig& cfg, int64_t 
   // every stage's modules at once, as parallelize_run does.
   const HookIR ir = lower(ctx.plan, *model, *ctx.mesh);
   check_input_split(ir, ctx, batch, seq, command, source);
-  // Then one forward on meta under the plan (no kernel runs, nothing is allocated): what only the
-  // ops find (these errors came from the first step's forward, with MPI_Abort, until 2026-12-07).
-  InitDeviceGuard meta(Device::meta());
-  const std::vector<Tensor> ids = {zeros(Shape{batch, seq}, TensorOptions(DType::kI64).with_device(Device::meta()))};
-  check_io_shapes(ctx.plan, ir, *model, ids);
-  check_plan_forward(ctx.plan, ctx.plan_mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(cfg); }, ids,
-                     loss_check(ids[0]));
+  // Then one forward on meta under the plan: what only the ops find (these errors came from the
+  // first step's forward, with MPI_Abort, until 2026-12-07).
+  check_forward_on_meta(ctx.plan, ctx.plan_mesh, ir, *model, cfg, batch, seq);
 }
 
-AfterForward loss_check(const Tensor& ids) {
-  return [ids](const std::vector<Tensor>& out, const Parallelized& par, const DeviceMesh& mesh) {
+void check_forward_on_meta(const Plan& plan, const PlanMesh& mesh, const HookIR& ir, CausalLM& model,
+                           const ModelConfig& cfg, int64_t batch, int64_t seq) {
+  InitDeviceGuard meta(Device::meta());
+  const Tensor ids = zeros(Shape{batch, seq}, TensorOptions(DType::kI64).with_device(Device::meta()));
+  check_io_shapes(plan, ir, model, {ids});
+  // The loss after each forward, with the targets placed as the trainer places them (place_input).
+  auto loss = [&ids](const std::vector<Tensor>& out, const Parallelized& par, const DeviceMesh& sim) {
     const Placements placed = par.input_placements("model");
     try {
-      (void)cross_entropy(out[0], distribute_tensor(ids, mesh, placed));
+      (void)cross_entropy(out[0], distribute_tensor(ids, sim, placed));
     } catch (const Error& e) {
       MT_FAIL("the loss: {}; the targets are placed as the plan places the input of module 'model' ({})", e.what(),
               placements_str(placed));
     }
   };
+  check_plan_forward(plan, mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(cfg); }, {ids}, loss);
 }
 
 void agree_on_start(const std::string& command, int code, const std::function<void()>& step) {

@@ -14,7 +14,6 @@
 #include "mesh/device_mesh.h"
 #include "models/data.h"
 #include "models/llama.h"
-#include "plan/check.h"
 #include "plan/parallelize.h"
 #include "plan/pipeline.h"
 #include "plan/pipeline_run.h"
@@ -123,11 +122,15 @@ void check_input_split(const HookIR& ir, const PlanContext& ctx, int64_t batch, 
 void check_plan_on_meta(const PlanContext& ctx, const ModelConfig& cfg, int64_t batch, int64_t seq,
                         const std::string& command, const std::string& source = "");
 
-// For check_plan_forward: the training loss on a meta forward's logits, with targets shaped as
-// `ids` (meta, global) placed as the trainer places them (the plan's input placements of 'model').
-// A plan whose logits and targets split the rows differently (a reviewer's `place model\.norm
-// <in>:0 dp=S(1)`) failed only in the first step, naming no plan line, until 2026-12-07.
-AfterForward loss_check(const Tensor& ids);
+// One meta forward of a [batch, seq] batch of token ids: check_io_shapes on `model` (the whole
+// model of `cfg`, built on meta, `ir` its lowering), then check_plan_forward at the mesh's
+// coordinates, each followed by the training loss with the targets placed as the trainer places
+// them (the plan's input placements of 'model'). Nothing is allocated, no kernel runs. A plan
+// whose logits and targets split the rows differently (a reviewer's `place model\.norm <in>:0
+// dp=S(1)`) failed only in the first step, naming no plan line, until 2026-12-07. `meshtrain
+// plan` and check_plan_on_meta both run it.
+void check_forward_on_meta(const Plan& plan, const PlanMesh& mesh, const HookIR& ir, CausalLM& model,
+                           const ModelConfig& cfg, int64_t batch, int64_t seq);
 
 // Runs `step` on every rank of the world and agrees on how it went (one all-reduce of the world):
 // when it throws on any rank, every rank throws ExitError(code, agreed): the failing ranks with

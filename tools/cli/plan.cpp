@@ -9,7 +9,6 @@
 #include "mesh/shard_layout.h"
 #include "models/hf_config.h"
 #include "models/llama.h"
-#include "plan/check.h"
 #include "plan/lower.h"
 #include "plan/pipeline.h"
 #include "plan/plan.h"
@@ -78,18 +77,12 @@ int run_plan(int argc, char** argv) {
   }
   PlanMesh mesh = plan.resolve_mesh(world);
   HookIR ir = lower(plan, *model, mesh);
-  // Inputs and outputs have no static shape: one forward on a meta batch of token ids shows them.
-  // Its batch is the world size, so that a batch split over any mesh dims (nested, dp x ep) is even
+  // Inputs and outputs have no static shape: one forward on a meta batch of token ids shows them,
+  // then the ops themselves under the plan (heads split evenly, views of shards, the loss). Its
+  // batch is the world size, so that a batch split over any mesh dims (nested, dp x ep) is even
   // there, as a real run's batch has to be for such plans.
-  {
-    InitDeviceGuard meta(Device::meta());
-    const int64_t seq = std::min<int64_t>(8, std::max<int64_t>(config.max_position_embeddings, 1));
-    std::vector<Tensor> ids = {zeros(Shape{world, seq}, TensorOptions(DType::kI64).with_device(Device::meta()))};
-    check_io_shapes(plan, ir, *model, ids);
-    // Then the ops themselves under the plan (heads split evenly, views of shards, ...).
-    check_plan_forward(plan, mesh, [&]() -> std::shared_ptr<Module> { return build_causal_lm(config); }, ids,
-                       loss_check(ids[0]));
-  }
+  check_forward_on_meta(plan, mesh, ir, *model, config, world,
+                        std::min<int64_t>(8, std::max<int64_t>(config.max_position_embeddings, 1)));
   fmt::print("# plan {} for {} on a world of {}: mesh {}\n", plan_path, args.str("config"), world, mesh.str());
   if (plan.is_pipeline()) {
     // Stages, their parameter counts and the schedule for --accum micro-batches (docs/pipeline.md).

@@ -135,7 +135,9 @@ MT_HOST_DEVICE inline double uniform_f64(double lo, double hi, uint32_t x0, uint
 MT_HOST_DEVICE inline double normal_f64(double mean, double std, uint32_t x0, uint32_t x1) {
   const double u1 = 1.0 - unit_f32_as_double(x0);  // (0, 1]: log is finite
   const double u2 = unit_f32_as_double(x1);
-  const double z = mul_rn(sqrt(-2.0 * log(u1)), cos(mul_rn(6.283185307179586, u2)));
+  // ::log etc.: the C functions, on the host and on CUDA devices, never an mt:: op of the same name
+  // that an including file declared before (tensor/ops.h's log(const Tensor&), in a unity build).
+  const double z = mul_rn(::sqrt(-2.0 * ::log(u1)), ::cos(mul_rn(6.283185307179586, u2)));
   return add_rn(mean, mul_rn(std, z));
 }
 MT_HOST_DEVICE inline bool bernoulli(double p, uint32_t x0) {

@@ -11,7 +11,7 @@ namespace mt {
 namespace {
 
 
-const DTensorSpec* spec_of(const Tensor& t) { return t.is_distributed() ? &dtensor_spec(t, "dispatch") : nullptr; }
+const DTensorSpec* spec_if_dist(const Tensor& t) { return t.is_distributed() ? &dtensor_spec(t, "dispatch") : nullptr; }
 
 // Mesh dims whose placement splits tensor dim `dim` (bitmask).
 uint32_t dims_splitting(const DTensorSpec* s, int dim) {
@@ -55,8 +55,8 @@ std::pair<Tensor, Tensor> local_index(const Tensor& ids, int64_t lo, int64_t n) 
 }
 
 Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& ids, uint32_t vocab_dims) {
-  const DTensorSpec& ws = *spec_of(weight);
-  const DTensorSpec* is = spec_of(ids);
+  const DTensorSpec& ws = *spec_if_dist(weight);
+  const DTensorSpec* is = spec_if_dist(ids);
   const int nd = ws.mesh().ndim();
   Placements out(static_cast<size_t>(nd));
   for (int d = 0; d < nd; ++d) {
@@ -105,8 +105,8 @@ Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& ids, uint32_
 // Per-row losses (vocabulary split): lse - logit[target], masked where target == ignore_index.
 Tensor vocab_parallel_rows(const Tensor& logits0, const Tensor& target, int64_t ignore, uint32_t vocab_dims) {
   Tensor logits = logits0.dtype() == DType::kF64 ? logits0 : logits0.to(DType::kF32);
-  const DTensorSpec& ls = *spec_of(logits);
-  const DTensorSpec* ts = spec_of(target);
+  const DTensorSpec& ls = *spec_if_dist(logits);
+  const DTensorSpec* ts = spec_if_dist(target);
   const int last = logits.dim() - 1;
   for (int d = 0; d < ls.mesh().ndim(); ++d) {
     const Placement tp = ts ? ts->placements()[d] : Placement::replicate();
@@ -139,7 +139,7 @@ Tensor vocab_parallel_rows(const Tensor& logits0, const Tensor& target, int64_t 
 // (mesh/ring_attention.h) on the local rows. Other mesh dims may split batch or heads as the
 // attention rule allows.
 std::optional<Tensor> context_parallel_composite(const DistOp& op, const std::vector<Tensor>& in) {
-  const DTensorSpec* qs = spec_of(in[0]);
+  const DTensorSpec* qs = spec_if_dist(in[0]);
   if (!qs) return std::nullopt;
   int cp = -1;
   for (int d = 0; d < qs->mesh().ndim(); ++d) {
@@ -155,8 +155,8 @@ std::optional<Tensor> context_parallel_composite(const DistOp& op, const std::ve
     if (with_dropout) return eager_attention_dropout(in[0], in[1], in[2], args.scale, args.dropout, args.gen);
     return std::nullopt;
   }
-  const DTensorSpec* ks = spec_of(in[1]);
-  const DTensorSpec* vs = spec_of(in[2]);
+  const DTensorSpec* ks = spec_if_dist(in[1]);
+  const DTensorSpec* vs = spec_if_dist(in[2]);
   MT_CHECK(ks && vs && ks->placements() == qs->placements() && vs->placements() == qs->placements(),
            "scaled_dot_product_attention: context parallelism needs q, k and v placed alike, got q {}, k {}, v {}",
            placements_str(qs->placements()), ks ? placements_str(ks->placements()) : "local",
@@ -245,14 +245,14 @@ Tensor minmax_composite(const Tensor& x, ReduceOp op, int64_t mask, bool keep) {
 std::optional<Tensor> dist_composite(const DistOp& op, const std::vector<Tensor>& in) {
   if (op.rule == DistRule::kAttention) return context_parallel_composite(op, in);
   if (op.rule == DistRule::kEmbedding) {
-    uint32_t v = dims_splitting(spec_of(in[0]), 0);
+    uint32_t v = dims_splitting(spec_if_dist(in[0]), 0);
     if (v) return vocab_parallel_embedding(in[0], in[1], v);
     return std::nullopt;
   }
   if (op.rule == DistRule::kReduce) {
     const auto rop = static_cast<ReduceOp>(op.args[2]);
     if ((rop != ReduceOp::kMax && rop != ReduceOp::kMin) || !needs_grad(in[0])) return std::nullopt;
-    const DTensorSpec* s = spec_of(in[0]);
+    const DTensorSpec* s = spec_if_dist(in[0]);
     bool split_reduced = false;
     for (const auto& p : s->placements())
       split_reduced = split_reduced || (p.splits() && (op.args[0] == 0 || ((op.args[0] >> p.dim()) & 1)));
@@ -261,7 +261,7 @@ std::optional<Tensor> dist_composite(const DistOp& op, const std::vector<Tensor>
   }
   if (op.rule == DistRule::kCrossEntropy) {
     const auto red = static_cast<Reduction>(op.args[1]);
-    uint32_t v = dims_splitting(spec_of(in[0]), in[0].dim() - 1);
+    uint32_t v = dims_splitting(spec_if_dist(in[0]), in[0].dim() - 1);
     if (!v && red == Reduction::kNone) return std::nullopt;
     return cross_entropy_composite(in[0], in[1], op.args[0], red, v);
   }

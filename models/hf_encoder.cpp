@@ -37,6 +37,12 @@ uint32_t code_point_at(std::string_view s, size_t i, size_t* len) {
   return utf8::code_points(s.substr(i, static_cast<size_t>(n)))[0];
 }
 
+}  // namespace
+
+// Named, not anonymous: HfTokenEncoder::Impl holds Patterns, and a class's members should have
+// types with linkage (GCC's -Wsubobject-linkage, which a unity build turns on for this file).
+namespace hf_pretok {
+
 // One alternative of a pattern, compiled; `not_before_nonspace`: it ended in `(?!\S)`.
 struct Alt {
   std::unique_ptr<RE2> re;
@@ -95,6 +101,12 @@ struct Pattern {
     return out;
   }
 };
+
+}  // namespace hf_pretok
+using hf_pretok::Alt;
+using hf_pretok::Pattern;
+
+namespace {
 
 // The regex's top-level alternatives, each rewritten for RE2: `\s` and `\S` with Oniguruma's
 // Unicode meaning; constructs whose meaning differs in RE2 (`\w`, `\d`, `\b`) or that RE2 lacks

@@ -21,8 +21,6 @@ namespace mt {
 
 namespace {
 
-enum class BucketKind { kAllReduce, kReduceScatter };
-
 std::string dims_str(const DeviceMesh& mesh, uint32_t mask) {
   std::string s;
   for (int d = 0; d < mesh.ndim(); ++d)
@@ -44,6 +42,7 @@ std::string GradReducerStats::str() const {
 }
 
 struct GradReducer::State {
+  enum class BucketKind { kAllReduce, kReduceScatter };
   struct Param {
     std::string name;
     Tensor p;

@@ -14,9 +14,9 @@
 namespace mt::cpu {
 namespace {
 
-struct Dims {
+struct RefDims {
   int64_t B, Hq, Hkv, T, S, D, Dv, group;
-  explicit Dims(const KView& q, const KView& v)
+  explicit RefDims(const KView& q, const KView& v)
       : B(q.sizes[0]), Hq(q.sizes[1]), Hkv(v.sizes[1]), T(q.sizes[2]), S(v.sizes[2]), D(q.sizes[3]),
         Dv(v.sizes[3]), group(q.sizes[1] / v.sizes[1]) {}
   // Keys [0, end) are visible to query t.
@@ -38,7 +38,7 @@ std::vector<double>& scratch(int64_t n) {
 
 template <class T>
 void attention_typed(const AttentionParams& p) {
-  const Dims d(p.q, p.v);
+  const RefDims d(p.q, p.v);
   const T* q = p.q.ptr<T>();
   const T* k = p.k.ptr<T>();
   const T* v = p.v.ptr<T>();
@@ -84,7 +84,7 @@ void attention_typed(const AttentionParams& p) {
 
 template <class T>
 void attention_bwd_typed(const AttentionBwdParams& p) {
-  const Dims d(p.q, p.v);
+  const RefDims d(p.q, p.v);
   const T* q = p.q.ptr<T>();
   const T* k = p.k.ptr<T>();
   const T* v = p.v.ptr<T>();

@@ -18,6 +18,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "mesh/dtensor.h"
 #include "models/data.h"
 #include "models/hf_checkpoint.h"
 #include "models/hf_config.h"

@@ -323,8 +323,6 @@ Tensor place_input(const Tensor& global, const Parallelized& par, const PlanCont
   return distribute_tensor(global, *ctx.mesh, par.input_placements("model"));
 }
 
-NamedTensors full_tensors(const NamedTensors& tensors) { return mt::full_tensors(tensors); }
-
 NamedTensors shard_like(const NamedTensors& full, const NamedTensors& live) {
   std::map<std::string, Tensor> by_name(full.begin(), full.end());
   NamedTensors out;

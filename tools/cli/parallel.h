@@ -60,7 +60,7 @@ int64_t max_over_job(int64_t value, const PlanContext* plan);
 
 // Pipeline plans: every stage's tensors (full, plain, on the host) in stage order, on every rank
 // (collective over the world); `tensors` are this rank's (DTensors or plain). Other plans: the
-// full tensors (full_tensors below).
+// full tensors (mt::full_tensors, mesh/dtensor.h).
 NamedTensors gather_stages(const PlanContext& ctx, const NamedTensors& tensors);
 
 // Pipeline plans: for each of this rank's `keys` (e.g. "group/name"), the pipeline stages whose
@@ -142,10 +142,6 @@ void agree_on_start(const std::string& command, int code, const std::function<vo
 // The global tensor (the same on every rank) as a DTensor with the placements the plan gives the
 // model's input (ids and targets alike).
 Tensor place_input(const Tensor& global, const Parallelized& par, const PlanContext& ctx);
-
-// Every distributed tensor replaced by its full tensor (collective: every rank calls it with the
-// same names in the same order); plain tensors are kept.
-NamedTensors full_tensors(const NamedTensors& tensors);
 
 // Plain full tensors (one per key, as a checkpoint holds them) turned into tensors shaped like
 // `live` (same keys): where the live tensor is a DTensor, this rank's shard of the full tensor

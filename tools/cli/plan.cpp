@@ -22,8 +22,6 @@
 namespace mt::cli {
 namespace {
 
-constexpr int64_t kMaxWorld = 65536;
-
 std::vector<FlagSpec> plan_flags() {
   std::vector<FlagSpec> f = {
       {"config", "built-in model name, config.json, or a directory holding one", "llama-tiny", false},
@@ -67,7 +65,7 @@ int run_plan(int argc, char** argv) {
   Args args("plan", plan_flags(), argc, argv, 2);
   if (wants_estimate(args)) return run_plan_estimate(args);
   const std::string plan_path = args.required("plan");
-  const int64_t world = args.integer("world", 1, kMaxWorld);  // every mesh coordinate is listed
+  const int64_t world = args.integer("world", 1, kMaxPlanWorld);  // every mesh coordinate is listed
   ModelConfig config = resolve_config(args.str("config"));
   Plan plan = load_plan(plan_path);
   std::shared_ptr<CausalLM> model;

@@ -27,8 +27,6 @@
 namespace mt::cli {
 namespace {
 
-constexpr int64_t kMaxWorld = 65536;
-
 using Clock = std::chrono::steady_clock;
 
 std::string human(double bytes) {
@@ -315,7 +313,7 @@ std::map<std::string, std::vector<int64_t>> parse_sweep(const std::string& spec)
       } catch (const std::exception&) {
         MT_FAIL("meshtrain plan: --sweep '{}': '{}' in {} is not an integer", spec, v, name);
       }
-      MT_CHECK(x >= 1 && x <= kMaxWorld, "meshtrain plan: --sweep '{}': {}={} is outside 1..{}", spec, name, x, kMaxWorld);
+      MT_CHECK(x >= 1 && x <= kMaxPlanWorld, "meshtrain plan: --sweep '{}': {}={} is outside 1..{}", spec, name, x, kMaxPlanWorld);
       out[name].push_back(x);
     }
   }
@@ -515,7 +513,7 @@ int run_plan_estimate(const Args& args) {
   const HardwareProfile hw = load_hardware_profile(args.str("hardware"));
   if (args.has("sweep")) return run_sweep(args, config_name, cfg, em, o, hw);
   const std::string plan_path = args.required("plan");
-  const int64_t world = args.integer("world", 1, kMaxWorld);
+  const int64_t world = args.integer("world", 1, kMaxPlanWorld);
   Plan plan = load_plan(plan_path);
   PlanMesh mesh = plan.resolve_mesh(world);
   PlanRun r = estimate_plan(plan_path, plan, mesh, em, o, hw, 8);

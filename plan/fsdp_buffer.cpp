@@ -26,7 +26,7 @@ std::atomic<int64_t> g_all_gathers{0}, g_reduce_scatters{0}, g_forward_bytes{0},
     g_buffer_refills{0}, g_zero_copy_grads{0}, g_ordered_reductions{0}, g_reductions_in_flight{0};
 
 // A unit's gradient reduction, possibly in flight ("Reductions in flight" below).
-struct Reduction {
+struct UnitReduction {
   std::shared_ptr<FsdpUnitBuffer::State> unit;
   Work scatter, reduce;       // the reduce-scatter; the last HSDP all-reduce
   std::vector<int> replicas;  // the HSDP dims its gradient shard is summed over after the scatter
@@ -45,7 +45,7 @@ struct Reduction {
 // needs its gradient buffer again. These points are the same on every rank (the graph is), so
 // every rank starts its collectives in the same order; between them, the collectives overlap the
 // backward of the units that follow. One thread runs backward passes (the engine's).
-std::deque<Reduction> g_in_flight;
+std::deque<UnitReduction> g_in_flight;
 bool g_end_queued = false;
 
 // Completes the oldest reductions: all of them, or up to the last of `unit`'s.
@@ -207,20 +207,20 @@ struct FsdpUnitBuffer::State {
     if (in_flight > 0) complete_in_flight(this);
   }
   static void settle_in_flight() {
-    for (Reduction& r : g_in_flight) r.settle();
+    for (UnitReduction& r : g_in_flight) r.settle();
   }
   // MPI moves a nonblocking collective on when it is called: a test now and then lets the oldest
   // one progress while the backward computes.
   static void poke_in_flight() {
     if (g_in_flight.empty()) return;
-    Reduction& r = g_in_flight.front();
+    UnitReduction& r = g_in_flight.front();
     if (!r.settled) {
       r.scatter.is_completed();
     } else {
       r.reduce.is_completed();
     }
   }
-  static void push_in_flight(Reduction r) {
+  static void push_in_flight(UnitReduction r) {
     ++r.unit->in_flight;
     ++g_reductions_in_flight;
     g_in_flight.push_back(std::move(r));
@@ -447,7 +447,7 @@ struct FsdpUnitBuffer::State {
     // The units before this one have computed their gradients meanwhile: their reduce-scatters
     // are done (waited for here), their HSDP all-reduces start.
     settle_in_flight();
-    Reduction r{self.lock(), Work(), Work(), replicas, out, false};
+    UnitReduction r{self.lock(), Work(), Work(), replicas, out, false};
     if (shard.is_meta())  // a plan checked or estimated on meta tensors: shapes and counts only
       count_collective("reduce_scatter", mesh.dim_label(dim), group, grad_full.numel() * dtype_size(shard.dtype()));
     else if (ordered && group > 1)
@@ -464,7 +464,7 @@ struct FsdpUnitBuffer::State {
     }
     // With reshard, the gathered parameters give their memory back until the next use (the
     // storage object stays: deterministic memory, no new buffers); grad_full's goes once the
-    // reduce-scatter has read it (Reduction::settle).
+    // reduce-scatter has read it (UnitReduction::settle).
     if (reshard && free_data(full)) resharded = true;
     std::vector<Tensor> result;
     for (const Param& p : params)
@@ -545,7 +545,7 @@ struct FsdpUnitBuffer::State {
 
 namespace {
 
-void Reduction::settle() {
+void UnitReduction::settle() {
   if (settled) return;
   settled = true;
   FsdpUnitBuffer::State& s = *unit;
@@ -568,7 +568,7 @@ void Reduction::settle() {
 void complete_in_flight(const FsdpUnitBuffer::State* unit) {
   if (!unit) g_end_queued = false;
   while (!g_in_flight.empty() && (!unit || unit->in_flight > 0)) {
-    Reduction r = std::move(g_in_flight.front());
+    UnitReduction r = std::move(g_in_flight.front());
     g_in_flight.pop_front();
     --r.unit->in_flight;
     r.complete();

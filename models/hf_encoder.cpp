@@ -103,16 +103,14 @@ struct Pattern {
 };
 
 }  // namespace hf_pretok
-using hf_pretok::Alt;
-using hf_pretok::Pattern;
 
 namespace {
 
 // The regex's top-level alternatives, each rewritten for RE2: `\s` and `\S` with Oniguruma's
 // Unicode meaning; constructs whose meaning differs in RE2 (`\w`, `\d`, `\b`) or that RE2 lacks
 // (lookaround other than a trailing `(?!\S)`, backreferences) refused.
-std::shared_ptr<Pattern> compile_regex(const std::string& src, const std::string& where) {
-  auto pat = std::make_shared<Pattern>();
+std::shared_ptr<hf_pretok::Pattern> compile_regex(const std::string& src, const std::string& where) {
+  auto pat = std::make_shared<hf_pretok::Pattern>();
   pat->regex = true;
   std::vector<std::string> alts(1);
   int depth = 0;
@@ -164,7 +162,7 @@ std::shared_ptr<Pattern> compile_regex(const std::string& src, const std::string
     cur += c;
   }
   for (std::string& a : alts) {
-    Alt alt;
+    hf_pretok::Alt alt;
     const std::string tail = "(?![^" + std::string(kSpaceMembers) + "])";  // `(?!\S)` after the rewrite
     if (a.size() > tail.size() && a.compare(a.size() - tail.size(), tail.size(), tail) == 0) {
       a.resize(a.size() - tail.size());
@@ -195,7 +193,7 @@ struct HfTokenEncoder::Impl {
   struct PreTok {
     enum class Kind { kByteLevel, kSplit, kMetaspace } kind = Kind::kByteLevel;
     bool add_prefix_space = false;  // ByteLevel
-    std::shared_ptr<Pattern> pattern;  // ByteLevel with use_regex, Split
+    std::shared_ptr<hf_pretok::Pattern> pattern;  // ByteLevel with use_regex, Split
     bool removed = false;           // Split: behavior Removed (else Isolated)
     std::string replacement;        // Metaspace
     std::string scheme = "always";  // Metaspace: always, first, never
@@ -497,7 +495,7 @@ HfTokenEncoder HfTokenEncoder::from_file(const std::string& path) {
       if (pattern.has("Regex")) {
         p.pattern = compile_regex(pattern.string_at("Regex"), path + ": field '" + prefix + "pattern.Regex'");
       } else {
-        p.pattern = std::make_shared<Pattern>();
+        p.pattern = std::make_shared<hf_pretok::Pattern>();
         p.pattern->literal = pattern.string_at("String");
         MT_CHECK(!p.pattern->literal.empty(), "{}: field '{}pattern.String' is empty", path, prefix);
       }

@@ -222,7 +222,8 @@ rc=${PIPESTATUS[0]}
 
 # ---- train: resume equals an uninterrupted run ----------------------------------------------------
 T="--batch 2 --seq 32 --steps 20 --lr 3e-3 --warmup 2 --dropout 0.1 --metrics"
-"$BIN" train $T "$WORK/full.jsonl" --checkpoint-dir "$WORK/full" >"$WORK/full.out" || fail "train (full) exit"
+# The test setups set MT_PEAK_TFLOPS (tests/meson.build); this run measures the MFU reference.
+env -u MT_PEAK_TFLOPS "$BIN" train $T "$WORK/full.jsonl" --checkpoint-dir "$WORK/full" >"$WORK/full.out" || fail "train (full) exit"
 "$BIN" train $T "$WORK/part.jsonl" --stop-at 10 --checkpoint-dir "$WORK/part" >/dev/null || fail "train (part 1) exit"
 "$BIN" train $T "$WORK/part.jsonl" --resume --checkpoint-dir "$WORK/part" >"$WORK/part.out" || fail "train (resume) exit"
 cmp -s "$WORK/full/step-00000020/model.safetensors" "$WORK/part/step-00000020/model.safetensors" \
@@ -248,6 +249,22 @@ python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if b <= a + 
 grep -q "grad norm" "$WORK/full.out" && grep -q "tok/s" "$WORK/full.out" && grep -q "MFU" "$WORK/full.out" && grep -q "MiB" "$WORK/full.out" \
   && pass "train prints loss, grad norm, lr, tok/s, MFU, memory" || fail "train step line"
 "$BIN" train $T "$WORK/bf.jsonl" --precision bf16 --steps 4 >/dev/null && pass "bf16 mixed precision trains" || fail "bf16 train"
+
+# ---- train: MT_PEAK_TFLOPS, the MFU reference given instead of measured ---------------------------
+# MFU = tokens/s x FLOPs per token / peak: per token/s, it scales as 1 / MT_PEAK_TFLOPS.
+P="--batch 2 --seq 32 --steps 2 --warmup 1 --metrics"
+MT_PEAK_TFLOPS=0.05 "$BIN" train $P "$WORK/peak1.jsonl" >/dev/null 2>&1 || fail "MT_PEAK_TFLOPS=0.05 train"
+MT_PEAK_TFLOPS=2e-1 "$BIN" train $P "$WORK/peak2.jsonl" >/dev/null 2>&1 || fail "MT_PEAK_TFLOPS=2e-1 train"
+python3 - "$WORK/peak1.jsonl" "$WORK/peak2.jsonl" <<'PY' && pass "MT_PEAK_TFLOPS: MFU per token/s scales as 1 / peak" || fail "MT_PEAK_TFLOPS: MFU"
+import json, sys
+r = [[json.loads(l) for l in open(f)][-1] for f in sys.argv[1:]]
+k = [x["mfu"] / x["tokens_per_s"] for x in r]  # FLOPs per token / peak
+sys.exit(0 if abs(k[0] / k[1] - 4.0) < 1e-6 else 1)
+PY
+for v in 0 -1 abc 1e400 nan 1e7 "5 "; do
+  expect_error "MT_PEAK_TFLOPS='$v': exit 1 naming the variable" "MT_PEAK_TFLOPS='$v'" "TFLOP/s" -- \
+    env MT_PEAK_TFLOPS="$v" "$BIN" train $P "$WORK/peak_bad.jsonl"
+done
 
 # ---- train: a --data shard truncated under the run -------------------------------------------------
 # The next read of a lost page of the mapped shard is a SIGBUS: the process still ends by it (no

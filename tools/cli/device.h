@@ -20,6 +20,8 @@ Device resolve_device(const std::string& command, const std::string& value);
 // The dense peak FLOP/s that MFU is reported against: for a known CUDA device the datasheet figure
 // for `compute` (bf16/f16 tensor cores; f32 on the FP32 units, or TF32 when MT_ALLOW_TF32=1), else
 // a GEMM of 4096^3 measured on the device; on the CPU a measured 1024^3 f32 GEMM (best of 10).
+// MT_PEAK_TFLOPS, when set, is taken instead (TFLOP/s per rank; anything but a positive number is
+// an error naming the variable).
 double peak_flops(Device device, DType compute);
 
 // Waits for the device's queued work (a no-op on the CPU): step times include all their kernels.

@@ -25,10 +25,11 @@ command -v ccache >/dev/null 2>&1 && cxx="ccache clang++-14"
 # -O1 (asserts off, as in the release build): the optimization level sanitizers are usually built
 # at. It compiled 17% faster than -O3 here and ran the ASan suite in the same time (docs/decisions.md,
 # "CI time").
-# File by file (-Dunity=off): the coverage allowlist (tests/fuzz/coverage_allowlist.txt) names the
-# readers by their translation unit's path, which a unity build would hide inside meshtrain-unityN.cpp.
+# A unity build like tools/test.sh's, but for the readers that the coverage allowlist
+# (tests/fuzz/coverage_allowlist.txt) names by their translation unit's path: meson.build builds
+# those file by file with -Dfuzz=true.
 CXX="$cxx" AR=llvm-ar-14 MT_BUILD_DIR="$BUILD" \
-  MT_MESON_ARGS="-Dcuda=disabled -Dbench=false -Db_sanitize=address,undefined -Db_lundef=false -Dfuzz=true -Doptimization=1 -Db_ndebug=true -Dunity=off" \
+  MT_MESON_ARGS="-Dcuda=disabled -Dbench=false -Db_sanitize=address,undefined -Db_lundef=false -Dfuzz=true -Doptimization=1 -Db_ndebug=true" \
   bash tools/setup.sh || { echo "sanitize: build failed"; exit 1; }
 
 # The tests get their sanitizer options from the build's default test setup (tests/meson.build).

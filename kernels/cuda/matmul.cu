@@ -23,6 +23,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/mat_layout.h"
 #include "kernels/registry.h"
+#include "runtime/cuda/cublaslt.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/memory.h"
 
@@ -30,7 +31,7 @@
   do {                                                                                                   \
     cublasStatus_t st_ = (expr);                                                                         \
     if (st_ != CUBLAS_STATUS_SUCCESS)                                                                    \
-      MT_FAIL("cuBLASLt error {} ({}) in `{}` at {}:{}", static_cast<int>(st_), cublasLtGetStatusString(st_), \
+      MT_FAIL("cuBLASLt error {} ({}) in `{}` at {}:{}", static_cast<int>(st_), cublaslt().get_status_string(st_), \
               #expr, __FILE__, __LINE__);                                                                \
   } while (0)
 
@@ -95,12 +96,12 @@ State& state() {
 cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
                                    int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  MT_CUBLAS_CHECK(cublaslt().matrix_layout_create(&l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   if (batch > 1) {
     const auto count = static_cast<int32_t>(batch);
-    MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    MT_CUBLAS_CHECK(cublaslt().matrix_layout_set_attribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
     MT_CUBLAS_CHECK(
-        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+        cublaslt().matrix_layout_set_attribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
   }
   return l;
 }
@@ -108,15 +109,15 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols,
 // The algorithm search's constraints: workspace and the operands' alignments.
 cublasLtMatmulPreference_t make_preference(const Key& key) {
   cublasLtMatmulPreference_t pref = nullptr;
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  MT_CUBLAS_CHECK(cublaslt().matmul_preference_create(&pref));
   const uint64_t ws = kWorkspaceBytes;
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  MT_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   const auto al_a = static_cast<uint32_t>(key.align_b), al_b = static_cast<uint32_t>(key.align_a),
              al_c = static_cast<uint32_t>(key.align_c);  // Lt A is our b and Lt B our a
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4));
+  MT_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
+  MT_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
+  MT_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
+  MT_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4));
   return pref;
 }
 
@@ -126,10 +127,10 @@ Plan& plan_for(State& st, const Key& key, cublasLtHandle_t h) {
   Plan p;
   const auto compute = static_cast<cublasComputeType_t>(key.compute);
   const cudaDataType_t scale = compute == CUBLAS_COMPUTE_64F ? CUDA_R_64F : CUDA_R_32F;
-  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, scale));
+  MT_CUBLAS_CHECK(cublaslt().matmul_desc_create(&p.desc, compute, scale));
   const auto ta = static_cast<cublasOperation_t>(key.trans_a), tb = static_cast<cublasOperation_t>(key.trans_b);
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  MT_CUBLAS_CHECK(cublaslt().matmul_desc_set_attribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  MT_CUBLAS_CHECK(cublaslt().matmul_desc_set_attribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   const auto in_t = static_cast<cudaDataType_t>(key.in_type), out_t = static_cast<cudaDataType_t>(key.out_type);
   // Lt A = our b: stored [n x k] (op N) or [k x n] (op T); Lt B = our a: [k x m] or [m x k].
   p.la = ta == CUBLAS_OP_N ? make_layout(in_t, key.n, key.k, key.ldb, key.batch, key.sb)
@@ -140,8 +141,8 @@ Plan& plan_for(State& st, const Key& key, cublasLtHandle_t h) {
   cublasLtMatmulPreference_t pref = make_preference(key);
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
-  MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &returned));
-  (void)cublasLtMatmulPreferenceDestroy(pref);
+  MT_CUBLAS_CHECK(cublaslt().matmul_algo_get_heuristic(h, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &returned));
+  (void)cublaslt().matmul_preference_destroy(pref);
   MT_CHECK(returned > 0,
            "matmul: cuBLASLt has no algorithm for [{} x {}] @ [{} x {}] (batch {}, lda {}, ldb {}, alignments {}/{}/{})",
            key.m, key.k, key.k, key.n, key.batch, key.lda, key.ldb, key.align_a, key.align_b, key.align_c);
@@ -231,10 +232,10 @@ struct KSplit {
 KSplit k_split_of(const cublasLtMatmulAlgo_t& a) {
   KSplit k;
   size_t n = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k.splits, sizeof(k.splits), &n) !=
+  if (cublaslt().matmul_algo_config_get_attribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k.splits, sizeof(k.splits), &n) !=
       CUBLAS_STATUS_SUCCESS)
     k.splits = -1;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &k.scheme, sizeof(k.scheme),
+  if (cublaslt().matmul_algo_config_get_attribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &k.scheme, sizeof(k.scheme),
                                            &n) != CUBLAS_STATUS_SUCCESS)
     k.scheme = ~0u;
   return k;
@@ -250,12 +251,12 @@ void tune(Plan& plan, const Key& key, cublasLtHandle_t h, const void* alpha, con
   std::vector<cublasLtMatmulHeuristicResult_t> cand(kTuneCandidates);
   int found = 0;
   cublasLtMatmulPreference_t pref = make_preference(key);
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(h, plan.desc, plan.la, plan.lb, plan.lc, plan.lc, pref,
+  const cublasStatus_t hs = cublaslt().matmul_algo_get_heuristic(h, plan.desc, plan.la, plan.lb, plan.lc, plan.lc, pref,
                                                            kTuneCandidates, cand.data(), &found);
-  (void)cublasLtMatmulPreferenceDestroy(pref);
+  (void)cublaslt().matmul_preference_destroy(pref);
   if (hs != CUBLAS_STATUS_SUCCESS || found <= 1) return;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(h, plan.desc, alpha, pb, plan.la, pa, plan.lb, beta, pc, plan.lc, pc, plan.lc, &algo, ws,
+    return cublaslt().matmul(h, plan.desc, alpha, pb, plan.la, pa, plan.lb, beta, pc, plan.lc, pc, plan.lc, &algo, ws,
                           kWorkspaceBytes, stream);
   };
   void* buf = cuda::alloc(2 * sizeof(unsigned long long), static_cast<int>(key.device));
@@ -367,7 +368,7 @@ void matmul(const MatmulParams& p) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   MT_CHECK(dev < kMaxDevices, "matmul: cuda:{} is beyond the {} supported devices", dev, kMaxDevices);
-  if (!st.handle[dev]) MT_CUBLAS_CHECK(cublasLtCreate(&st.handle[dev]));
+  if (!st.handle[dev]) MT_CUBLAS_CHECK(cublaslt().create(&st.handle[dev]));
   void*& ws = st.workspace[stream];
   if (!ws) ws = cuda::alloc(kWorkspaceBytes, dev);  // kept for the life of the process
 
@@ -423,7 +424,7 @@ void matmul(const MatmulParams& p) {
     const char* pa = static_cast<const char*>(a.data) + oa * esize;
     const char* pb = static_cast<const char*>(b.data) + ob * esize;
     char* pc = static_cast<char*>(out.data) + oc * osize;
-    MT_CUBLAS_CHECK(cublasLtMatmul(st.handle[dev], plan.desc, alpha, pb, plan.la, pa, plan.lb, beta, pc, plan.lc, pc,
+    MT_CUBLAS_CHECK(cublaslt().matmul(st.handle[dev], plan.desc, alpha, pb, plan.la, pa, plan.lb, beta, pc, plan.lc, pc,
                                    plan.lc, &plan.algo, ws, kWorkspaceBytes, stream));
   }
 }

@@ -11,6 +11,9 @@
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/memory.h"
 #include "testing.h"
+#if MT_HAVE_CUDA
+#include "runtime/cuda/cublaslt.h"
+#endif
 
 using namespace mt;
 
@@ -71,3 +74,35 @@ TEST_CASE("no GPU: device count 0, one message on the first query, clear errors"
   });
   REQUIRE(later.empty());
 }
+
+#if MT_HAVE_CUDA
+// libcublasLt is opened by the first CUDA matmul, not at start-up (runtime/cuda/cublaslt.h): a
+// CUDA build's CPU work does not pay its 70 ms of start-up. Loading needs no GPU.
+TEST_CASE("cuBLASLt: not loaded at start-up; the loader finds every entry point", "[cpu]") {
+  Tensor x = ones({4, 4});
+  REQUIRE(sum(matmul(x, x)).item() == 64.0);  // CPU work, the CUDA backend present
+  REQUIRE(cuda::device_count() == 0);
+  REQUIRE_FALSE(cuda::cublaslt_loaded());
+  const cuda::CublasLt& lt = cuda::cublaslt();
+  REQUIRE(cuda::cublaslt_loaded());
+  REQUIRE(lt.get_version() / 10000 == CUBLAS_VER_MAJOR);
+  REQUIRE(std::string(lt.get_status_string(CUBLAS_STATUS_NOT_INITIALIZED)).find("not initialized") != std::string::npos);
+  const void* entries[] = {
+      reinterpret_cast<const void*>(lt.create), reinterpret_cast<const void*>(lt.destroy),
+      reinterpret_cast<const void*>(lt.matmul), reinterpret_cast<const void*>(lt.matmul_desc_create),
+      reinterpret_cast<const void*>(lt.matmul_desc_destroy), reinterpret_cast<const void*>(lt.matmul_desc_set_attribute),
+      reinterpret_cast<const void*>(lt.matrix_layout_create), reinterpret_cast<const void*>(lt.matrix_layout_destroy),
+      reinterpret_cast<const void*>(lt.matrix_layout_set_attribute),
+      reinterpret_cast<const void*>(lt.matmul_preference_create),
+      reinterpret_cast<const void*>(lt.matmul_preference_destroy),
+      reinterpret_cast<const void*>(lt.matmul_preference_set_attribute),
+      reinterpret_cast<const void*>(lt.matmul_algo_get_heuristic),
+      reinterpret_cast<const void*>(lt.matmul_algo_config_get_attribute)};
+  for (const void* e : entries) REQUIRE(e != nullptr);
+  // A descriptor round trip through the loaded library, on the host (no GPU involved).
+  cublasLtMatrixLayout_t layout = nullptr;
+  REQUIRE(lt.matrix_layout_create(&layout, CUDA_R_32F, 3, 5, 3) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(lt.matrix_layout_destroy(layout) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(&cuda::cublaslt() == &lt);  // loaded once
+}
+#endif

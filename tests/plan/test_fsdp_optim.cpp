@@ -18,6 +18,7 @@
 //     (and llama_fsdp_tp)
 //     train with Muon like one device (20 steps, losses within 1e-5; llama_fsdp also with an uneven
 //     batch and vocabulary).
+// The training comparisons run 5 steps instead of 20 under the sanitizers (training_steps()).
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -63,6 +64,10 @@ std::shared_ptr<CausalLM> build(const ModelConfig& c, bool meta) {
   InitDeviceGuard g(Device::meta());
   return build_causal_lm(c);
 }
+
+// The steps of the training comparisons: 20; 5 under the sanitizers (MT_SANITIZER_RUN, tests/
+// meson.build), as test_parity: every step runs the same code, at several times the cost there.
+int training_steps() { return std::getenv("MT_SANITIZER_RUN") ? 5 : 20; }
 
 // `steps` steps of 8-bit AdamW (or Muon); the losses, and the parameters (full tensors) after the last step.
 std::vector<double> train8(CausalLM& model, const Parallelized* par, const DeviceMesh* mesh, int steps, int64_t B,
@@ -242,7 +247,7 @@ TEST_CASE("fsdp optim: llama_fsdp_8bit, llama_fsdp, llama_fsdp_tp and mixtral_fs
     cfg.residual_dropout = 0.1;
     if (name == "llama_fsdp_tp") cfg.num_key_value_heads = cfg.num_attention_heads;
     const int64_t B = uneven ? 2 * world + 1 : 2 * world, T = 8;  // uneven: a batch the ranks do not divide
-    const int steps = 20;
+    const int steps = training_steps();
     auto ref = build(cfg, false);
     NamedTensors want_p, got_p;
     std::vector<double> want = train8(*ref, nullptr, nullptr, steps, B, T, &want_p);
@@ -328,7 +333,7 @@ TEST_CASE("fsdp optim: llama_fsdp_8bit and llama_fsdp equal one device with the 
     ModelConfig cfg = builtin_config("llama-tiny");
     cfg.attention_dropout = cfg.residual_dropout = 0;  // masks follow global positions, not chunks
     const int64_t B = 2 * world, T = 8;
-    const int steps = 20;
+    const int steps = training_steps();
     auto ref = build(cfg, false);
     NamedTensors want_p, got_p;
     std::vector<double> want = train8_chunked(*ref, world, steps, B, T, &want_p);
@@ -349,7 +354,7 @@ TEST_CASE("fsdp optim: llama_fsdp_8bit and llama_fsdp equal one device with the 
     if (mt::world().rank() == 0)
       fmt::print("fsdp 8-bit AdamW {} np {} vs one device in {} chunks: max |loss diff| {:.2e}, max |param diff| "
                  "{:.2e}\n", name, world, world, worst, worst_p);
-    // The parameters bit for bit after 20 steps; the losses differ only in how the printed loss is
+    // The parameters bit for bit after the last step; the losses differ only in how the printed loss is
     // summed (the ranks' terms vs the chunks' means times their shares).
     CHECK(worst_p == 0);
     for (int s = 0; s < steps; ++s) {
@@ -488,7 +493,7 @@ TEST_CASE("fsdp optim: llama_fsdp and llama_fsdp_tp train like one device with M
     if (name == "llama_fsdp_tp") cfg.num_key_value_heads = cfg.num_attention_heads;
     if (uneven) cfg.vocab_size = 259;
     const int64_t B = uneven ? 2 * world + 1 : 2 * world, T = 8;
-    const int steps = 20;
+    const int steps = training_steps();
     auto ref = build(cfg, false);
     NamedTensors want_p, got_p;
     double want_ns = 0, got_ns = 0;

@@ -27,12 +27,12 @@
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/memory.h"
 
-#define MT_CUBLAS_CHECK(expr)                                                                            \
-  do {                                                                                                   \
-    cublasStatus_t st_ = (expr);                                                                         \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                    \
+#define MT_CUBLAS_CHECK(expr)                                                                                      \
+  do {                                                                                                             \
+    cublasStatus_t st_ = (expr);                                                                                   \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                              \
       MT_FAIL("cuBLASLt error {} ({}) in `{}` at {}:{}", static_cast<int>(st_), cublaslt().get_status_string(st_), \
-              #expr, __FILE__, __LINE__);                                                                \
+              #expr, __FILE__, __LINE__);                                                                          \
   } while (0)
 
 namespace mt::cuda {
@@ -99,9 +99,10 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols,
   MT_CUBLAS_CHECK(cublaslt().matrix_layout_create(&l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   if (batch > 1) {
     const auto count = static_cast<int32_t>(batch);
-    MT_CUBLAS_CHECK(cublaslt().matrix_layout_set_attribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
     MT_CUBLAS_CHECK(
-        cublaslt().matrix_layout_set_attribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+        cublaslt().matrix_layout_set_attribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    MT_CUBLAS_CHECK(cublaslt().matrix_layout_set_attribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                           sizeof(stride)));
   }
   return l;
 }
@@ -111,13 +112,18 @@ cublasLtMatmulPreference_t make_preference(const Key& key) {
   cublasLtMatmulPreference_t pref = nullptr;
   MT_CUBLAS_CHECK(cublaslt().matmul_preference_create(&pref));
   const uint64_t ws = kWorkspaceBytes;
-  MT_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  MT_CUBLAS_CHECK(
+      cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   const auto al_a = static_cast<uint32_t>(key.align_b), al_b = static_cast<uint32_t>(key.align_a),
              al_c = static_cast<uint32_t>(key.align_c);  // Lt A is our b and Lt B our a
-  MT_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
-  MT_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
-  MT_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
-  MT_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4));
+  MT_CUBLAS_CHECK(
+      cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
+  MT_CUBLAS_CHECK(
+      cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
+  MT_CUBLAS_CHECK(
+      cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
+  MT_CUBLAS_CHECK(
+      cublaslt().matmul_preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4));
   return pref;
 }
 
@@ -232,11 +238,11 @@ struct KSplit {
 KSplit k_split_of(const cublasLtMatmulAlgo_t& a) {
   KSplit k;
   size_t n = 0;
-  if (cublaslt().matmul_algo_config_get_attribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k.splits, sizeof(k.splits), &n) !=
-      CUBLAS_STATUS_SUCCESS)
+  if (cublaslt().matmul_algo_config_get_attribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k.splits, sizeof(k.splits),
+                                                  &n) != CUBLAS_STATUS_SUCCESS)
     k.splits = -1;
-  if (cublaslt().matmul_algo_config_get_attribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &k.scheme, sizeof(k.scheme),
-                                           &n) != CUBLAS_STATUS_SUCCESS)
+  if (cublaslt().matmul_algo_config_get_attribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &k.scheme,
+                                                  sizeof(k.scheme), &n) != CUBLAS_STATUS_SUCCESS)
     k.scheme = ~0u;
   return k;
 }
@@ -252,12 +258,12 @@ void tune(Plan& plan, const Key& key, cublasLtHandle_t h, const void* alpha, con
   int found = 0;
   cublasLtMatmulPreference_t pref = make_preference(key);
   const cublasStatus_t hs = cublaslt().matmul_algo_get_heuristic(h, plan.desc, plan.la, plan.lb, plan.lc, plan.lc, pref,
-                                                           kTuneCandidates, cand.data(), &found);
+                                                                 kTuneCandidates, cand.data(), &found);
   (void)cublaslt().matmul_preference_destroy(pref);
   if (hs != CUBLAS_STATUS_SUCCESS || found <= 1) return;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublaslt().matmul(h, plan.desc, alpha, pb, plan.la, pa, plan.lb, beta, pc, plan.lc, pc, plan.lc, &algo, ws,
-                          kWorkspaceBytes, stream);
+                             kWorkspaceBytes, stream);
   };
   void* buf = cuda::alloc(2 * sizeof(unsigned long long), static_cast<int>(key.device));
   cudaEvent_t t0 = nullptr, t1 = nullptr;
@@ -425,7 +431,7 @@ void matmul(const MatmulParams& p) {
     const char* pb = static_cast<const char*>(b.data) + ob * esize;
     char* pc = static_cast<char*>(out.data) + oc * osize;
     MT_CUBLAS_CHECK(cublaslt().matmul(st.handle[dev], plan.desc, alpha, pb, plan.la, pa, plan.lb, beta, pc, plan.lc, pc,
-                                   plan.lc, &plan.algo, ws, kWorkspaceBytes, stream));
+                                      plan.lc, &plan.algo, ws, kWorkspaceBytes, stream));
   }
 }
 

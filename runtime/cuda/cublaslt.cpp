@@ -51,7 +51,9 @@ template <class F>
 void bind(void* lib, const char* symbol, F& f) {
   dlerror();
   void* p = dlsym(lib, symbol);
-  if (!p) MT_FAIL("CUDA: {} has no {} ({}): a cuBLASLt older than the build's headers?", library_name(), symbol, last_dl_error());
+  if (!p)
+    MT_FAIL("CUDA: {} has no {} ({}): a cuBLASLt older than the build's headers?", library_name(), symbol,
+            last_dl_error());
   f = reinterpret_cast<F>(p);
 }
 

@@ -86,19 +86,9 @@ TEST_CASE("cuBLASLt: not loaded at start-up; the loader finds every entry point"
   const cuda::CublasLt& lt = cuda::cublaslt();
   REQUIRE(cuda::cublaslt_loaded());
   REQUIRE(lt.get_version() / 10000 == CUBLAS_VER_MAJOR);
-  REQUIRE(std::string(lt.get_status_string(CUBLAS_STATUS_NOT_INITIALIZED)).find("not initialized") != std::string::npos);
-  const void* entries[] = {
-      reinterpret_cast<const void*>(lt.create), reinterpret_cast<const void*>(lt.destroy),
-      reinterpret_cast<const void*>(lt.matmul), reinterpret_cast<const void*>(lt.matmul_desc_create),
-      reinterpret_cast<const void*>(lt.matmul_desc_destroy), reinterpret_cast<const void*>(lt.matmul_desc_set_attribute),
-      reinterpret_cast<const void*>(lt.matrix_layout_create), reinterpret_cast<const void*>(lt.matrix_layout_destroy),
-      reinterpret_cast<const void*>(lt.matrix_layout_set_attribute),
-      reinterpret_cast<const void*>(lt.matmul_preference_create),
-      reinterpret_cast<const void*>(lt.matmul_preference_destroy),
-      reinterpret_cast<const void*>(lt.matmul_preference_set_attribute),
-      reinterpret_cast<const void*>(lt.matmul_algo_get_heuristic),
-      reinterpret_cast<const void*>(lt.matmul_algo_config_get_attribute)};
-  for (const void* e : entries) REQUIRE(e != nullptr);
+  // cublaslt() resolved every entry point or threw; these call two of them.
+  REQUIRE(std::string(lt.get_status_string(CUBLAS_STATUS_NOT_INITIALIZED)).find("not initialized") !=
+          std::string::npos);
   // A descriptor round trip through the loaded library, on the host (no GPU involved).
   cublasLtMatrixLayout_t layout = nullptr;
   REQUIRE(lt.matrix_layout_create(&layout, CUDA_R_32F, 3, 5, 3) == CUBLAS_STATUS_SUCCESS);

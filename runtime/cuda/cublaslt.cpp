@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "runtime/error.h"
@@ -12,9 +13,10 @@
 namespace mt::cuda {
 namespace {
 
-const std::string& library_name() {
-  static const std::string name = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
-  return name;
+// MT_CUBLASLT_LIBRARY (a path or a file name) if set, else the soname of the build's major version.
+std::string library_name() {
+  if (const char* s = std::getenv("MT_CUBLASLT_LIBRARY"); s && *s) return s;
+  return "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
 }
 
 std::string last_dl_error() {
@@ -32,56 +34,58 @@ std::string cudart_dir() {
   return slash == std::string::npos ? "" : path.substr(0, slash);
 }
 
-void* open_library() {
-  const std::string& name = library_name();
+void* open_library(const std::string& name) {
   void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib) return lib;
   const std::string first = last_dl_error();
+  if (const char* s = std::getenv("MT_CUBLASLT_LIBRARY"); s && *s)  // taken as given, no search
+    MT_FAIL("CUDA: cannot load MT_CUBLASLT_LIBRARY={} for the GPU matmuls ({})", name, first);
   const std::string dir = cudart_dir();
   if (!dir.empty()) {
     lib = dlopen((dir + "/" + name).c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib) return lib;
   }
   MT_FAIL("CUDA: cannot load {} for the GPU matmuls ({}{}): it ships with the CUDA toolkit (lib64/); "
-          "add that directory to LD_LIBRARY_PATH",
+          "add that directory to LD_LIBRARY_PATH, or name the library in MT_CUBLASLT_LIBRARY",
           name, first, dir.empty() ? "" : ", nor from " + dir);
 }
 
 template <class F>
-void bind(void* lib, const char* symbol, F& f) {
+void bind(void* lib, const std::string& name, const char* symbol, F& f) {
   dlerror();
   void* p = dlsym(lib, symbol);
   if (!p)
-    MT_FAIL("CUDA: {} has no {} ({}): a cuBLASLt older than the build's headers?", library_name(), symbol,
+    MT_FAIL("CUDA: {} has no {} ({}): not cuBLASLt, or one older than the build's headers", name, symbol,
             last_dl_error());
   f = reinterpret_cast<F>(p);
 }
 
 CublasLt load() {
-  void* lib = open_library();
+  const std::string name = library_name();
+  void* lib = open_library(name);
   CublasLt lt{};
-  bind(lib, "cublasLtGetVersion", lt.get_version);
-  bind(lib, "cublasLtGetStatusString", lt.get_status_string);
-  bind(lib, "cublasLtCreate", lt.create);
-  bind(lib, "cublasLtDestroy", lt.destroy);
-  bind(lib, "cublasLtMatmul", lt.matmul);
-  bind(lib, "cublasLtMatmulDescCreate", lt.matmul_desc_create);
-  bind(lib, "cublasLtMatmulDescDestroy", lt.matmul_desc_destroy);
-  bind(lib, "cublasLtMatmulDescSetAttribute", lt.matmul_desc_set_attribute);
-  bind(lib, "cublasLtMatrixLayoutCreate", lt.matrix_layout_create);
-  bind(lib, "cublasLtMatrixLayoutDestroy", lt.matrix_layout_destroy);
-  bind(lib, "cublasLtMatrixLayoutSetAttribute", lt.matrix_layout_set_attribute);
-  bind(lib, "cublasLtMatmulPreferenceCreate", lt.matmul_preference_create);
-  bind(lib, "cublasLtMatmulPreferenceDestroy", lt.matmul_preference_destroy);
-  bind(lib, "cublasLtMatmulPreferenceSetAttribute", lt.matmul_preference_set_attribute);
-  bind(lib, "cublasLtMatmulAlgoGetHeuristic", lt.matmul_algo_get_heuristic);
-  bind(lib, "cublasLtMatmulAlgoConfigGetAttribute", lt.matmul_algo_config_get_attribute);
+  bind(lib, name, "cublasLtGetVersion", lt.get_version);
+  bind(lib, name, "cublasLtGetStatusString", lt.get_status_string);
+  bind(lib, name, "cublasLtCreate", lt.create);
+  bind(lib, name, "cublasLtDestroy", lt.destroy);
+  bind(lib, name, "cublasLtMatmul", lt.matmul);
+  bind(lib, name, "cublasLtMatmulDescCreate", lt.matmul_desc_create);
+  bind(lib, name, "cublasLtMatmulDescDestroy", lt.matmul_desc_destroy);
+  bind(lib, name, "cublasLtMatmulDescSetAttribute", lt.matmul_desc_set_attribute);
+  bind(lib, name, "cublasLtMatrixLayoutCreate", lt.matrix_layout_create);
+  bind(lib, name, "cublasLtMatrixLayoutDestroy", lt.matrix_layout_destroy);
+  bind(lib, name, "cublasLtMatrixLayoutSetAttribute", lt.matrix_layout_set_attribute);
+  bind(lib, name, "cublasLtMatmulPreferenceCreate", lt.matmul_preference_create);
+  bind(lib, name, "cublasLtMatmulPreferenceDestroy", lt.matmul_preference_destroy);
+  bind(lib, name, "cublasLtMatmulPreferenceSetAttribute", lt.matmul_preference_set_attribute);
+  bind(lib, name, "cublasLtMatmulAlgoGetHeuristic", lt.matmul_algo_get_heuristic);
+  bind(lib, name, "cublasLtMatmulAlgoConfigGetAttribute", lt.matmul_algo_config_get_attribute);
   // Descriptor layouts and enum values may change between major versions.
   const size_t version = lt.get_version();
   MT_CHECK(version / 10000 == CUBLAS_VER_MAJOR,
            "CUDA: {} reports cuBLASLt version {}, but meshtrain was built against major version {}: "
            "put the toolkit it was built with first on LD_LIBRARY_PATH",
-           library_name(), version, CUBLAS_VER_MAJOR);
+           name, version, CUBLAS_VER_MAJOR);
   return lt;  // the library stays open for the life of the process
 }
 

@@ -5,7 +5,8 @@
 // CUDA GEMM pays it, once (docs/cuda.md, "Build"). The entry points are the library's own
 // functions, resolved by name; the library is `libcublasLt.so.<CUBLAS_VER_MAJOR>` of the toolkit
 // the build used, looked up as the dynamic linker would (LD_LIBRARY_PATH, libmeshtrain's runpath,
-// the system's paths), then beside the libcudart this process runs.
+// the system's paths), then beside the libcudart this process runs; or MT_CUBLASLT_LIBRARY, a
+// path or a file name taken as given (one toolkit's cuBLASLt among several installed).
 #pragma once
 
 #include <cublasLt.h>

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -78,10 +79,21 @@ TEST_CASE("no GPU: device count 0, one message on the first query, clear errors"
 #if MT_HAVE_CUDA
 // libcublasLt is opened by the first CUDA matmul, not at start-up (runtime/cuda/cublaslt.h): a
 // CUDA build's CPU work does not pay its 70 ms of start-up. Loading needs no GPU.
-TEST_CASE("cuBLASLt: not loaded at start-up; the loader finds every entry point", "[cpu]") {
+TEST_CASE("cuBLASLt: not loaded at start-up; loaded with every entry point, or an error naming the library",
+          "[cpu]") {
   Tensor x = ones({4, 4});
   REQUIRE(sum(matmul(x, x)).item() == 64.0);  // CPU work, the CUDA backend present
   REQUIRE(cuda::device_count() == 0);
+  REQUIRE_FALSE(cuda::cublaslt_loaded());
+  // A library that cannot be opened, or that is not cuBLASLt: one error naming it; the next call
+  // tries again.
+  setenv("MT_CUBLASLT_LIBRARY", "/nonexistent/libcublasLt.so.13", 1);
+  REQUIRE_THROWS_WITH(cuda::cublaslt(),
+                      Catch::Contains("cannot load MT_CUBLASLT_LIBRARY=/nonexistent/libcublasLt.so.13") &&
+                          Catch::Contains("No such file"));
+  setenv("MT_CUBLASLT_LIBRARY", "libm.so.6", 1);
+  REQUIRE_THROWS_WITH(cuda::cublaslt(), Catch::Contains("libm.so.6 has no cublasLtGetVersion"));
+  unsetenv("MT_CUBLASLT_LIBRARY");
   REQUIRE_FALSE(cuda::cublaslt_loaded());
   const cuda::CublasLt& lt = cuda::cublaslt();
   REQUIRE(cuda::cublaslt_loaded());

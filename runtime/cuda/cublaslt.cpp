@@ -13,12 +13,6 @@
 namespace mt::cuda {
 namespace {
 
-// MT_CUBLASLT_LIBRARY (a path or a file name) if set, else the soname of the build's major version.
-std::string library_name() {
-  if (const char* s = std::getenv("MT_CUBLASLT_LIBRARY"); s && *s) return s;
-  return "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
-}
-
 std::string last_dl_error() {
   const char* e = dlerror();
   return e ? e : "unknown error";
@@ -34,11 +28,12 @@ std::string cudart_dir() {
   return slash == std::string::npos ? "" : path.substr(0, slash);
 }
 
-void* open_library(const std::string& name) {
+// `given`: named by MT_CUBLASLT_LIBRARY, opened as given, without the search beside libcudart.
+void* open_library(const std::string& name, bool given) {
   void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib) return lib;
   const std::string first = last_dl_error();
-  if (const char* s = std::getenv("MT_CUBLASLT_LIBRARY"); s && *s)  // taken as given, no search
+  if (given)
     MT_FAIL("CUDA: cannot load MT_CUBLASLT_LIBRARY={} for the GPU matmuls ({})", name, first);
   const std::string dir = cudart_dir();
   if (!dir.empty()) {
@@ -61,8 +56,11 @@ void bind(void* lib, const std::string& name, const char* symbol, F& f) {
 }
 
 CublasLt load() {
-  const std::string name = library_name();
-  void* lib = open_library(name);
+  // MT_CUBLASLT_LIBRARY (a path or a file name) if set, else the soname of the build's major version.
+  const char* env = std::getenv("MT_CUBLASLT_LIBRARY");
+  const bool given = env && *env;
+  const std::string name = given ? std::string(env) : "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+  void* lib = open_library(name, given);
   CublasLt lt{};
   bind(lib, name, "cublasLtGetVersion", lt.get_version);
   bind(lib, name, "cublasLtGetStatusString", lt.get_status_string);

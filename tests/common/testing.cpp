@@ -175,4 +175,6 @@ std::string plans_dir() {
   return d ? d : "plans";
 }
 
+int training_steps(int steps) { return std::getenv("MT_SANITIZER_RUN") ? std::min(steps, 5) : steps; }
+
 }  // namespace mt::testing

@@ -57,6 +57,11 @@ CloseReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f
 // The stock plans: $MT_PLANS_DIR (meson sets it to the source tree's plans/), else ./plans.
 std::string plans_dir();
 
+// Steps of a training comparison: `steps`, at most 5 under the sanitizers (MT_SANITIZER_RUN,
+// tests/meson.build). They look for memory errors, which every step's code path shows in its first
+// steps, at several times the time per step.
+int training_steps(int steps = 20);
+
 }  // namespace mt::testing
 
 #define REQUIRE_CLOSE(...)                         \

@@ -42,6 +42,7 @@
 
 using namespace mt;
 using mt::testing::plans_dir;
+using mt::testing::training_steps;
 
 namespace {
 
@@ -64,10 +65,6 @@ std::shared_ptr<CausalLM> build(const ModelConfig& c, bool meta) {
   InitDeviceGuard g(Device::meta());
   return build_causal_lm(c);
 }
-
-// The steps of the training comparisons: 20; 5 under the sanitizers (MT_SANITIZER_RUN, tests/
-// meson.build), as test_parity: every step runs the same code, at several times the cost there.
-int training_steps() { return std::getenv("MT_SANITIZER_RUN") ? 5 : 20; }
 
 // `steps` steps of 8-bit AdamW (or Muon); the losses, and the parameters (full tensors) after the last step.
 std::vector<double> train8(CausalLM& model, const Parallelized* par, const DeviceMesh* mesh, int steps, int64_t B,

@@ -95,9 +95,7 @@ std::vector<double> train(CausalLM& model, const Parallelized* par, const Device
 
 TEST_CASE("parity: every stock plan trains like one device", "[mpi]") {
   const int64_t world = mt::world().size();
-  // 20 steps; 5 under the sanitizers (MT_SANITIZER_RUN, tests/meson.build): they look for memory
-  // errors, which every step's code path shows in its first steps, at 5x the time per step.
-  const int steps = std::getenv("MT_SANITIZER_RUN") ? 5 : 20;
+  const int steps = mt::testing::training_steps();  // 20; 5 under the sanitizers
   for (const std::string name : {"llama_dp", "llama_tp", "llama_tp_sp", "llama_dp_tp", "llama_zero3", "llama_fsdp",
                                  "llama_fsdp_tp", "mixtral_ep", "mixtral_ep_tp", "mixtral_fsdp_ep", "llama_hsdp", "llama_cp",
                                  "llama_dp_cp_tp"}) {

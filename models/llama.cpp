@@ -341,19 +341,22 @@ Tensor CausalLM::loss(const Tensor& input_ids, const Tensor& targets, bool route
     head_dtype_logits_ = true;
     o = (*this)(std::vector<Tensor>{input_ids});
   }
-  Tensor l = cross_entropy(o[0], targets);
+  return causal_lm_loss(config_, o, targets, router_losses);
+}
+
+Tensor causal_lm_loss(const ModelConfig& config, const std::vector<Tensor>& outputs, const Tensor& targets,
+                      bool router_losses) {
+  Tensor l = cross_entropy(outputs.at(0), targets);
   const bool use_aux =
-      router_losses && config_.is_moe() && config_.output_router_logits && config_.router_aux_loss_coef != 0;
-  const bool use_z = router_losses && config_.is_moe() && config_.router_z_loss_coef != 0;
+      router_losses && config.is_moe() && config.output_router_logits && config.router_aux_loss_coef != 0;
+  const bool use_z = router_losses && config.is_moe() && config.router_z_loss_coef != 0;
+  if (!use_aux && !use_z) return l;
+  const std::vector<Tensor> rl(outputs.begin() + 1, outputs.end());
   if (use_aux) {
-    std::vector<Tensor> rl(o.begin() + 1, o.end());
-    Tensor aux = load_balancing_loss(rl, config_.num_local_experts, config_.num_experts_per_tok);
-    l = add(l, mul(aux.to(l.dtype()), config_.router_aux_loss_coef));
+    Tensor aux = load_balancing_loss(rl, config.num_local_experts, config.num_experts_per_tok);
+    l = add(l, mul(aux.to(l.dtype()), config.router_aux_loss_coef));
   }
-  if (use_z) {
-    std::vector<Tensor> rl(o.begin() + 1, o.end());
-    l = add(l, mul(router_z_loss(rl).to(l.dtype()), config_.router_z_loss_coef));
-  }
+  if (use_z) l = add(l, mul(router_z_loss(rl).to(l.dtype()), config.router_z_loss_coef));
   return l;
 }
 

@@ -193,4 +193,9 @@ class CausalLM : public Module {
 // under InitDeviceGuard) from the default generator, in registration order.
 std::shared_ptr<CausalLM> build_causal_lm(const ModelConfig& config, DType dtype = DType::kF32);
 
+// The training loss of a CausalLM's outputs (logits, then each MoE layer's router logits) as
+// CausalLM::loss defines it; also what the start-up checks evaluate after a forward on meta.
+Tensor causal_lm_loss(const ModelConfig& config, const std::vector<Tensor>& outputs, const Tensor& targets,
+                      bool router_losses = true);
+
 }  // namespace mt

@@ -9,7 +9,7 @@
 # on llama-1b shapes, and writes OUTDIR/summary.txt (pass/fail counts, every benchmark ratio,
 # tokens/s and MFU) beside the full logs (build.log, tests.log, testlog.txt, bench_cuda.log,
 # train_bench.log; train_bench_tuned.log, the same run with MT_GEMM_TUNE). Environment: MT_GPU_BUILD (build folder, default
-# build-gpu), MT_JOBS (ninja -j), MT_SKIP_BENCH=1 (tests only), MT_SKIP_TUNE_AB=1 (no MT_GEMM_TUNE run), MT_TRAIN_BENCH_ARGS (replaces the
+# build-gpu), MT_JOBS (ninja -j), MT_SKIP_BENCH=1 (tests only), MT_SKIP_TUNE_AB=1 (no MT_GEMM_TUNE run), MT_GPU_CHECK_SECONDS (the whole check's deadline, default 560), MT_TRAIN_BENCH_ARGS (replaces the
 # training benchmark's shape flags).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +20,11 @@ SUMMARY="$OUT/summary.txt"
 T0=$(date +%s)
 say() { echo "$*" | tee -a "$SUMMARY"; }
 elapsed() { echo "$(( $(date +%s) - T0 )) s"; }
+# One deadline for the whole check (MT_GPU_CHECK_SECONDS, default 560: a device call is cut at 600 s
+# and then returns only what is in OUTDIR): each step's own limit is capped by the time left, so a
+# hang costs the steps after it, never the summary. cap S: the smaller of S and the seconds left.
+DEADLINE=$(( T0 + ${MT_GPU_CHECK_SECONDS:-560} ))
+cap() { local left=$(( DEADLINE - $(date +%s) )); [ "$left" -lt 5 ] && left=5; echo $(( $1 < left ? $1 : left )); }
 
 # The commit, and whether the files checked differ from it (a copied working tree may carry an
 # older .git than its files: then the label says so rather than name the wrong code).
@@ -42,6 +47,9 @@ grep -E "NCCL|MPI|CUDA" "$BUILD/config.h" | sed 's/^/config: /' | tee -a "$SUMMA
 targets=(tools/meshtrain tools/bench/bench_cuda tests/cuda/test_cuda_core tests/cuda/test_cuda_nn tests/cuda/test_cuda_attention tests/cuda/test_cuda_optim
          tests/cuda/test_cuda_nogpu)
 [ -f "$BUILD/build.ninja" ] && grep -q "^build tests/test_nccl:" "$BUILD/build.ninja" && targets+=(tests/test_nccl)
+# The libraries test_cuda_nogpu loads (stand-ins for libcublasLt, tests/cuda/meson.build).
+[ -f "$BUILD/build.ninja" ] && while read -r lib; do targets+=("$lib"); done \
+  < <(grep -oE "^build tests/cuda/lib[A-Za-z0-9_]+\.so:" "$BUILD/build.ninja" | sed 's/^build //; s/:$//')
 [ "${MT_GPU_FULL_BUILD:-0}" = 1 ] && targets=()
 if ! ninja -C "$BUILD" ${MT_JOBS:+-j "$MT_JOBS"} "${targets[@]}" >>"$OUT/build.log" 2>&1; then
   say "build FAILED ($(elapsed)): see build.log"
@@ -51,9 +59,15 @@ fi
 say "build ok ($(elapsed))"
 
 # ---- tests ------------------------------------------------------------------------------------------
-meson test -C "$BUILD" --no-rebuild --suite cuda --suite nccl --print-errorlogs --num-processes 1 \
-  --timeout-multiplier "${MT_TIMEOUT_MULTIPLIER:-0.5}" >"$OUT/tests.log" 2>&1
+# The tests may take the time left but 150 s, kept for the benchmarks (all of it with
+# MT_SKIP_BENCH=1). At the limit meson gets SIGTERM, which stops its tests and flushes its log,
+# copied below either way.
+test_limit=$(( DEADLINE - $(date +%s) - ( ${MT_SKIP_BENCH:-0} == 1 ? 0 : 150 ) ))
+[ "$test_limit" -lt 60 ] && test_limit=60
+timeout -k 15 "$test_limit" meson test -C "$BUILD" --no-rebuild --suite cuda --suite nccl --print-errorlogs \
+  --num-processes 1 --timeout-multiplier "${MT_TIMEOUT_MULTIPLIER:-0.5}" >"$OUT/tests.log" 2>&1
 trc=$?
+[ $trc -eq 124 ] && say "tests: cut at ${test_limit} s (the check's deadline, MT_GPU_CHECK_SECONDS)"
 cp "$BUILD/meson-logs/testlog.txt" "$OUT/testlog.txt" 2>/dev/null
 for k in Ok Fail Skipped Timeout; do
   printf '%s ' "tests $k: $(grep -E "^$k: " "$OUT/tests.log" | tail -n 1 | awk '{print $2}')" | tee -a "$SUMMARY"
@@ -68,8 +82,8 @@ say "tests done ($(elapsed)), meson exit $trc"
 if [ "${MT_SKIP_BENCH:-0}" != 1 ]; then
   # The attention figures first on their own (a GPU not yet heated by the GEMMs holds higher
   # clocks: docs/cuda.md), then the whole benchmark.
-  timeout 120 "$BUILD/tools/bench/bench_cuda" 20 attention 2>&1 | grep '^attention' | sed 's/^/bench_cuda (attention alone): /' >>"$SUMMARY"
-  timeout 300 "$BUILD/tools/bench/bench_cuda" >"$OUT/bench_cuda.log" 2>&1
+  timeout "$(cap 120)" "$BUILD/tools/bench/bench_cuda" 20 attention 2>&1 | grep '^attention' | sed 's/^/bench_cuda (attention alone): /' >>"$SUMMARY"
+  timeout "$(cap 300)" "$BUILD/tools/bench/bench_cuda" >"$OUT/bench_cuda.log" 2>&1
   say "bench_cuda exit $? ($(elapsed)):"
   sed 's/^/bench_cuda: /' "$OUT/bench_cuda.log" >>"$SUMMARY"
   ARGS=${MT_TRAIN_BENCH_ARGS:---config llama-1b --batch 4 --seq 2048}
@@ -78,7 +92,7 @@ if [ "${MT_SKIP_BENCH:-0}" != 1 ]; then
   train_bench() {
     local name=$1; shift
     rm -f "$OUT/$name.jsonl"
-    env "$@" timeout 400 "$BUILD/tools/meshtrain" train $ARGS --device cuda --precision bf16 --steps 6 --warmup 1 \
+    env "$@" timeout "$(cap 400)" "$BUILD/tools/meshtrain" train $ARGS --device cuda --precision bf16 --steps 6 --warmup 1 \
       --metrics "$OUT/$name.jsonl" >"$OUT/$name.log" 2>&1
     say "$name exit $? ($(elapsed)): $* meshtrain train $ARGS --device cuda --precision bf16"
     grep -E "^model|^step" "$OUT/$name.log" | sed "s/^/$name: /" >>"$SUMMARY"

@@ -16,6 +16,6 @@ pkgs=(libeigen3-dev libfmt-dev libfmt9 nlohmann-json3-dev libre2-dev libre2-9 li
       pkgconf pkgconf-bin libpkgconf3 pkg-config)
 read -r -a extra <<< "${MT_GPU_DEPS_EXTRA:-}"
 pkgs+=("${extra[@]}")
-ls /var/lib/apt/lists/*_Packages >/dev/null 2>&1 || apt-get update -qq
+ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || apt-get update -qq  # Packages or Packages.lz4
 ( cd "$dest" && apt-get download "${pkgs[@]}" >/dev/null )
 echo "gpu_deps: $(ls "$dest"/*.deb | wc -l) packages, $(du -sh "$dest" | cut -f1) in $dest"

@@ -61,6 +61,13 @@ CublasLt load() {
   const bool given = env && *env;
   const std::string name = given ? std::string(env) : "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
   void* lib = open_library(name, given);
+  struct CloseUnlessKept {  // a library refused below is closed again
+    void* lib;
+    bool keep = false;
+    ~CloseUnlessKept() {
+      if (!keep) dlclose(lib);
+    }
+  } guard{lib};
   CublasLt lt{};
   bind(lib, name, "cublasLtGetVersion", lt.get_version);
   bind(lib, name, "cublasLtGetStatusString", lt.get_status_string);
@@ -84,6 +91,7 @@ CublasLt load() {
            "CUDA: {} reports cuBLASLt version {}, but meshtrain was built against major version {}: "
            "put the toolkit it was built with first on LD_LIBRARY_PATH",
            name, version, CUBLAS_VER_MAJOR);
+  guard.keep = true;
   return lt;  // the library stays open for the life of the process
 }
 

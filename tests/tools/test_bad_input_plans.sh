@@ -53,6 +53,19 @@ bad_case "an embedding split that a later norm cannot take" --watch "$P" "normal
 plan normseq "mesh dp=*\nplace model <in>:0 dp=S(0)\nplace model\\\\.norm <in>:0 dp=S(1)\n"
 bad_case "logits and targets split differently" --watch "$P" "normseq.plan: a forward under the plan" "the loss:" \
   "must split the rows alike" "input of module 'model' ([S(0)])" -- "${run[@]}" "$P/normseq.plan" --world 2
+# The MoE router losses, checked with the cross-entropy after the meta forward when the run turns
+# them on (`plan` takes --moe-aux-loss since 2026-12-07; before, `train` failed in its first step):
+# layer 1's router logits split over the experts, which the load-balancing loss's softmax needs
+# whole. Without the flag the same plan passes (the loss is the cross-entropy alone).
+plan routersplit "mesh dp=*\ndispatch model\\\\.layers\\\\.\\\\d+\\\\.block_sparse_moe experts dp=all_to_all\nplace model <in>:0 dp=S(0)\nplace model\\\\.layers\\\\.1\\\\.block_sparse_moe <out>:1 dp=S(1)\n"
+bad_case "router logits split over the experts for the load-balancing loss" --watch "$P" \
+  "routersplit.plan: a forward under the plan" "the loss: softmax" "'softmax' works along dim 1, which is split" -- \
+  "$bin" plan --config mixtral-tiny --moe-aux-loss 0.01 --plan "$P/routersplit.plan" --world 2
+if "$bin" plan --config mixtral-tiny --plan "$P/routersplit.plan" --world 2 > "$WORK/routersplit.out" 2>&1; then
+  pass "the same plan without router losses"
+else
+  fail "the same plan without router losses: $(tail -3 "$WORK/routersplit.out")"
+fi
 plan zsodd "mesh cp=*\nplace model <in>:0 cp=ZS(3)\n"
 bad_case "ZS on a dim the ids lack" --watch "$P" "zsodd.plan:2:20" -- "${run[@]}" "$P/zsodd.plan" --world 2
 

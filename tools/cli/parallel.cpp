@@ -93,11 +93,12 @@ void check_forward_on_meta(const Plan& plan, const PlanMesh& mesh, const HookIR&
   InitDeviceGuard meta(Device::meta());
   const Tensor ids = zeros(Shape{batch, seq}, TensorOptions(DType::kI64).with_device(Device::meta()));
   check_io_shapes(plan, ir, model, {ids});
-  // The loss after each forward, with the targets placed as the trainer places them (place_input).
-  auto loss = [&ids](const std::vector<Tensor>& out, const Parallelized& par, const DeviceMesh& sim) {
+  // The training loss after each forward (the MoE router losses too, where the flags turn them
+  // on), with the targets placed as the trainer places them (place_input).
+  auto loss = [&ids, &cfg](const std::vector<Tensor>& out, const Parallelized& par, const DeviceMesh& sim) {
     const Placements placed = par.input_placements("model");
     try {
-      (void)cross_entropy(out[0], distribute_tensor(ids, sim, placed));
+      (void)causal_lm_loss(cfg, out, distribute_tensor(ids, sim, placed));
     } catch (const Error& e) {
       MT_FAIL("the loss: {}; the targets are placed as the plan places the input of module 'model' ({})", e.what(),
               placements_str(placed));

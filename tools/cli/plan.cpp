@@ -18,6 +18,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/parallel.h"
 #include "tools/cli/plan_estimate.h"
+#include "tools/cli/trainer.h"
 
 namespace mt::cli {
 namespace {
@@ -31,6 +32,7 @@ std::vector<FlagSpec> plan_flags() {
                       "blocks per rank (docs/fsdp.md)", "", true},
   };
   for (FlagSpec& e : estimate_flags()) f.push_back(std::move(e));
+  for (FlagSpec& e : moe_loss_flags()) f.push_back(std::move(e));  // the run's loss and routing
   return f;
 }
 
@@ -67,6 +69,7 @@ int run_plan(int argc, char** argv) {
   const std::string plan_path = args.required("plan");
   const int64_t world = args.integer("world", 1, kMaxPlanWorld);  // every mesh coordinate is listed
   ModelConfig config = resolve_config(args.str("config"));
+  apply_moe_loss_flags(args, config, "plan");
   Plan plan = load_plan(plan_path);
   std::shared_ptr<CausalLM> model;
   {

@@ -23,6 +23,7 @@
 #include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/outputs.h"
+#include "tools/cli/trainer.h"
 
 namespace mt::cli {
 namespace {
@@ -508,6 +509,7 @@ int run_plan_estimate(const Args& args) {
   }
   const std::string config_name = args.str("config");
   ModelConfig cfg = resolve_config(config_name);
+  apply_moe_loss_flags(args, cfg, "plan");
   const EstimateOptions o = options_from(args);
   const EstimateModel em = model_of(cfg, parse_recompute(o.recompute, "meshtrain plan --recompute"));
   const HardwareProfile hw = load_hardware_profile(args.str("hardware"));

@@ -53,7 +53,7 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& kind, const NamedTe
 }
 
 std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::string& default_seq) {
-  return {
+  std::vector<FlagSpec> f = {
       {"optimizer", "adamw, adamw8bit (8-bit block-quantized moments) or muon (Newton-Schulz orthogonalized "
                     "momentum for hidden matrices, AdamW for the rest); docs/optim.md", "adamw", false},
       {"batch", "sequences per micro-batch", default_batch, false},
@@ -75,6 +75,13 @@ std::vector<FlagSpec> step_flags(const std::string& default_batch, const std::st
       {"seed", "random seed (init, dropout)", "1337", false},
       {"no-fuse", "with --plan: one collective per gradient and mesh dim instead of fused buckets", "", true},
       {"bucket-mb", "with --plan: gradient bucket size in MiB", "25", false},
+  };
+  for (FlagSpec& e : moe_loss_flags()) f.push_back(std::move(e));
+  return f;
+}
+
+std::vector<FlagSpec> moe_loss_flags() {
+  return {
       {"moe-aux-loss", "Mixtral: load-balancing loss coefficient in the training loss (0: off; default: the "
                        "config's output_router_logits and router_aux_loss_coef)", "", false},
       {"moe-z-loss", "Mixtral: router z-loss coefficient in the training loss (default: the config's, 0)", "", false},

@@ -48,7 +48,11 @@ void validate_step_flags(const Args& args, const std::string& command);
 // refused every --lr below it).
 double min_lr_of(const Args& args);
 
-// --moe-aux-loss / --moe-z-loss into a Mixtral config (given flags only; errors name `command`
+// --moe-aux-loss, --moe-z-loss and --moe-capacity-factor (part of step_flags; `plan` takes them too,
+// so that its checks and estimates see the run's loss and routing).
+std::vector<FlagSpec> moe_loss_flags();
+
+// --moe-aux-loss / --moe-z-loss / --moe-capacity-factor into a Mixtral config (given flags only; errors name `command`
 // and the flag). `eval` and `grad` never read them: their loss is the cross-entropy alone.
 void apply_moe_loss_flags(const Args& args, ModelConfig& cfg, const std::string& command);
 

@@ -43,7 +43,18 @@ std::vector<Tensor> MixtralSparseMoeBlock::forward(const std::vector<Tensor>& in
   const Tensor& x = inputs[0];
   MT_CHECK(x.dim() == 3, "MixtralSparseMoeBlock '{}': x must be [B, T, H], got {}", path(), x.desc());
   const int64_t H = x.size(2);
-  Tensor xf = x.reshape(Shape{-1, H});  // [N, H]
+  Tensor xf;  // [N, H]
+  try {
+    xf = x.reshape(Shape{-1, H});
+  } catch (const Error& e) {
+    if (!x.is_distributed()) throw;
+    // A sequence split (context or sequence parallelism) cannot be flattened into rows: said as
+    // such rather than as the reshape's own message.
+    MT_FAIL("MoE layer '{}': its input x {} is placed {}, which cannot be flattened to [tokens, hidden] ({}); an MoE "
+            "layer takes its tokens whole or split by batch (S(0), with `dispatch` for the experts): MoE layers "
+            "under context or sequence parallelism are not supported",
+            path(), x.shape(), x.dist_spec()->placements_str(), e.what());
+  }
   Tensor router_logits = (*gate_)(xf);  // [N, E]
   const DType sdt = x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   Tensor probs = softmax(router_logits.to(sdt), 1);

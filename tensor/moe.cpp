@@ -32,7 +32,11 @@ ExpertLists expert_lists(const std::vector<int64_t>& selected, int64_t n_tokens,
 int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts) {
   if (capacity_factor <= 0) return std::numeric_limits<int64_t>::max();
   const double c = std::ceil(capacity_factor * static_cast<double>(tokens * top_k) / static_cast<double>(experts));
-  return std::max<int64_t>(1, static_cast<int64_t>(c));
+  // No expert can get more than every (token, slot) row: a capacity above that is dropless, and
+  // capping it here keeps a huge factor (1e19) from overflowing the conversion (which gave
+  // INT64_MIN, a capacity of 1, until 2026-12-07).
+  const int64_t rows = std::max<int64_t>(1, tokens * top_k);
+  return c >= static_cast<double>(rows) ? rows : std::max<int64_t>(1, static_cast<int64_t>(c));
 }
 
 std::vector<int64_t> rows_per_slot(const ExpertLists& l, int64_t top_k) {

@@ -42,7 +42,8 @@ struct ExpertLists {
 ExpertLists expert_lists(const std::vector<int64_t>& selected, int64_t n_tokens, int64_t top_k, int64_t experts,
                          const std::string& where);
 
-// Rows each expert may compute: ceil(capacity_factor * tokens * top_k / experts), at least 1;
+// Rows each expert may compute: ceil(capacity_factor * tokens * top_k / experts), at least 1 and at
+// most tokens * top_k (every row: dropless, for any factor however large);
 // INT64_MAX when capacity_factor is 0 (dropless).
 int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);
 

@@ -169,6 +169,24 @@ TEST_CASE("mixtral: the capacity factor drops rows in training only", "[cpu]") {
   CHECK(max(abs(sub(train_out, eval_out))).item() > 0);  // training dropped rows
 }
 
+TEST_CASE("mixtral: a capacity factor however large is dropless, not an overflow", "[cpu]") {
+  REQUIRE(expert_capacity(0.5, 10, 2, 4) == 3);   // ceil(0.5 * 20 / 4)
+  REQUIRE(expert_capacity(1e-9, 10, 2, 4) == 1);  // at least one row
+  REQUIRE(expert_capacity(8, 10, 2, 4) == 20);    // 40 capped at every row
+  for (double f : {1e18, 1e19, 1e30, 1e300}) REQUIRE(expert_capacity(f, 10, 2, 4) == 20);
+  // Training with a factor of 1e19 drops nothing: the dropless output (a capacity of 1 until
+  // 2026-12-07, from a conversion that overflowed).
+  ModelConfig c = tiny_mixtral();
+  auto block = std::make_shared<MixtralSparseMoeBlock>(c, DType::kF64);
+  randomize(*block, 21, 1.0);
+  Tensor x = testing::rand(Shape{2, 5, c.hidden_size}, DType::kF64, 5);
+  block->set_capacity_factor(1e19);
+  Tensor huge = (*block)(std::vector<Tensor>{x})[0];
+  REQUIRE(block->dropped_rows() == 0);
+  block->set_capacity_factor(0);
+  REQUIRE_CLOSE(huge, (*block)(std::vector<Tensor>{x})[0], 0, 0);
+}
+
 TEST_CASE("mixtral: load-balancing loss equals a naive computation", "[cpu]") {
   const int64_t E = 4, K = 2;
   std::vector<Tensor> rl = {testing::rand(Shape{6, E}, DType::kF64, 1, -2, 2),

@@ -66,6 +66,11 @@ if "$bin" plan --config mixtral-tiny --plan "$P/routersplit.plan" --world 2 > "$
 else
   fail "the same plan without router losses: $(tail -3 "$WORK/routersplit.out")"
 fi
+# Mixtral under context parallelism: the MoE layer names itself and the limit (a reshape's message
+# until 2026-12-07).
+bad_case "MoE under context parallelism" "llama_cp.plan: a forward under the plan" \
+  "MoE layer 'model.layers.0.block_sparse_moe'" "[ZS(1)]" "under context or sequence parallelism are not supported" -- \
+  "$bin" plan --config mixtral-tiny --plan "$plans/llama_cp.plan" --world 2
 plan zsodd "mesh cp=*\nplace model <in>:0 cp=ZS(3)\n"
 bad_case "ZS on a dim the ids lack" --watch "$P" "zsodd.plan:2:20" -- "${run[@]}" "$P/zsodd.plan" --world 2
 

@@ -464,6 +464,20 @@ grep -qE "expert rows [0-9]+-[0-9]+, [1-9][0-9]* dropped$" "$WORK/moe_cf.out" &&
   || fail "no dropped rows: $(tail -1 "$WORK/moe_cf.out")"
 python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); sys.exit(0 if r["expert_rows_dropped"] > 0 else 1)' \
   "$WORK/moe_cf.jsonl" && pass "expert_rows_dropped in the metrics" || fail "expert_rows_dropped"
+# Resume: the checkpoint's config carries the MoE settings its run trained with, so a resume
+# without the flags keeps them and is no change (it was refused as one until 2026-12-07); a flag
+# given with another value is a change.
+MOE_RUN=(train --config mixtral-tiny --steps 2 --batch 2 --seq 16 --metrics "" --checkpoint-dir "$WORK/moe_ck")
+"$BIN" "${MOE_RUN[@]}" --stop-at 1 --moe-aux-loss 0.1 --moe-z-loss 0.01 --moe-capacity-factor 0.5 >/dev/null \
+  || fail "mixtral run with the MoE flags, saved at step 1"
+expect_error "resume with another capacity factor" "--moe-capacity-factor 1 (the checkpoint's: 0.5)" "--allow-changes" -- \
+  "$BIN" "${MOE_RUN[@]}" --resume --moe-capacity-factor 1
+if "$BIN" "${MOE_RUN[@]}" --resume >"$WORK/moe_res.out" 2>&1 && ! grep -q "changed settings" "$WORK/moe_res.out" \
+    && grep -qE "^step +2/2 .*, [1-9][0-9]* dropped$" "$WORK/moe_res.out"; then
+  pass "resume without the MoE flags keeps the checkpoint's (rows still dropped), no change reported"
+else
+  fail "resume without the MoE flags: $(tail -n 2 "$WORK/moe_res.out")"
+fi
 expect_error "router loss flag on a dense model" "--moe-z-loss" "mixture-of-experts" -- "$BIN" train --config llama-tiny --steps 1 --moe-z-loss 0.1
 # HF's router jitter (training noise on the router's input) is not applied: said, not silent.
 "$BIN" init --config mixtral-tiny --out "$WORK/jit" >/dev/null 2>&1
@@ -475,6 +489,7 @@ python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); c["router_jitt
   | grep -qF "note: $WORK/jit/config.json: router_jitter_noise 0.1 is not applied" \
   && pass "train --config DIR with router_jitter_noise 0.1 says it too" || fail "no note for --config DIR's router_jitter_noise"
 expect_error "negative router loss coefficient" "--moe-aux-loss" ">= 0" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-aux-loss -1
+expect_error "router loss coefficient beyond f32" "--moe-z-loss 1e39" "at most 3.4e38" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-z-loss 1e39
 
 # ---- train: llama-tiny on the embedded corpus learns more than unigram statistics -----------------
 # Skipped in the sanitizer build (MT_SANITIZER_RUN=1, tests/meson.build): 150 steps of pure compute

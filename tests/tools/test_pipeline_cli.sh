@@ -269,6 +269,14 @@ open(sys.argv[1], "w").write("".join(",".join(str(random.randrange(256)) for _ i
     >/dev/null 2>"$WORK/err"
   cmp -s "$WORK/gm1.safetensors" "$WORK/gm2.safetensors" && pass "mixtral-tiny pp 2: grad file byte-identical to one device's" \
     || fail "mixtral-tiny pp 2 grad differs: $(tail -n 2 "$WORK/err")"
+  # train's routing figures count every layer of every stage (rank 0's stage alone until
+  # 2026-12-07): the fewest and most rows per expert and the rows the capacity dropped as on one device.
+  MX="train --config mixtral-tiny --batch 4 --accum 2 --seq 16 --steps 2 --warmup 1 --moe-capacity-factor 1 --metrics="
+  "$BIN" $MX 2>&1 | grep -o "expert rows .*" > "$WORK/mx1.txt"
+  mpi 2 "$BIN" $MX --plan "$WORK/mx_pp.plan" 2>"$WORK/err" | grep -o "expert rows .*" > "$WORK/mx2.txt"
+  [ -s "$WORK/mx1.txt" ] && cmp -s "$WORK/mx1.txt" "$WORK/mx2.txt" \
+    && pass "mixtral-tiny pp 2: train's expert rows and dropped rows equal one device's ($(tail -n 1 "$WORK/mx1.txt"))" \
+    || fail "mixtral-tiny pp 2 expert rows: '$(tr '\n' ' ' < "$WORK/mx2.txt")' against '$(tr '\n' ' ' < "$WORK/mx1.txt")' $(tail -n 2 "$WORK/err")"
   parity "$PLANS/llama_pp.plan" 4 20 4 1e-5 1e-5
   parity "$WORK/llama_pp_gpipe.plan" 4 5 2 1e-5 1e-5
   # TP partial sums round differently (as llama_tp): drift-tol after AdamW.

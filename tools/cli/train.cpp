@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -140,6 +141,23 @@ std::vector<std::string> names_of(const NamedTensors& t) {
   return out;
 }
 
+// The routing figures of every MoE layer of the model: under a pipeline plan each stage counts
+// only its own layers (expert_token_range), so the fewest and most rows and the dropped rows are
+// combined over the pipeline dim (two collectives on it, every rank of the dim, every step;
+// until 2026-12-07 the step line gave rank 0's stage alone). `r` itself without a pipeline.
+std::optional<ExpertTokenRange> over_stages(const std::optional<ExpertTokenRange>& r, const PlanContext* plan) {
+  if (!plan || !plan->is_pipeline()) return r;
+  Communicator pp = plan->world_mesh->comm(plan->full_plan.pipeline_dim());
+  // [-min, max]: one kMax; a stage without MoE layers offers nothing (-INT64_MAX, -1).
+  Tensor ends = from_vector<int64_t>({r ? -r->min : -std::numeric_limits<int64_t>::max(), r ? r->max : -1}, Shape{2});
+  Tensor dropped = from_vector<int64_t>({r ? r->dropped : 0}, Shape{1});
+  pp.all_reduce(ends, CommReduceOp::kMax);
+  pp.all_reduce(dropped, CommReduceOp::kSum);
+  const std::vector<int64_t> e = ends.to_vector<int64_t>();
+  if (e[1] < 0) return std::nullopt;
+  return ExpertTokenRange{-e[0], e[1], dropped.to_vector<int64_t>()[0]};
+}
+
 }  // namespace
 
 int run_train(int argc, char** argv) {
@@ -200,7 +218,7 @@ int run_train(int argc, char** argv) {
     // A sharded checkpoint under a plan: each rank reads its own boxes below, after parallelize().
     loaded = load_latest_checkpoint(ckpt_dir, /*full=*/args.str("plan").empty());
     check_resume_matches(loaded.state, args);
-    check_resume_settings(loaded.state, settings, args, loaded.path);
+    check_resume_settings(loaded.state, settings, args, loaded.path, loaded.config);
     check_resume_model(loaded.config, args, loaded.path);
     cfg = loaded.config;
     seed = loaded.state.seed;
@@ -474,7 +492,8 @@ int run_train(int argc, char** argv) {
       const int64_t collectives = (reducer ? reducer->stats().collectives : 0) +
                                   fsdp_after.reduce_scatters - fsdp_before.reduce_scatters +
                                   fsdp_after.replica_all_reduces - fsdp_before.replica_all_reduces;
-      const std::optional<ExpertTokenRange> experts = expert_token_range(*model);  // MoE: routing balance
+      const std::optional<ExpertTokenRange> experts =  // MoE: routing balance
+          cfg.is_moe() ? over_stages(expert_token_range(*model), plan.get()) : std::nullopt;
       // --val-data: after the step, every --val-every steps and at the end (collective: every rank).
       std::optional<double> val_loss;
       if (!val_batches.empty() && ((val_every > 0 && (step + 1) % val_every == 0) || step + 1 == stop_at)) {

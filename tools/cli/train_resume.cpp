@@ -145,9 +145,24 @@ std::vector<std::pair<std::string, std::string>> resume_settings(const Args& arg
 // or data) without a word: refused unless --allow-changes, which prints each change. --seed only
 // when given: the checkpoint's seed is the one used.
 void check_resume_settings(const TrainState& s, const std::vector<std::pair<std::string, std::string>>& now,
-                           const Args& args, const std::string& where) {
+                           const Args& args, const std::string& where, const ModelConfig& saved_config) {
   std::vector<std::string> changes;
+  // The MoE settings: the checkpoint's config.json holds the values its run trained with (the flags
+  // applied to the config), and a resumed run starts from that config, so a flag not given keeps
+  // them; a flag given is a change when it differs from them. (The recorded flag strings were
+  // compared until 2026-12-07: a resume without the flags was called a change that was none.)
+  for (const char* flag : {"moe-aux-loss", "moe-z-loss", "moe-capacity-factor"}) {
+    if (args.str(flag).empty() || !saved_config.is_moe()) continue;  // apply_moe_loss_flags refuses the latter
+    const std::string_view f = flag;
+    const double was = f == "moe-aux-loss" ? (saved_config.output_router_logits ? saved_config.router_aux_loss_coef : 0)
+                       : f == "moe-z-loss" ? saved_config.router_z_loss_coef
+                                           : saved_config.moe_capacity_factor;
+    double v = 0;
+    if (as_number(args.str(flag), &v) && v != was)
+      changes.push_back(fmt::format("--{} {} (the checkpoint's: {})", flag, args.str(flag), was));
+  }
   for (const auto& [key, saved] : s.settings) {
+    if (key.starts_with("moe-")) continue;  // above
     // Not given: the checkpoint's seed and final rate are the ones used (train.cpp).
     if (key == "seed" && !args.has(key)) continue;
     if (key == "min-lr" && min_lr_as_recorded(s, args)) continue;

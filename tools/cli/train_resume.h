@@ -24,9 +24,10 @@ void check_resume_matches(const TrainState& saved, const Args& args);
 // The other recorded settings against this run's (`now`: resume_settings(args)): a difference is
 // refused, listing each with the checkpoint's value (`where` names the checkpoint), unless
 // --allow-changes, which prints them. --seed counts only when given; a changed --steps is
-// announced, not refused.
+// announced, not refused. The MoE flags are compared with `saved_config` (the checkpoint's
+// config.json, which carries the values its run trained with), and only when given.
 void check_resume_settings(const TrainState& saved, const std::vector<std::pair<std::string, std::string>>& now,
-                           const Args& args, const std::string& where);
+                           const Args& args, const std::string& where, const ModelConfig& saved_config);
 
 // --resume takes the checkpoint's recorded final rate (its bits, so the schedule goes on exactly)
 // when --min-lr is not given, or is given as a decimal within 1e-12 relative of it: the default

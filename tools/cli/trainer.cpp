@@ -221,8 +221,9 @@ void apply_moe_loss_flags(const Args& args, ModelConfig& cfg, const std::string&
     MT_CHECK(cfg.is_moe(), "meshtrain {}: --{} applies to mixture-of-experts models (mixtral), not {}", command, flag,
              cfg.model_type);
     const double v = args.real(flag);
-    MT_CHECK(std::isfinite(v) && v >= 0, "meshtrain {}: --{} {} must be a finite coefficient >= 0", command, flag,
-             args.str(flag));
+    // Bounded by f32's largest value: the losses it scales are f32 (1e39 gave an infinite loss).
+    MT_CHECK(std::isfinite(v) && v >= 0 && v <= std::numeric_limits<float>::max(),
+             "meshtrain {}: --{} {} must be a finite coefficient >= 0 (at most 3.4e38)", command, flag, args.str(flag));
     if (std::string(flag) == "moe-aux-loss") {
       cfg.output_router_logits = v > 0;
       cfg.router_aux_loss_coef = v;

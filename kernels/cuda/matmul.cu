@@ -265,10 +265,23 @@ void tune(Plan& plan, const Key& key, cublasLtHandle_t h, const void* alpha, con
     return cublaslt().matmul(h, plan.desc, alpha, pb, plan.la, pa, plan.lb, beta, pc, plan.lc, pc, plan.lc, &algo, ws,
                              kWorkspaceBytes, stream);
   };
-  void* buf = cuda::alloc(2 * sizeof(unsigned long long), static_cast<int>(key.device));
-  cudaEvent_t t0 = nullptr, t1 = nullptr;
-  MT_CUDA_CHECK(cudaEventCreate(&t0));
-  MT_CUDA_CHECK(cudaEventCreate(&t1));
+  // The digest buffer and the timing events, released on every path (an error below throws).
+  struct Scratch {
+    cudaStream_t stream;
+    void* buf = nullptr;
+    cudaEvent_t t0 = nullptr, t1 = nullptr;
+    ~Scratch() {
+      (void)cudaStreamSynchronize(stream);  // the digest kernels may still read buf
+      if (t0) (void)cudaEventDestroy(t0);
+      if (t1) (void)cudaEventDestroy(t1);
+      if (buf) cuda::free(buf);
+    }
+  } scratch{stream};
+  scratch.buf = cuda::alloc(2 * sizeof(unsigned long long), static_cast<int>(key.device));
+  void* const buf = scratch.buf;
+  MT_CUDA_CHECK(cudaEventCreate(&scratch.t0));
+  MT_CUDA_CHECK(cudaEventCreate(&scratch.t1));
+  const cudaEvent_t t0 = scratch.t0, t1 = scratch.t1;
   auto ms_of = [&](const cublasLtMatmulAlgo_t& algo) {  // after a warm call
     constexpr int kReps = 3;
     MT_CUDA_CHECK(cudaEventRecord(t0, stream));
@@ -290,6 +303,7 @@ void tune(Plan& plan, const Key& key, cublasLtHandle_t h, const void* alpha, con
     const bool any = gemm_tune_level() >= 3;  // tests: the first same-bits candidate, whatever its time
     best = first = ms_of(plan.algo);
     for (int i = 0; i < found; ++i) {
+      if (cand[i].state != CUBLAS_STATUS_SUCCESS) continue;  // a heuristic entry without a usable algorithm
       if (std::memcmp(&cand[i].algo, &plan.algo, sizeof(plan.algo)) == 0) continue;
       if (!(k_split_of(cand[i].algo) == first_split)) continue;  // another K order
       if (run(cand[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
@@ -306,10 +320,7 @@ void tune(Plan& plan, const Key& key, cublasLtHandle_t h, const void* alpha, con
       count_gemm_tune_taken();
     }
   }
-  (void)cudaEventDestroy(t0);
-  (void)cudaEventDestroy(t1);
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cuda::free(buf);
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream));  // errors said here; Scratch releases the rest
   if (gemm_tune_level() >= 2)
     std::fprintf(stderr, "MT_GEMM_TUNE: [%lld x %lld] @ [%lld x %lld] batch %lld (ops %lld/%lld): %s, %d of %d "
                  "candidates with the same bits, %.3f ms -> %.3f ms\n",

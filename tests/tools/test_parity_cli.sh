@@ -17,43 +17,9 @@ BIN=$1
 MPIRUN=$2
 PLANS=$3
 MODE=${4:-fast}
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
-export OMP_NUM_THREADS=1
-export MT_COLLECTIVE_TIMEOUT_S=${MT_COLLECTIVE_TIMEOUT_S:-30}
-fails=0
-pass() { echo "ok   - $1"; }
-fail() { echo "FAIL - $1"; fails=$((fails + 1)); }
-mpi() { local np=$1; shift; timeout 120 "$MPIRUN" -np "$np" --oversubscribe --mca btl self,vader "$@"; }
+source "$(dirname "$0")/parity_lib.sh"
 # Small and quick: 2 steps of 2 x 16 tokens (the flags any run of parity may take).
-SMALL="--batch 2 --seq 16 --steps 2 --warmup 1 --seed 7"
-
-# Every difference in a --json report within its tolerance (every loss, step 1's grad norm and
-# gradients within TOL; later grad norms, weights and gradients after the last step within DTOL),
-# verdict "pass"; prints the worst of each kind.
-report_within() {
-  python3 - "$1" "$2" "$3" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1])); tol, wtol = float(sys.argv[2]), float(sys.argv[3])
-tight, loose = [], []
-for s in r["steps"]:
-    for k in ("loss_rel", "grad_norm_rel"):
-        if s[k] is not None:
-            (tight if k == "loss_rel" or s["step"] == 1 else loose).append((float(s[k]), f"step {s['step']} {k}"))
-for p in r["parameters"]:
-    if "grad_step1" in p: tight.append((float(p["grad_step1"]["rel"]), f"step-1 grad {p['name']}"))
-    for k in ("weight", "grad"):
-        if k in p: loose.append((float(p[k]["rel"]), f"{k} {p['name']}"))
-assert tight or loose, "nothing compared"
-msg, ok = [], r["verdict"] == "pass"
-for name, xs, t in (("tol", tight, tol), ("drift-tol", loose, wtol)):
-    if xs:
-        w = max(xs); ok = ok and w[0] <= t
-        msg.append(f"{len(xs)} within {name} {t:g}, worst {w[0]:.2e} ({w[1]})")
-print("; ".join(msg))
-sys.exit(0 if ok else 1)
-PY
-}
+SMALL="$SMALL --steps 2"
 
 # Runs a parity command expecting exit code RC; the last stderr/stdout lines on failure.
 expect_rc() {

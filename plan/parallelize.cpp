@@ -536,7 +536,8 @@ Shape infer_global_shape(const Shape& local_shape, const Placements& placements,
   return g;
 }
 
-Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh, Device device) {
+Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh, Device device,
+                         const std::function<bool(const HookRecord&)>& wanted) {
   HookIR ir = lower(plan, model, mesh);
   check_shard_units(model, ir, mesh);
   std::map<std::string, Records> by_module;
@@ -546,7 +547,7 @@ Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh
       shard_parameter(path, model.get_parameter(path), model.init_record(path), mesh, *r.dst, device);
     } else if (r.action == HookAction::kDispatch) {
       continue;  // below, once every parameter is a DTensor
-    } else {
+    } else if (!wanted || (r.action != HookAction::kActivation && r.action != HookAction::kGrad) || wanted(r)) {
       by_module[r.module].push_back(r);
     }
   }

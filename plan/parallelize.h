@@ -22,6 +22,7 @@
 // -> parallelize -> GradReducer in one call (docs/embedding.md).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,8 +77,12 @@ class [[nodiscard]] Parallelized {
   std::vector<std::string> modules_;
 };
 
-// `model` must not have been parallelized before. `device` receives the local shards.
-[[nodiscard]] Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh, Device device = Device::cpu());
+// `model` must not have been parallelized before. `device` receives the local shards. `install`,
+// when given, says which of the lowered activation and gradient hooks to install (all by default;
+// the IR keeps every record): a pipeline stage after the first leaves out its model input's,
+// whose input there is the hidden state the stage before sent, already placed.
+[[nodiscard]] Parallelized parallelize(Module& model, const Plan& plan, const DeviceMesh& mesh, Device device = Device::cpu(),
+                                       const std::function<bool(const HookRecord&)>& wanted = {});
 
 // ---- factory scopes ---------------------------------------------------------------------------
 

@@ -281,6 +281,11 @@ open(sys.argv[1], "w").write("".join(",".join(str(random.randrange(256)) for _ i
   parity "$WORK/llama_pp_gpipe.plan" 4 5 2 1e-5 1e-5
   # TP partial sums round differently (as llama_tp): drift-tol after AdamW.
   parity "$PLANS/llama_pp_tp.plan" 4 5 2 1e-5 5e-2
+  # pp x Megatron sequence parallelism (llama_tp_sp's entries in 2 stages): the hidden state
+  # crosses the stages as its S(1) sequence shard; the model-input placement (tp=R, for the ids)
+  # is not applied to it on the second stage (it was until 2026-12-07: the first step failed).
+  { printf 'mesh pp=2 tp=*\nstages pp=even\n'; grep -v '^mesh' "$PLANS/llama_tp_sp.plan"; } > "$WORK/pp_tp_sp.plan"
+  parity "$WORK/pp_tp_sp.plan" 4 3 2 1e-5 5e-2
   parity "$PLANS/llama_pp_dp_tp.plan" 8 3 2 1e-5 5e-2 --batch 4
   # FSDP units over dp x TP within each stage (pp 2 x tp 2 x dp 2).
   parity "$PLANS/llama_pp_fsdp_tp.plan" 8 3 2 1e-5 5e-2 --batch 4

@@ -166,7 +166,15 @@ Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {
     prune_to_stage(model, *ctx.pipeline, ctx.stage, keep);
     model.set_pipeline_span(st.first, st.last);
   }
-  return parallelize(model, ctx.plan, *ctx.mesh);
+  if (!ctx.is_pipeline() || ctx.stage == 0) return parallelize(model, ctx.plan, *ctx.mesh);
+  // A later stage's model input is the hidden state the stage before sent, placed as that stage's
+  // last layer left it, as in the model without stages, where no hook stands between two layers.
+  // The plan's placement of the model input (the token ids) is left out there: it turned a
+  // sequence-parallel S(1) hidden state into R under pp x tp+sp until 2026-12-07, which the next
+  // layer's hooks refused in the first step.
+  return parallelize(model, ctx.plan, *ctx.mesh, Device::cpu(), [](const HookRecord& r) {
+    return !(r.module == "model" && r.io_input && r.io_index == 0);
+  });
 }
 
 namespace {

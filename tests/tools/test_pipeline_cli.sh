@@ -181,6 +181,12 @@ PY
     "schedule pp=gpipe" -- mpi 2 "$BIN" parity --plan "$PLANS/llama_pp.plan" $SMALL --steps 1 --accum 1
   expect_error "interleaved with --accum not a multiple of pp" "--accum 3 is not a multiple of the 2 pipeline stages" -- \
     mpi 2 "$BIN" parity --plan "$PLANS/llama_pp_interleaved.plan" $SMALL --steps 1 --accum 3
+  # Agreed on at start-up (every rank exits with the error, no MPI_Abort; the Trainer found it,
+  # with MPI_Abort, until 2026-12-07), by train too.
+  expect_error "train: 1F1B with --accum below the stage count" "--accum 1" "fewer micro-batches" -- \
+    mpi 2 "$BIN" train --plan "$PLANS/llama_pp.plan" $SMALL --steps 1 --accum 1 --metrics ""
+  grep -q "MPI_ABORT" "$WORK/err" "$WORK/out" && fail "train --accum 1 under 1F1B: MPI_Abort" \
+    || pass "train --accum 1 under 1F1B: agreed at start-up, no MPI_Abort"
   expect_error "pp 3 does not divide 4 layers" "llama_pp.plan:6:1" "split evenly over pp=3" -- \
     mpi 3 "$BIN" parity --plan "$PLANS/llama_pp.plan" $SMALL --steps 1 --accum 3
   printf 'mesh pp=2 dp=*\nstages pp=even\nplace model <in>:0 pp=S(0)\n' > "$WORK/bad.plan"
@@ -190,6 +196,21 @@ PY
     > "$WORK/twice.plan"
   expect_error "a unit on two stages" "twice.plan:3:7" "assigns model.layers.2 to stage 1" -- \
     "$BIN" plan --plan "$WORK/twice.plan" --world 2
+
+  # A plan whose stages cannot be resolved (lm_head on no stage): eval, grad and init agree on it
+  # at start-up (exit 1 on every rank, no MPI_Abort; they aborted the job until 2026-12-07).
+  printf 'mesh pp=2\nstage model\\.embed_tokens|model\\.layers\\.[01] pp=0\nstage model\\.layers\\.[23]|model\\.norm pp=1\n' \
+    > "$WORK/nohead.plan"
+  "$BIN" init --config llama-tiny --seed 3 --out "$WORK/nh_ck" >/dev/null || fail "init exit"
+  printf '1,2,3,4,5\n6,7,8,9,10\n' > "$WORK/nh_tok.txt"
+  for cmd in "eval --hf $WORK/nh_ck --tokens $WORK/nh_tok.txt" "grad --hf $WORK/nh_ck --tokens $WORK/nh_tok.txt --out $WORK/nh.st" \
+      "init --config llama-tiny --out $WORK/nh_init"; do
+    # shellcheck disable=SC2086
+    expect_error "${cmd%% *} with lm_head on no stage" "lm_head is on no stage" "nohead.plan:2:1" -- \
+      mpi 2 "$BIN" $cmd --plan "$WORK/nohead.plan"
+    grep -q "MPI_ABORT" "$WORK/err" "$WORK/out" && fail "${cmd%% *} with lm_head on no stage: MPI_Abort" \
+      || pass "${cmd%% *} with lm_head on no stage: agreed at start-up, no MPI_Abort"
+  done
 
   # ---- eval, grad and init under pipeline plans ------------------------------------------------
   # One micro-batch through the stages: pipeline parallelism alone changes no arithmetic, so the

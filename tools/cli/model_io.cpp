@@ -53,6 +53,29 @@ struct Parallel {
   std::unique_ptr<Parallelized> par;
 };
 
+// The plan against the model of `cfg` and a [batch, seq] batch on meta (check_plan_on_meta: the
+// stages, every entry, the input split, a forward), agreed on by every rank before any builds its
+// own part: a plan the model cannot take ends each rank with exit 1 and its error, without
+// MPI_Abort (a stage resolution error, e.g. lm_head on no stage, aborted the job until 2026-12-07).
+// Builds meta models, which advance the default generator: call it before seeding an init.
+void check_plan_at_start(const std::string& command, const PlanContext& ctx, const ModelConfig& cfg, int64_t batch,
+                         int64_t seq, const std::string& source) {
+  agree_on_start(command, 1, [&] { check_plan_on_meta(ctx, cfg, batch, seq, command, source); });
+}
+
+// The checkpoint and the token file of eval and grad. Under a plan every rank reads them and the
+// ranks agree (agree_on_start): a file every rank finds bad ends each with exit 1 and its error,
+// without MPI_Abort.
+void read_inputs(const std::string& command, const PlanContext* ctx, const std::string& dir, const std::string& tokens,
+                 HfCheckpoint& ck, TokenBatch& batch) {
+  auto read = [&] {
+    ck = read_model_checkpoint(dir);
+    batch = read_token_batch(tokens, ck.config, dir);
+  };
+  if (ctx) agree_on_start(command, 1, read);
+  else read();
+}
+
 // Loads the checkpoint in f32 and returns the model with its mean cross-entropy on the file. With
 // --plan (`parallel` set), the loaded model is parallelized (each rank keeps its shards) and the
 // loss is a replicated DTensor.
@@ -60,8 +83,10 @@ std::pair<std::shared_ptr<CausalLM>, Tensor> model_loss(const std::string& comma
                                                         Parallel* parallel) {
   const std::string dir = args.required("hf"), tokens = args.required("tokens");
   const Device device = resolve_device(command, args.str("device"));
-  HfCheckpoint ck = read_model_checkpoint(dir);
-  TokenBatch batch = read_token_batch(tokens, ck.config, dir);
+  HfCheckpoint ck;
+  TokenBatch batch;
+  read_inputs(command, parallel ? &parallel->ctx : nullptr, dir, tokens, ck, batch);
+  if (parallel) check_plan_at_start(command, parallel->ctx, ck.config, batch.inputs.size(0), batch.inputs.size(1), tokens);
   std::shared_ptr<CausalLM> model = build_run_model(ck.config, &ck, false);  // on meta, then the file's weights
   model->eval();
   if (parallel)
@@ -134,12 +159,14 @@ std::pair<std::shared_ptr<CausalLM>, double> pipeline_loss(const std::string& co
                                                           Parallel& parallel, bool backward) {
   const std::string dir = args.required("hf"), tokens = args.required("tokens");
   const Device device = resolve_device(command, args.str("device"));
-  HfCheckpoint ck = read_model_checkpoint(dir);
-  TokenBatch batch = read_token_batch(tokens, ck.config, dir);
+  HfCheckpoint ck;
+  TokenBatch batch;
+  read_inputs(command, &parallel.ctx, dir, tokens, ck, batch);
   // The loss is the cross-entropy alone (no router losses, which a pipeline could not gather).
   ck.config.router_aux_loss_coef = 0;
   ck.config.router_z_loss_coef = 0;
   PlanContext& ctx = parallel.ctx;
+  check_plan_at_start(command, ctx, ck.config, batch.inputs.size(0), batch.inputs.size(1), tokens);
   std::shared_ptr<CausalLM> model = build_run_model(ck.config, &ck, true);
   model->eval();
   parallel.par = std::make_unique<Parallelized>(parallelize_run(*model, ctx));
@@ -257,6 +284,11 @@ int run_init(int argc, char** argv) {
   MT_CHECK(dt == "f32" || dt == "bf16" || dt == "f16", "meshtrain init: --dtype must be f32, bf16 or f16, got '{}'", dt);
   DType dtype = dt == "f32" ? DType::kF32 : dt == "bf16" ? DType::kBF16 : DType::kF16;
   auto parallel = parallel_from(args, "init");
+  // The plan against the model, before the seed (it builds meta models): a batch of one sequence
+  // per rank of 8 tokens at most, as `meshtrain plan` checks.
+  if (parallel)
+    check_plan_at_start("init", parallel->ctx, cfg, parallel->ctx.world,
+                        std::min<int64_t>(8, std::max<int64_t>(cfg.max_position_embeddings, 1)), "");
   const Device device = resolve_device("init", args.str("device"));
   manual_seed(static_cast<uint64_t>(args.integer("seed", 0, std::numeric_limits<int64_t>::max())));
   check_model_fits_memory(cfg, ModelUse::kWeights, "init", args.str("config"));

@@ -71,14 +71,29 @@ PipelineLayout pipeline_of(const PlanContext& ctx, CausalLM& model) {
 
 }  // namespace
 
+void check_pipeline_accum(const PipelineLayout& layout, int64_t accum, const std::string& command,
+                          const std::string& plan_path) {
+  const int64_t stages = layout.size();
+  MT_CHECK(layout.schedule != PipelineScheduleKind::kOneFOneB || accum >= stages,
+           "meshtrain {}: --accum {} gives fewer micro-batches than the {} pipeline stages of {}: 1F1B needs at "
+           "least one per stage (raise --accum, or 'schedule {}=gpipe' in the plan)",
+           command, accum, stages, plan_path, layout.dim);
+  MT_CHECK(layout.schedule != PipelineScheduleKind::kInterleaved || accum % stages == 0,
+           "meshtrain {}: --accum {} is not a multiple of the {} pipeline stages of {}: interleaved 1F1B runs the "
+           "micro-batches in groups of one per stage", command, accum, stages, plan_path);
+}
+
 void check_plan_on_meta(const PlanContext& ctx, const ModelConfig& cfg, int64_t batch, int64_t seq,
-                        const std::string& command, const std::string& source) {
+                        const std::string& command, const std::string& source, int64_t accum) {
   std::shared_ptr<CausalLM> model;
   {
     InitDeviceGuard meta(Device::meta());
     model = build_causal_lm(cfg);
   }
-  if (ctx.is_pipeline()) pipeline_of(ctx, *model);
+  if (ctx.is_pipeline()) {
+    const PipelineLayout layout = pipeline_of(ctx, *model);
+    if (accum > 0) check_pipeline_accum(layout, accum, command, ctx.path);
+  }
   // A pipeline stage runs ctx.plan (without the pipeline dim) on its modules: lowered here on
   // every stage's modules at once, as parallelize_run does.
   const HookIR ir = lower(ctx.plan, *model, *ctx.mesh);

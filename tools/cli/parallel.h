@@ -119,8 +119,15 @@ void check_input_split(const HookIR& ir, const PlanContext& ctx, int64_t batch, 
 // that do not split evenly, a factory placement nothing reads), as `meshtrain plan` runs it. The
 // same on every rank, so that `parity` and `train` agree on these usage errors at start-up
 // (agree_on_start: no MPI_Abort). Builds meta models: call it before seeding the run's init.
+// `accum` (train, parity): the micro-batches per step, checked against a pipeline's schedule
+// (check_pipeline_accum); 0 for a command that runs one batch through the stages.
 void check_plan_on_meta(const PlanContext& ctx, const ModelConfig& cfg, int64_t batch, int64_t seq,
-                        const std::string& command, const std::string& source = "");
+                        const std::string& command, const std::string& source = "", int64_t accum = 0);
+
+// --accum against a pipeline's schedule: 1F1B needs a micro-batch per stage at least, interleaved
+// 1F1B a multiple of the stage count (errors name `command`, the plan and the fix).
+void check_pipeline_accum(const PipelineLayout& layout, int64_t accum, const std::string& command,
+                          const std::string& plan_path);
 
 // One meta forward of a [batch, seq] batch of token ids: check_io_shapes on `model` (the whole
 // model of `cfg`, built on meta, `ir` its lowering), then check_plan_forward at the mesh's

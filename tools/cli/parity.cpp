@@ -225,9 +225,10 @@ Setup prepare(int argc, char** argv) {
     s.tokens = run_tokens(args.str("data"), s.cfg);
   // The plan against the model (on meta): what it refuses is a usage error too, agreed on below.
   if (fixed)
-    check_plan_on_meta(*s.plan, s.cfg, s.fixed.inputs.size(0), s.fixed.inputs.size(1), "parity", args.str("tokens"));
+    check_plan_on_meta(*s.plan, s.cfg, s.fixed.inputs.size(0), s.fixed.inputs.size(1), "parity", args.str("tokens"),
+                       args.integer("accum"));
   else
-    check_plan_on_meta(*s.plan, s.cfg, args.integer("batch"), args.integer("seq"), "parity");
+    check_plan_on_meta(*s.plan, s.cfg, args.integer("batch"), args.integer("seq"), "parity", "", args.integer("accum"));
   return s;
 }
 

@@ -239,7 +239,7 @@ int run_train(int argc, char** argv) {
   const std::optional<TrainSampler> sampler = TrainSampler::from_args(args, cfg, args.str("hf"), plan != nullptr, seed);
   // The plan against the model, on meta (lowering, the input split, a forward), before the init
   // is seeded (it builds meta models): agreed on as the plan file's errors above.
-  if (plan) agree_on_start("train", 1, [&] { check_plan_on_meta(*plan, cfg, batch, seq, "train"); });
+  if (plan) agree_on_start("train", 1, [&] { check_plan_on_meta(*plan, cfg, batch, seq, "train", "", accum); });
   manual_seed(seed);
   HfCheckpoint start_from;  // --resume or --hf: the model starts from these weights
   const bool sharded_resume = resume && loaded.sharded && plan;

@@ -258,14 +258,7 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
       MT_CHECK(plan->pipeline != nullptr, "meshtrain {}: internal: pipeline plan {} not resolved (parallelize_run)",
                command, plan->path);
       const PipelineScheduleKind kind = plan->pipeline->schedule;
-      const int64_t stages = plan->pipeline->size();
-      MT_CHECK(kind != PipelineScheduleKind::kOneFOneB || accum_ >= stages,
-               "meshtrain {}: --accum {} gives fewer micro-batches than the {} pipeline stages of {}: 1F1B needs at "
-               "least one per stage (raise --accum, or 'schedule {}=gpipe' in the plan)",
-               command, accum_, stages, plan->path, plan->pipeline->dim);
-      MT_CHECK(kind != PipelineScheduleKind::kInterleaved || accum_ % stages == 0,
-               "meshtrain {}: --accum {} is not a multiple of the {} pipeline stages of {}: interleaved 1F1B runs the "
-               "micro-batches in groups of one per stage", command, accum_, stages, plan->path);
+      check_pipeline_accum(*plan->pipeline, accum_, command, plan->path);  // also at start-up (check_plan_on_meta)
       const NamedTensors params = model.named_parameters();
       const Device device = params.empty() ? Device::cpu() : params.front().second.device();
       pipe_ = std::make_unique<PipelineRunner>(*plan->world_mesh, plan->pipeline->dim, *plan->mesh, kind, device,

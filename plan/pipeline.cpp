@@ -61,8 +61,8 @@ PipelineLayout resolve_pipeline(const Plan& plan, const PlanMesh& mesh, const st
   l.virtual_stages = V;
   const auto n = static_cast<int64_t>(units.size());
   const auto& lines = plan.stage_entries();
-  MT_CHECK(!lines.empty(), "plan {}: pipeline dim '{}' has a schedule but no stage lines; expected 'stages {}=even' "
-           "or 'stage REGEX {}=K' lines", plan.source(), l.dim, l.dim, l.dim);
+  MT_CHECK(!lines.empty(), "{}: pipeline dim '{}' has a schedule but no stage lines; expected 'stages {}=even' "
+           "or 'stage REGEX {}=K' lines", plan.schedule_loc().str(), l.dim, l.dim, l.dim);
   std::vector<int64_t> stage_of(static_cast<size_t>(n), -1);
   std::vector<const StageEntry*> by(static_cast<size_t>(n), nullptr);
   MT_CHECK(V == 1 || lines.front().even(), "{}: interleaved({}) splits the layers into {} x {} chunks itself; "

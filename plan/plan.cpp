@@ -491,8 +491,10 @@ std::pair<PipelineScheduleKind, int64_t> parse_schedule_value(const std::string&
   const std::string pre = "interleaved(";
   if (value.rfind(pre, 0) == 0 && value.back() == ')') {
     const std::string v = value.substr(pre.size(), value.size() - pre.size() - 1);
-    MT_CHECK(small_number(v) && std::stoll(v) >= 2, "{}: interleaved({}) needs V >= 2 virtual stages per rank, e.g. "
-             "interleaved(2)", loc.str(), printable(v));
+    MT_CHECK(small_number(v), "{}: interleaved({}): '{}' is not a count of virtual stages per rank; expected a "
+             "whole number V >= 2 of at most 9 digits, e.g. interleaved(2)", loc.str(), printable(v), printable(v));
+    MT_CHECK(std::stoll(v) >= 2, "{}: interleaved({}) needs V >= 2 virtual stages per rank, e.g. interleaved(2)",
+             loc.str(), printable(v));
     return {PipelineScheduleKind::kInterleaved, std::stoll(v)};
   }
   MT_FAIL("{}: unknown schedule '{}'; expected 1f1b, gpipe or interleaved(V)", loc.str(), printable(value));

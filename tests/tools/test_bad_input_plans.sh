@@ -71,6 +71,13 @@ fi
 bad_case "MoE under context parallelism" "llama_cp.plan: a forward under the plan" \
   "MoE layer 'model.layers.0.block_sparse_moe'" "[ZS(1)]" "under context or sequence parallelism are not supported" -- \
   "$bin" plan --config mixtral-tiny --plan "$plans/llama_cp.plan" --world 2
+# Pipeline schedules: a V that is no number is said so (not "needs V >= 2"); a schedule without
+# stage lines names its line (2026-12-07).
+plan ilx "mesh pp=2\nstages pp=even\nschedule pp=interleaved(x)\n"
+bad_case "interleaved(x)" --watch "$P" "ilx.plan:3:10" "'x' is not a count of virtual stages" -- "${run[@]}" "$P/ilx.plan" --world 2
+plan schedonly "mesh pp=2\nschedule pp=gpipe\n"
+bad_case "a schedule without stage lines" --watch "$P" "schedonly.plan:2:1" "has a schedule but no stage lines" -- \
+  "${run[@]}" "$P/schedonly.plan" --world 2
 plan zsodd "mesh cp=*\nplace model <in>:0 cp=ZS(3)\n"
 bad_case "ZS on a dim the ids lack" --watch "$P" "zsodd.plan:2:20" -- "${run[@]}" "$P/zsodd.plan" --world 2
 

@@ -188,22 +188,24 @@ std::vector<FsdpUnit> lower_fsdp(const FsdpEntries& entries, const std::vector<M
              "unit's parameter regex)",
              how.loc.str(), p.path);
     // The local shard the ragged split divides: the placements on every other dim, which must
-    // come before this one in the mesh and split evenly (one layout for every coordinate).
+    // split evenly (one layout for every coordinate; checked first: when they do not, their order
+    // in the mesh is not the fix) and come before this one in the mesh.
     Placements ps = resolve_param(p.init, p, mesh, "INIT");
-    for (int j = 0; j < mesh.ndim(); ++j)
-      MT_CHECK(!ps[static_cast<size_t>(j)].splits() || j < dim,
-               "{}: parameter {} is split on mesh dim '{}' ({}), which comes after the FSDP dim '{}' in the mesh; the "
-               "ragged split runs over the local shards, so list '{}' after '{}' in the mesh line",
-               how.loc.str(), p.path, mesh.names[static_cast<size_t>(j)], ps[static_cast<size_t>(j)].str(), how.dim,
-               how.dim, mesh.names[static_cast<size_t>(j)]);
     std::vector<int64_t> corner;
     for (int i = 0; i < mesh.shape.size(); ++i) corner.push_back(mesh.shape[i] - 1);
     const Shape first(std::vector<int64_t>(mesh.shape.size(), 0)), last(corner);
     const Shape local = local_layout(p.shape, ps, mesh.shape, first).local_shape;
     MT_CHECK(local == local_layout(p.shape, ps, mesh.shape, last).local_shape,
              "{}: parameter {} of shape {} has different local shapes under {} on mesh {}; an FSDP unit needs "
-             "even splits on the other mesh dims",
+             "even splits on the other mesh dims (a split that gives some ranks whole tensors and others none, as "
+             "dispatch's experts, cannot be in one)",
              how.loc.str(), p.path, p.shape, placements_on(ps, mesh), mesh.str());
+    for (int j = 0; j < mesh.ndim(); ++j)
+      MT_CHECK(!ps[static_cast<size_t>(j)].splits() || j < dim,
+               "{}: parameter {} is split on mesh dim '{}' ({}), which comes after the FSDP dim '{}' in the mesh; the "
+               "ragged split runs over the local shards, so list '{}' after '{}' in the mesh line",
+               how.loc.str(), p.path, mesh.names[static_cast<size_t>(j)], ps[static_cast<size_t>(j)].str(), how.dim,
+               how.dim, mesh.names[static_cast<size_t>(j)]);
     const int64_t rows = local[0];
     const int64_t block = how.fsdp_rows == DimPlacement::kFsdpWhole ? rows : how.fsdp_rows;
     MT_CHECK(rows > 0 && rows % block == 0,

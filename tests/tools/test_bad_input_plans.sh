@@ -78,6 +78,12 @@ bad_case "interleaved(x)" --watch "$P" "ilx.plan:3:10" "'x' is not a count of vi
 plan schedonly "mesh pp=2\nschedule pp=gpipe\n"
 bad_case "a schedule without stage lines" --watch "$P" "schedonly.plan:2:1" "has a schedule but no stage lines" -- \
   "${run[@]}" "$P/schedonly.plan" --world 2
+# FSDP of dispatch's experts (whole on their owners: uneven over ep) is refused for what it is,
+# whichever dim comes first; with dp first it advised listing dp after ep until 2026-12-07, which
+# only led to this error.
+plan fsdpexp "mesh dp=2 ep=*\ndispatch model\\\\.layers\\\\.\\\\d+\\\\.block_sparse_moe experts ep=all_to_all\nfsdp model\\\\.layers\\\\.\\\\d+ block_sparse_moe\\\\.experts\\\\..* dp=rows\nplace model <in>:0 ep=S(0) dp=S(0)\n"
+bad_case "FSDP of dispatch's experts" --watch "$P" "fsdpexp.plan:3:" "has different local shapes" "dispatch's experts, cannot be in one" -- \
+  "$bin" plan --config mixtral-tiny --plan "$P/fsdpexp.plan" --world 4
 plan zsodd "mesh cp=*\nplace model <in>:0 cp=ZS(3)\n"
 bad_case "ZS on a dim the ids lack" --watch "$P" "zsodd.plan:2:20" -- "${run[@]}" "$P/zsodd.plan" --world 2
 

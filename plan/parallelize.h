@@ -77,7 +77,7 @@ class [[nodiscard]] Parallelized {
   std::vector<std::string> modules_;
 };
 
-// `model` must not have been parallelized before. `device` receives the local shards. `install`,
+// `model` must not have been parallelized before. `device` receives the local shards. `wanted`,
 // when given, says which of the lowered activation and gradient hooks to install (all by default;
 // the IR keeps every record): a pipeline stage after the first leaves out its model input's,
 // whose input there is the hidden state the stage before sent, already placed.

@@ -58,9 +58,14 @@ struct Parallel {
 // own part: a plan the model cannot take ends each rank with exit 1 and its error, without
 // MPI_Abort (a stage resolution error, e.g. lm_head on no stage, aborted the job until 2026-12-07).
 // Builds meta models, which advance the default generator: call it before seeding an init.
+// The loss it checks is the cross-entropy alone, as these commands compute (no router losses,
+// whatever `cfg` says).
 void check_plan_at_start(const std::string& command, const PlanContext& ctx, const ModelConfig& cfg, int64_t batch,
                          int64_t seq, const std::string& source) {
-  agree_on_start(command, 1, [&] { check_plan_on_meta(ctx, cfg, batch, seq, command, source); });
+  ModelConfig plain = cfg;
+  plain.router_aux_loss_coef = 0;
+  plain.router_z_loss_coef = 0;
+  agree_on_start(command, 1, [&] { check_plan_on_meta(ctx, plain, batch, seq, command, source); });
 }
 
 // The checkpoint and the token file of eval and grad. Under a plan every rank reads them and the

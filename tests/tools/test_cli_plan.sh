@@ -189,6 +189,17 @@ expect_error "train: an input split on a dim it lacks" "io_dim.plan:2:20" "split
   mpi 2 "$BIN" train --steps 1 --batch 2 --seq 16 --metrics "" --plan "$WORK/io_dim.plan"
 [ "$(grep -c '\] error: .*io_dim.plan:2:20' "$WORK/err")" -eq 2 ] && ! grep -q "MPI_ABORT" "$WORK/out" "$WORK/err" \
   && pass "train: the plan error on both ranks, without MPI_Abort" || fail "train io_dim: $(tail -n 3 "$WORK/err")"
+# Files every rank finds bad at start-up (a missing --data or --hf, a bad --tokens): agreed on, exit
+# 1 on every rank with the error, no MPI_Abort (until 2026-12-07 they aborted the job).
+for case in "train --steps 1 --metrics= --data $WORK/nope.bin|does not exist" "train --steps 1 --metrics= --hf $WORK/nope|not a directory" \
+    "eval --hf $WORK/ck --tokens $WORK/nope.txt|nope.txt"; do
+  cmd=${case%%|*}
+  # shellcheck disable=SC2086
+  expect_error "${cmd%% *} ${cmd##* }: a missing file under a plan" "${case##*|}" -- mpi 2 "$BIN" $cmd --plan "$PLANS/llama_dp.plan"
+  [ "$(grep -c '\] error: ' "$WORK/err")" -eq 2 ] && ! grep -q "MPI_ABORT" "$WORK/out" "$WORK/err" \
+    && pass "${cmd%% *}: the missing file's error on both ranks, without MPI_Abort" \
+    || fail "${cmd%% *} ${cmd##* }: $(tail -n 3 "$WORK/err")"
+done
 printf 'mesh dp=3\n' >"$WORK/three.plan"
 expect_error "world does not fit the mesh" "three.plan" -- mpi 2 "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/x.safetensors" --plan "$WORK/three.plan"
 # MT_COLLECTIVE_TIMEOUT_S=inf means no deadline (inf * 1000 in int64 came out negative: every job

@@ -212,34 +212,46 @@ int run_train(int argc, char** argv) {
   ModelConfig cfg;
   uint64_t seed = static_cast<uint64_t>(args.integer("seed"));
   const auto load_t0 = std::chrono::steady_clock::now();
-  // The settings a checkpoint records, read once (the --data fingerprint reads the file's ends).
-  std::vector<std::pair<std::string, std::string>> settings = resume_settings(args);
-  if (resume) {
-    // A sharded checkpoint under a plan: each rank reads its own boxes below, after parallelize().
-    loaded = load_latest_checkpoint(ckpt_dir, /*full=*/args.str("plan").empty());
-    check_resume_matches(loaded.state, args);
-    check_resume_settings(loaded.state, settings, args, loaded.path, loaded.config);
-    check_resume_model(loaded.config, args, loaded.path);
-    cfg = loaded.config;
-    seed = loaded.state.seed;
-  } else if (!args.str("hf").empty()) {
-    start_weights = read_model_checkpoint(args.str("hf"));
-    cfg = start_weights.config;
-    note_unapplied_fields(args.str("hf"));
-  } else {
-    cfg = resolve_config(args.str("config"));
-    if (!is_builtin_config(args.str("config"))) note_unapplied_fields(args.str("config"));
-  }
-  cfg.attention_dropout = cfg.residual_dropout = args.real("dropout");
-  apply_moe_loss_flags(args, cfg, "train");
-  cfg.validate();
-  const std::string cfg_source = resume ? loaded.path : !args.str("hf").empty() ? args.str("hf") : args.str("config");
-  validate_train_flags(args, cfg, cfg_source);
-  check_model_fits_memory(cfg, ModelUse::kTraining, "train", cfg_source);
-  const std::optional<TrainSampler> sampler = TrainSampler::from_args(args, cfg, args.str("hf"), plan != nullptr, seed);
-  // The plan against the model, on meta (lowering, the input split, a forward), before the init
-  // is seeded (it builds meta models): agreed on as the plan file's errors above.
-  if (plan) agree_on_start("train", 1, [&] { check_plan_on_meta(*plan, cfg, batch, seq, "train", "", accum); });
+  std::vector<std::pair<std::string, std::string>> settings;
+  std::string cfg_source;
+  std::optional<TrainSampler> sampler;
+  // The start-up reads and checks, before any collective: under a plan every rank runs them and the
+  // ranks agree (agree_on_start), so that a file or setting every rank finds bad (a missing --data
+  // or --hf, a resume that differs) ends each rank with exit 1 and its error, without MPI_Abort.
+  auto start_up = [&] {
+    // The settings a checkpoint records, read once (the --data fingerprint reads the file's ends).
+    settings = resume_settings(args);
+    if (!args.str("val-data").empty())
+      for (const std::string& f : data_files(args.str("val-data"), "--val-data")) read_token_file_header(f);
+    if (resume) {
+      // A sharded checkpoint under a plan: each rank reads its own boxes below, after parallelize().
+      loaded = load_latest_checkpoint(ckpt_dir, /*full=*/args.str("plan").empty());
+      check_resume_matches(loaded.state, args);
+      check_resume_settings(loaded.state, settings, args, loaded.path, loaded.config);
+      check_resume_model(loaded.config, args, loaded.path);
+      cfg = loaded.config;
+      seed = loaded.state.seed;
+    } else if (!args.str("hf").empty()) {
+      start_weights = read_model_checkpoint(args.str("hf"));
+      cfg = start_weights.config;
+      note_unapplied_fields(args.str("hf"));
+    } else {
+      cfg = resolve_config(args.str("config"));
+      if (!is_builtin_config(args.str("config"))) note_unapplied_fields(args.str("config"));
+    }
+    cfg.attention_dropout = cfg.residual_dropout = args.real("dropout");
+    apply_moe_loss_flags(args, cfg, "train");
+    cfg.validate();
+    cfg_source = resume ? loaded.path : !args.str("hf").empty() ? args.str("hf") : args.str("config");
+    validate_train_flags(args, cfg, cfg_source);
+    check_model_fits_memory(cfg, ModelUse::kTraining, "train", cfg_source);
+    sampler = TrainSampler::from_args(args, cfg, args.str("hf"), plan != nullptr, seed);
+    // The plan against the model, on meta (lowering, the input split, a forward), before the init
+    // is seeded (it builds meta models).
+    if (plan) check_plan_on_meta(*plan, cfg, batch, seq, "train", "", accum);
+  };
+  if (plan) agree_on_start("train", 1, start_up);
+  else start_up();
   manual_seed(seed);
   HfCheckpoint start_from;  // --resume or --hf: the model starts from these weights
   const bool sharded_resume = resume && loaded.sharded && plan;

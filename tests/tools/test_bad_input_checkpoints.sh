@@ -65,6 +65,11 @@ bad_case "train --metrics as a fresh checkpoint directory's latest" --watch "$WO
 bad_case "train --profile into a step directory" --watch "$WORK/ck" "--profile $WORK/ck/step-00000004/trainer_state.json" \
   "is a checkpoint file of --checkpoint-dir" -- "$BIN" "${T[@]}" --steps 6 --resume --checkpoint-dir "$WORK/ck" \
   --profile "$WORK/ck/step-00000004/trainer_state.json"
+# --metrics and --profile naming one file in two spellings (the trace replaced the metrics, exit 0,
+# until 2026-12-07): refused, the existing metrics file untouched.
+mkdir -p "$WORK/mp" && echo '{"step": 1}' > "$WORK/mp/m.jsonl"
+bad_case "train --metrics and --profile the same file" --watch "$WORK/mp" "are the same file" -- \
+  "$BIN" train --batch 2 --seq 32 --warmup 1 --steps 1 --metrics "$WORK/mp/m.jsonl" --profile "$WORK/mp/../mp/./m.jsonl"
 cp "$WORK/g.safetensors" "$WORK/g2.safetensors"
 bad_case "compare --json over B" --watch "$WORK/g2.safetensors" "--json" "is the same file as B" -- \
   "$BIN" compare "$WORK/g.safetensors" "$WORK/g2.safetensors" --json "$WORK/g2.safetensors"

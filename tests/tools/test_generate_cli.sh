@@ -216,6 +216,13 @@ expect_error "tokenize --text-field without jsonl" "--text-field applies to --fo
   "$BIN" tokenize "$WORK/docs.jsonl" --format lines --text-field body --tokenizer "$WORK/v600" --out "$WORK/x.bin"
 expect_error "tokenize onto its input" "same file as an input" -- \
   "$BIN" tokenize "$WORK/docs.jsonl" --tokenizer "$WORK/v600" --out "$WORK/docs.jsonl"
+# Onto the weights of the checkpoint directory given as --tokenizer (written over until
+# 2026-12-07): refused, the weights unchanged.
+cp "$WORK/v600/model.safetensors" "$WORK/v600_weights.bak"
+expect_error "tokenize onto the --tokenizer directory's weights" "is a checkpoint file of --tokenizer" -- \
+  "$BIN" tokenize "$WORK/docs.jsonl" --tokenizer "$WORK/v600" --out "$WORK/v600/model.safetensors"
+cmp -s "$WORK/v600/model.safetensors" "$WORK/v600_weights.bak" && pass "the --tokenizer directory's weights unchanged" \
+  || fail "tokenize changed the --tokenizer directory's weights"
 
 # ---- bad input --------------------------------------------------------------------------------------
 expect_error "--prompt text without a tokenizer.json" "needs a tokenizer.json (--config has none: use --hf DIR)" -- \

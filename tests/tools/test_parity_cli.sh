@@ -269,6 +269,25 @@ for opt in adamw adamw8bit; do
 done
 expect_rc "compare: a file against a directory" 0 "$BIN" compare "$WORK/ck/model.safetensors" "$WORK/ck"
 expect_usage "compare: a missing path" "does not exist" -- "$BIN" compare "$WORK/ck" "$WORK/nope"
+# An inf in the reference (the same in A): the floor of its kind stays finite, so another tensor
+# that differs still fails (every tensor passed until 2026-12-07); the equal infinities agree.
+python3 - "$WORK/infA.safetensors" "$WORK/infB.safetensors" <<'PY'
+import json, struct, sys
+def write(path, tensors):
+    header, data = {}, b""
+    for name, vals in tensors.items():
+        raw = struct.pack(f"<{len(vals)}f", *vals)
+        header[name] = {"dtype": "F32", "shape": [len(vals)], "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode()
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + data)
+inf = float("inf")
+write(sys.argv[1], {"model.w": [1, inf, 3], "model.v": [1, 1000, -5, 7]})
+write(sys.argv[2], {"model.w": [1, inf, 3], "model.v": [1, 1, 1, 1]})
+PY
+expect_rc "compare: an inf in the reference does not hide a difference" 1 "$BIN" compare "$WORK/infA.safetensors" "$WORK/infB.safetensors"
+grep -q "model.v: rel" "$WORK/out" && ! grep -q "model.w: rel" "$WORK/out" \
+  && pass "compare: model.v fails, model.w (equal infinities) does not" || fail "compare inf: $(tail -n 3 "$WORK/out")"
 expect_usage "compare: one path" "expected two paths" -- "$BIN" compare "$WORK/ck"
 expect_usage "--tol -1" "--tol" -- "$BIN" parity --plan "$P" --tol -1
 expect_usage "--tokens and --data" "not both" -- "$BIN" parity --plan "$P" --tokens a --data b

@@ -85,6 +85,13 @@ void check_not_input(const std::string& out, const std::string& out_flag,
   }
 }
 
+bool same_output_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+  return fs::weakly_canonical(fs::absolute(a, ec), ec) == fs::weakly_canonical(fs::absolute(b, ec), ec);
+}
+
 void check_output_dir(const std::string& path, const std::string& flag) {
   MT_CHECK(!path.empty(), "{}: the directory name is empty", flag);
   fs::path p(path);

@@ -132,11 +132,14 @@ std::vector<TensorDiff> compare_tensors(const NamedTensors& parallel, const Name
     double worst = 0;
     int64_t at = 0;
     for (size_t k = 0; k < a.size(); ++k) {
-      double diff = std::fabs(a[k] - b[k]);
+      double diff = a[k] == b[k] ? 0 : std::fabs(a[k] - b[k]);  // equal infinities differ by 0
       if (std::isnan(diff)) diff = kInf;
       if (diff > worst) worst = diff, at = static_cast<int64_t>(k);
     }
-    for (double v : ref.to_vector<double>()) d.ref_max = std::max(d.ref_max, std::fabs(v));
+    // The scale: the reference's largest finite magnitude (an inf would make every tensor's floor
+    // inf, and every difference pass; meshtrain compare did until 2026-12-07).
+    for (double v : ref.to_vector<double>())
+      if (std::isfinite(v)) d.ref_max = std::max(d.ref_max, std::fabs(v));
     const size_t slot = static_cast<size_t>((i * world + ctx.rank) * 2);
     slots[slot] = std::isinf(worst) ? std::numeric_limits<double>::max() : worst;
     slots[slot + 1] = static_cast<double>(at);

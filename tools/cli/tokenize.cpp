@@ -52,7 +52,10 @@ int run_tokenize(int argc, char** argv) {
   const std::string tok_file = fs::is_directory(tok) ? (fs::path(tok) / "tokenizer.json").string() : tok;
   MT_CHECK(fs::is_regular_file(tok_file), "meshtrain tokenize: --tokenizer {}: {} is not a file", tok, tok_file);
   check_output_file(out, "--out");
+  // A checkpoint directory given as --tokenizer counts as a whole: its weights and config are not
+  // to be written over either (its model.safetensors was, until 2026-12-07).
   std::vector<std::pair<std::string, std::string>> named{{"--tokenizer", tok_file}};
+  if (fs::is_directory(tok)) named.emplace_back("--tokenizer", tok);
   for (const std::string& in : inputs) {
     MT_CHECK(fs::is_regular_file(in), "meshtrain tokenize: input {} is not a regular file", in);
     named.emplace_back("an input", in);

@@ -464,7 +464,7 @@ struct FsdpUnitBuffer::State {
     }
     // With reshard, the gathered parameters give their memory back until the next use (the
     // storage object stays: deterministic memory, no new buffers); grad_full's goes once the
-    // reduce-scatter has read it (UnitReduction::settle).
+    // reduce-scatter has read it, for every unit (UnitReduction::settle).
     if (reshard && free_data(full)) resharded = true;
     std::vector<Tensor> result;
     for (const Param& p : params)
@@ -485,7 +485,7 @@ struct FsdpUnitBuffer::State {
     BinaryParams bp{BinaryOp::kAdd, c0.view_info(), c1.view_info(), out.view_info()};
     MT_KERNEL(out.device().type, binary, bp);
     for (int64_t r = 2; r < group; ++r) out.add_(chunk(r));
-    if (reshard) free_data(grad_recv);
+    free_data(grad_recv);  // as grad_full (UnitReduction::settle)
     ++g_ordered_reductions;
   }
 
@@ -560,9 +560,11 @@ void UnitReduction::settle() {
       reduce = s.mesh.comm(d).all_reduce_async(out, CommReduceOp::kSum);
     ++g_replica_all_reduces;
   }
-  // With reshard, the unit's gradient buffer gives its memory back until its next backward (the
-  // storage object stays: deterministic memory, no new buffers).
-  if (s.reshard) FsdpUnitBuffer::State::free_data(s.grad_full);
+  // The unit's gradient buffer gives its memory back until its next backward (the storage object
+  // stays: deterministic memory, no new buffers), whether or not the unit reshards after forward:
+  // `reshard=no` is about the gathered parameters, and a root or `reshard=no` unit held its
+  // gradient buffer through the optimizer step and the next forward until 2026-12-07.
+  FsdpUnitBuffer::State::free_data(s.grad_full);
 }
 
 void complete_in_flight(const FsdpUnitBuffer::State* unit) {

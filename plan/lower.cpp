@@ -220,23 +220,35 @@ std::vector<FsdpUnit> lower_fsdp(const FsdpEntries& entries, const std::vector<M
       units.push_back(std::move(u));
     }
     FsdpUnit& u = units[it->second];
-    // The unit's options: every entry that gives one must agree (the first to give it is kept).
-    for (auto [given, field, key] : {std::tuple{c.entry->fsdp_reshard, &u.reshard_after_forward, "reshard"},
-                                     std::tuple{c.entry->fsdp_prefetch, &u.prefetch, "prefetch"}}) {
-      if (given < 0) continue;
-      auto& from = option_from[{it->second, key}];
-      MT_CHECK(!from || (given == 1) == *field,
-               "{}: FSDP unit {} gets {}={} here but {}={} at {}; expected one value per unit", c.entry->loc.str(),
-               u.module.empty() ? "(root)" : u.module, key, given ? "yes" : "no", key, *field ? "yes" : "no",
-               from->str());
-      *field = given == 1;
-      if (!from) from = c.entry->loc;
-    }
     u.params.push_back(p.path);
     u.tensors.push_back({p.path, rows, local.numel() / rows, block});
     if (std::find_if(u.from.begin(), u.from.end(), [&](const PlanLoc& l) { return l.str() == c.entry->loc.str(); }) ==
         u.from.end())
       u.from.push_back(c.entry->loc);
+  }
+  // A unit's options come from every entry that matches its module, whether or not the entry owns
+  // one of its parameters (a later entry that changes some parameters' granularity keeps them):
+  // every entry that gives one must agree, the first to give it is kept. Until 2026-12-07 only the
+  // owning entries' counted, so an entry whose parameters a later one took all lost its options
+  // without a word.
+  for (const auto& [e, matched] : entries) {
+    const int dim = mesh.dim_index(e->how[0].dim);
+    for (size_t mi : matched) {
+      auto it = unit_index.find({mi, dim});
+      if (it == unit_index.end()) continue;  // no unit there: nothing to reshard or prefetch
+      FsdpUnit& u = units[it->second];
+      for (auto [given, field, key] : {std::tuple{e->fsdp_reshard, &u.reshard_after_forward, "reshard"},
+                                       std::tuple{e->fsdp_prefetch, &u.prefetch, "prefetch"}}) {
+        if (given < 0) continue;
+        auto& from = option_from[{it->second, key}];
+        MT_CHECK(!from || (given == 1) == *field,
+                 "{}: FSDP unit {} gets {}={} here but {}={} at {}; expected one value per unit", e->loc.str(),
+                 u.module.empty() ? "(root)" : u.module, key, given ? "yes" : "no", key, *field ? "yes" : "no",
+                 from->str());
+        *field = given == 1;
+        if (!from) from = e->loc;
+      }
+    }
   }
   std::map<std::string, size_t> param_index;
   for (size_t pi = 0; pi < params.size(); ++pi) param_index[params[pi].path] = pi;

@@ -451,6 +451,17 @@ TEST_CASE("plan: fsdp units take reshard= and prefetch= from their entries", "[c
   CHECK(ir.fsdp_units[1].prefetch == true);
   CHECK_THAT(ir.fsdp_units[1].str(ir.mesh), Contains("reshard=no"));
   CHECK_THAT(ir.fsdp_units[0].str(ir.mesh), Contains("prefetch=no"));
+  // An entry whose parameters a later entry takes all (here to change the granularity) still gives
+  // its units its options (they were dropped without a word until 2026-12-07).
+  Plan over = parse_plan("mesh dp=*\nfsdp model\\.layers\\.\\d+ .* dp=rows reshard=no prefetch=no\n"
+                         "fsdp model\\.layers\\.\\d+ .* dp=rows(2)\n",
+                         "o.plan");
+  HookIR oir = lower(over, *m, over.resolve_mesh(2));
+  REQUIRE(oir.fsdp_units.size() == 4);  // llama-tiny's layers
+  for (const FsdpUnit& u : oir.fsdp_units) {
+    CHECK(u.reshard_after_forward == false);
+    CHECK(u.prefetch == false);
+  }
   // The builder takes the same words.
   Plan b;
   b.mesh({{"dp", -1}});

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #ifdef _OPENMP
@@ -32,11 +33,11 @@ constexpr const char* kUsage =
     "  grad     loss and gradients of a Hugging Face checkpoint on a token file\n"
     "  init     write freshly initialized weights as a Hugging Face checkpoint\n"
     "  generate a prompt's continuation by a checkpoint (greedy or sampled, KV cache)\n"
-    "  tokenize text files to an llm.c token shard with a tokenizer.json (for train --data)\n"
+    "  tokenize INPUT... text files to an llm.c token shard with a tokenizer.json (for train --data)\n"
     "  smoke    quick engine check: fit a small MLP\n"
     "  plan     print a plan's hook IR and local parameter shapes for a model and world size\n"
     "  parity   train under a plan and on one device, compare losses, gradients and weights\n"
-    "  compare  per-tensor differences of two safetensors files or checkpoint directories\n"
+    "  compare A B  per-tensor differences of two safetensors files or checkpoint directories\n"
     "  checkpoint inspect DIR   the tensors, shapes, placements and chunks of a sharded checkpoint\n"
     "  export   a Hugging Face checkpoint assembled from a sharded training checkpoint\n"
     "  version  print the version and the backends built in\n";
@@ -76,7 +77,13 @@ void check_process_environment() {
 int main(int argc, char** argv) {
   try {
     check_process_environment();
-    const char* cmd = argc > 1 ? argv[1] : "train";
+    // No command: the usage, exit 2 (it ran 300 training steps and truncated ./metrics.jsonl until
+    // 2026-12-07, an odd answer to a bare `meshtrain`).
+    if (argc < 2) {
+      std::fprintf(stderr, "%s", kUsage);
+      return 2;
+    }
+    const char* cmd = argv[1];
     if (!std::strcmp(cmd, "train")) return mt::cli::run_train(argc, argv);
     if (!std::strcmp(cmd, "eval")) return mt::cli::run_eval(argc, argv);
     if (!std::strcmp(cmd, "grad")) return mt::cli::run_grad(argc, argv);

@@ -206,6 +206,8 @@ expect_error "a same-size change in the middle of a 3 MB shard" "settings differ
 expect_error "an empty --data" "--data is empty; give a token shard" -- "$BIN" "${S[@]}" --data "" --metrics ""
 expect_error "--val-every without --val-data" "--val-every applies to the validation loss of --val-data" -- \
   "$BIN" "${S[@]}" --val-every 1 --metrics ""
+expect_error "--sample-tokens without --sample-every" "--sample-tokens applies to the samples of --sample-every N" -- \
+  "$BIN" "${S[@]}" --sample-tokens 5 --metrics ""
 expect_error "a missing --data file" "file '$WORK/shards/nosuch.bin' does not exist" -- \
   "$BIN" "${S[@]}" --data "$WORK/shards/nosuch.bin" --metrics ""
 expect_error "a directory as --data" "'$WORK/shards' is a directory, not a file" -- \
@@ -490,6 +492,19 @@ python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); c["router_jitt
   && pass "train --config DIR with router_jitter_noise 0.1 says it too" || fail "no note for --config DIR's router_jitter_noise"
 expect_error "negative router loss coefficient" "--moe-aux-loss" ">= 0" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-aux-loss -1
 expect_error "router loss coefficient beyond f32" "--moe-z-loss 1e39" "at most 3.4e38" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-z-loss 1e39
+
+# ---- usage -------------------------------------------------------------------------------------------
+# No command: the usage on stderr, exit 2 (a bare `meshtrain` trained for 300 steps and truncated
+# ./metrics.jsonl until 2026-12-07); the --help of commands that take arguments before their
+# flags shows them; `checkpoint inspect --help` is help, not an error.
+(bin_abs=$(realpath "$BIN"); cd "$WORK" && "$bin_abs" >"$WORK/noarg.out" 2>"$WORK/noarg.err"; echo $? >"$WORK/noarg.rc")
+[ "$(cat "$WORK/noarg.rc")" = 2 ] && grep -q "^usage: meshtrain COMMAND" "$WORK/noarg.err" && [ ! -e "$WORK/metrics.jsonl" ] \
+  && pass "meshtrain without a command: the usage, exit 2, nothing written" || fail "meshtrain without a command: rc $(cat "$WORK/noarg.rc")"
+for c in "tokenize|INPUT..." "compare|A B" "checkpoint inspect|DIR"; do
+  # shellcheck disable=SC2086
+  out=$("$BIN" ${c%%|*} --help 2>&1) && grep -qF "usage: meshtrain ${c%%|*} ${c##*|} [flags]" <<<"$out" \
+    && pass "${c%%|*} --help names its arguments" || fail "${c%%|*} --help: $(head -n 1 <<<"$out")"
+done
 
 # ---- train: llama-tiny on the embedded corpus learns more than unigram statistics -----------------
 # Skipped in the sanitizer build (MT_SANITIZER_RUN=1, tests/meson.build): 150 steps of pure compute

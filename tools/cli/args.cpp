@@ -108,7 +108,12 @@ bool Args::flag(const std::string& name) const {
 }
 
 std::string Args::usage(const std::string& command, const std::vector<FlagSpec>& specs) {
-  std::string out = "usage: meshtrain " + command + " [flags]\n";
+  // The arguments a command takes before its flags (its --help left them out until 2026-12-07).
+  const std::string positional = command == "tokenize"             ? " INPUT..."
+                                 : command == "compare"            ? " A B"
+                                 : command == "checkpoint inspect" ? " DIR"
+                                                                   : "";
+  std::string out = "usage: meshtrain " + command + positional + " [flags]\n";
   for (const auto& s : specs) {
     out += "  --" + s.name + (s.is_switch ? "" : " V") + "  " + s.help;
     if (!s.default_value.empty() && !s.is_switch) out += " (default " + s.default_value + ")";

@@ -48,6 +48,7 @@ std::string human_bytes(uint64_t b) {
 }
 
 int run_inspect(int argc, char** argv) {
+  if (argc >= 4 && argv[3][0] == '-') Args("checkpoint inspect", {}, argc, argv, 3);  // --help: the usage, exit 0
   MT_CHECK(argc >= 4 && argv[3][0] != '-', "usage: meshtrain checkpoint inspect DIR (a step directory or a "
            "checkpoint directory with `latest`)");
   Args args("checkpoint inspect", {}, argc, argv, 4);

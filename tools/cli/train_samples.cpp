@@ -27,7 +27,13 @@ std::vector<FlagSpec> sample_flags() {
 std::optional<TrainSampler> TrainSampler::from_args(const Args& args, const ModelConfig& cfg,
                                                     const std::string& hf_dir, bool under_plan, uint64_t seed) {
   const int64_t every = args.integer("sample-every", 0, kMaxSteps);
-  if (every == 0) return std::nullopt;
+  if (every == 0) {
+    // A flag that would be ignored is refused, as --val-every without --val-data (2026-12-07).
+    for (const char* f : {"sample-tokens", "sample-prompt", "sample-temperature"})
+      MT_CHECK(!args.has(f), "meshtrain train: --{} applies to the samples of --sample-every N, which is not given "
+               "(or 0)", f);
+    return std::nullopt;
+  }
   MT_CHECK(!under_plan,
            "meshtrain train: --sample-every runs on one device, not under --plan (generate from a checkpoint "
            "instead: meshtrain generate --hf DIR)");

@@ -170,6 +170,11 @@ std::vector<int32_t> read_token_file(const std::string& path) {
 
 TokenRows read_token_lines(const std::string& path) {
   const std::string data = read_all(path, "read_token_lines");
+  // A file with a NUL byte is no text of ids (a binary token shard, say): said as such, not as an
+  // id whose quoted bytes the message's first NUL cut short (until 2026-12-07).
+  if (const size_t nul = data.find('\0'); nul != std::string::npos)
+    MT_FAIL("read_token_lines '{}': byte {} is a NUL: the file is not text; this takes lines of comma-separated "
+            "token ids (a binary token shard is train's --data)", path, nul);
   std::vector<std::string_view> lines;
   std::string_view rest(data);
   while (!rest.empty()) {

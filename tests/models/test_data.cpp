@@ -262,6 +262,9 @@ TEST_CASE("read_token_lines: bad files name file, line and problem", "[cpu]") {
   write_text(path, "99999999999999999999\n");
   REQUIRE_THROWS_WITH(read_token_lines(path), Contains("out of the int64 range"));
 
+  write_text(path, std::string("1,2\n\x88\xd8" "4\0\x01", 8));  // a binary shard's bytes
+  REQUIRE_THROWS_WITH(read_token_lines(path), Contains(path) && Contains("byte 7 is a NUL: the file is not text"));
+
   write_text(path, "");
   REQUIRE_THROWS_WITH(read_token_lines(path), Contains(path) && Contains("no token lines"));
   write_text(path, "\n  \n");

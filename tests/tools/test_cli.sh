@@ -493,6 +493,11 @@ python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); c["router_jitt
 expect_error "negative router loss coefficient" "--moe-aux-loss" ">= 0" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-aux-loss -1
 expect_error "router loss coefficient beyond f32" "--moe-z-loss 1e39" "at most 3.4e38" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-z-loss 1e39
 
+# A train --checkpoint-dir given as --hf: the error names a step directory to give instead.
+"$BIN" train --steps 1 --batch 2 --seq 16 --metrics "" --checkpoint-dir "$WORK/hf_ckdir" >/dev/null || fail "train for --hf"
+expect_error "generate --hf of a checkpoint directory" "is a train --checkpoint-dir" "its latest: $WORK/hf_ckdir/step-00000001" -- \
+  "$BIN" generate --hf "$WORK/hf_ckdir" --prompt-ids 1,2 --max-new-tokens 1
+
 # ---- usage -------------------------------------------------------------------------------------------
 # No command: the usage on stderr, exit 2 (a bare `meshtrain` trained for 300 steps and truncated
 # ./metrics.jsonl until 2026-12-07); the --help of commands that take arguments before their

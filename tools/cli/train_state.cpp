@@ -461,6 +461,17 @@ void check_checkpoint_history(const CheckpointRun& run) {
 
 HfCheckpoint read_model_checkpoint(const std::string& dir) {
   std::error_code ec;
+  // A `train --checkpoint-dir` (its `latest`, no config.json of its own): the step directory to
+  // give is named (the message was config.json's "file does not exist" until 2026-12-07).
+  if (!fs::exists(fs::path(dir) / kHfConfigFile, ec) && fs::exists(fs::path(dir) / kLatest, ec)) {
+    std::string step;
+    try {
+      step = read_latest(dir).path.string();
+    } catch (const Error&) {
+    }
+    MT_FAIL("checkpoint '{}' is a train --checkpoint-dir, not one checkpoint: give one of its step directories{}",
+            dir, step.empty() ? std::string() : fmt::format(" (its latest: {})", step));
+  }
   if (!fs::exists(fs::path(dir) / kShardedIndexFile, ec)) return read_hf_checkpoint(dir);
   HfCheckpoint out;
   out.source = dir;

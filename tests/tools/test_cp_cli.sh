@@ -39,6 +39,11 @@ if [ "$MODE" = fast ]; then
   printf '1,2,3,4,5,6\n7,8,9,10,11,12\n' > "$WORK/tok6.txt"
   expect_error "eval: an input length not divisible by 2 x cp" "tok6.txt: the input length" "5 is not divisible by 2 x cp = 4" \
     "llama_cp.plan:8:1" -- mpi 2 "$BIN" eval --hf "$WORK/hf" --tokens "$WORK/tok6.txt" --plan "$PLANS/llama_cp.plan"
+  # init runs no forward: a cp plan at np 3 (cp 3) is no --seq error (the start-up check used 8
+  # tokens, not divisible by 2 x 3, for one day); its weights equal one device's.
+  mpi 3 "$BIN" init --config llama-tiny --out "$WORK/hf_cp3" --plan "$PLANS/llama_cp.plan" >"$WORK/out" 2>"$WORK/err" \
+    && cmp -s "$WORK/hf/model.safetensors" "$WORK/hf_cp3/model.safetensors" \
+    && pass "init under llama_cp at np 3: one device's bytes" || fail "init under llama_cp np 3: $(tail -n 2 "$WORK/err")"
   printf 'mesh dp=*\nplace model <in>:0 dp=S(0) cp=ZS(1)\n' > "$WORK/nocp.plan"
   expect_error "a cp dim the mesh lacks" "nocp.plan:2:28" "'cp=ZS(1)' names no mesh dim" -- \
     "$BIN" plan --plan "$WORK/nocp.plan" --world 2

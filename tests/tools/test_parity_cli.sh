@@ -150,7 +150,7 @@ PY
   "$BIN" grad --hf "$WORK/ck" --tokens "$WORK/tokens.txt" --out "$WORK/g.safetensors" >/dev/null || fail "grad exit"
   if expect_rc "llama_tp --reference (grad file)" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" --hf "$WORK/ck" \
       --tokens "$WORK/tokens.txt" --steps 1 --reference "$WORK/g.safetensors" --json "$WORK/g.json"; then
-    r=$(report_within "$WORK/g.json" 1e-5 5e-2 2>&1) && pass "--reference FILE: $r" || fail "--reference FILE: $r"
+    r=$(report_within "$WORK/g.json" 1e-5 5e-2 reference 2>&1) && pass "--reference FILE: $r" || fail "--reference FILE: $r"
   fi
   echo "parity_cli ($MODE): $fails failed"
   [ $fails -eq 0 ]
@@ -184,7 +184,7 @@ fi
 "$BIN" train $SMALL --metrics "" --checkpoint-dir "$WORK/ref" >/dev/null || fail "single-device train exit"
 if expect_rc "llama_tp --reference (train checkpoint)" 0 mpi 2 "$BIN" parity --plan "$PLANS/llama_tp.plan" $SMALL \
     --reference "$WORK/ref" --json "$WORK/ref.json"; then
-  r=$(report_within "$WORK/ref.json" 1e-5 5e-2 2>&1) && pass "--reference DIR: $r" || fail "--reference DIR: $r"
+  r=$(report_within "$WORK/ref.json" 1e-5 5e-2 reference 2>&1) && pass "--reference DIR: $r" || fail "--reference DIR: $r"
 fi
 # One weight tampered with (written back as a valid safetensors file): a parity failure naming it.
 cp -r "$WORK/ref" "$WORK/tampered"

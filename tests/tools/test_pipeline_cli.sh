@@ -307,6 +307,9 @@ open(sys.argv[1], "w").write("".join(",".join(str(random.randrange(256)) for _ i
   # is not applied to it on the second stage (it was until 2026-12-07: the first step failed).
   { printf 'mesh pp=2 tp=*\nstages pp=even\n'; grep -v '^mesh' "$PLANS/llama_tp_sp.plan"; } > "$WORK/pp_tp_sp.plan"
   parity "$WORK/pp_tp_sp.plan" 4 3 2 1e-5 5e-2
+  # ... and interleaved, where the first stage's second chunk takes a hidden state too.
+  sed 's/^stages pp=even$/stages pp=even\nschedule pp=interleaved(2)/' "$WORK/pp_tp_sp.plan" > "$WORK/pp_tp_sp_il.plan"
+  parity "$WORK/pp_tp_sp_il.plan" 4 3 2 1e-5 5e-2
   parity "$PLANS/llama_pp_dp_tp.plan" 8 3 2 1e-5 5e-2 --batch 4
   # FSDP units over dp x TP within each stage (pp 2 x tp 2 x dp 2).
   parity "$PLANS/llama_pp_fsdp_tp.plan" 8 3 2 1e-5 5e-2 --batch 4

@@ -289,11 +289,13 @@ int run_init(int argc, char** argv) {
   MT_CHECK(dt == "f32" || dt == "bf16" || dt == "f16", "meshtrain init: --dtype must be f32, bf16 or f16, got '{}'", dt);
   DType dtype = dt == "f32" ? DType::kF32 : dt == "bf16" ? DType::kBF16 : DType::kF16;
   auto parallel = parallel_from(args, "init");
-  // The plan against the model, before the seed (it builds meta models): a batch of one sequence
-  // per rank of 8 tokens at most, as `meshtrain plan` checks.
+  // The plan against the model, before the seed (it builds meta models), on a batch of one sequence
+  // per rank of 2 x world tokens: every mesh dim divides it, and a load-balanced context-parallel
+  // layout's 2 x cp too (init runs no forward of its own: no --seq is to be refused).
   if (parallel)
     check_plan_at_start("init", parallel->ctx, cfg, parallel->ctx.world,
-                        std::min<int64_t>(8, std::max<int64_t>(cfg.max_position_embeddings, 1)), "");
+                        std::min<int64_t>(2 * parallel->ctx.world, std::max<int64_t>(cfg.max_position_embeddings, 1)),
+                        "");
   const Device device = resolve_device("init", args.str("device"));
   manual_seed(static_cast<uint64_t>(args.integer("seed", 0, std::numeric_limits<int64_t>::max())));
   check_model_fits_memory(cfg, ModelUse::kWeights, "init", args.str("config"));

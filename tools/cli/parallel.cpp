@@ -181,12 +181,14 @@ Parallelized parallelize_run(CausalLM& model, PlanContext& ctx) {
     prune_to_stage(model, *ctx.pipeline, ctx.stage, keep);
     model.set_pipeline_span(st.first, st.last);
   }
-  if (!ctx.is_pipeline() || ctx.stage == 0) return parallelize(model, ctx.plan, *ctx.mesh);
-  // A later stage's model input is the hidden state the stage before sent, placed as that stage's
-  // last layer left it, as in the model without stages, where no hook stands between two layers.
-  // The plan's placement of the model input (the token ids) is left out there: it turned a
-  // sequence-parallel S(1) hidden state into R under pp x tp+sp until 2026-12-07, which the next
-  // layer's hooks refused in the first step.
+  if (!ctx.is_pipeline()) return parallelize(model, ctx.plan, *ctx.mesh);
+  // Under a pipeline the model's input is the hidden state the chunk before sent, placed as that
+  // chunk's last layer left it (as in the model without stages, where no hook stands between two
+  // layers), except on the first chunk, whose token ids the runner places as the plan places them
+  // (place_input). So the plan's placement of the model input is left out on every stage: it
+  // turned a sequence-parallel S(1) hidden state into R under pp x tp+sp until 2026-12-07 (on
+  // every stage but the first, and on the first stage's later chunks under interleaving), which the
+  // next layer's hooks refused in the first step.
   return parallelize(model, ctx.plan, *ctx.mesh, Device::cpu(), [](const HookRecord& r) {
     return !(r.module == "model" && r.io_input && r.io_index == 0);
   });

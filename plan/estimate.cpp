@@ -266,7 +266,18 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
           leaf.requires_grad_(true);
           x = from_local(leaf, sim, in_ps, act_global);
         }
-        Tensor y = em.forward(*model, x);
+        Tensor y;
+        try {
+          y = em.forward(*model, x);
+        } catch (const Error& e) {
+          if (takes_input(v)) throw;
+          // The received hidden state is taken placed like the ids (above); a plan that places it
+          // otherwise between stages (sequence parallelism's S(1) over tp) runs (docs/pipeline.md)
+          // but is not estimated.
+          MT_FAIL("{}; the estimate of a pipeline plan takes the hidden state between stages placed like the token "
+                  "ids ({}), which this plan's layers do not take: not estimated (a known limit, "
+                  "docs/estimate.md)", e.what(), placements_str(in_ps));
+        }
         if (makes_loss(v)) {
           Tensor targets = distribute_tensor(empty(Shape{o.batch, o.seq}, ids_opts), sim, in_ps);
           y = em.logits_loss(y, targets);

@@ -129,6 +129,14 @@ real = [json.loads(l)["mem_peak_mib"] for l in open(sys.argv[2])]
 assert abs(real[-1] - est) <= 0.01 * est, (est, real)
 PY
 fi
+# A pipeline plan whose hidden state crosses the stages placed otherwise than the ids (pp x tp+sp):
+# refused, the limit named.
+{ printf 'mesh pp=2 tp=*\nstages pp=even\n'; grep -v '^mesh' "$plans/llama_tp_sp.plan"; } > "$tmp/pp_tp_sp.plan"
+if "$bin" plan --config llama-tiny --plan "$tmp/pp_tp_sp.plan" --world 4 --estimate --batch 2 --seq 16 --accum 2 \
+    > "$tmp/pp_sp.out" 2>&1; then
+  fail "pp x tp+sp estimated"
+fi
+grep -q "not estimated (a known limit" "$tmp/pp_sp.out" || fail "pp x tp+sp: $(tail -n 1 "$tmp/pp_sp.out")"
 # Calibration (np 2 when mpirun is there), read back by --hardware.
 if [ -n "$mpirun" ]; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \

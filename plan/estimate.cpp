@@ -357,17 +357,18 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
     model->zero_grad();
   };
 
+  // The measured step's micro-batches: the rest repeat the first (unsynchronized) one; a pipeline
+  // step runs its whole schedule.
+  const int64_t micro = pipe ? o.accum : std::min<int64_t>(o.accum, 2);
   // warm-up: the reducer agrees on its bucket layout (first synchronized step). With accumulation,
-  // two micro-batches as the measured step: what the steady state keeps between steps (an FSDP
-  // unit's scratch gradient shard, made by the first accumulated backward) is then part of the
+  // the measured step's micro-batches: what the steady state keeps between steps (an FSDP unit's
+  // scratch gradient shard, made by the first accumulated backward) is then part of the
   // persistent bytes, as in a real run's second step (one micro-batch under-predicted FSDP peaks
   // with --accum > 1 by that shard until 2026-12-07).
-  step(pipe ? o.accum : std::min<int64_t>(o.accum, 2), nullptr);
+  step(micro, nullptr);
 
   est.persistent_bytes = meta_memory_stats().live;
   reset_meta_peak();
-  // The rest repeat the first (unsynchronized) one; a pipeline step runs its whole schedule.
-  const int64_t micro = pipe ? o.accum : std::min<int64_t>(o.accum, 2);
   CollectiveCounts first_comm;
   KernelCost first_cost;
   {

@@ -71,17 +71,12 @@ Row compare_one(const std::string& name, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype()) r.problem = fmt::format("dtype {} in A, {} in B", a.dtype(), b.dtype());
   const std::vector<double> x = a.to(DType::kF64).to_vector<double>(), y = b.to(DType::kF64).to_vector<double>();
   for (size_t i = 0; i < x.size(); ++i) {
-    // Equal values (infinities of one sign included) differ by 0; a NaN, or an infinity the other
-    // side lacks, by inf.
-    const double d = x[i] == y[i]                                 ? 0
-                     : !std::isfinite(x[i]) || !std::isfinite(y[i]) ? std::numeric_limits<double>::infinity()
-                                                                     : std::fabs(x[i] - y[i]);
+    const double d = element_diff(x[i], y[i]);
     if (d > r.max_abs || (r.worst < 0 && d > 0)) {
       r.max_abs = d;
       r.worst = static_cast<int64_t>(i);
     }
-    // The scale is B's largest finite magnitude: an inf in B made every tensor of its kind pass
-    // (its floor, 1e-3 x inf) until 2026-12-07.
+    // The scale: B's largest finite magnitude (element_diff).
     if (std::isfinite(y[i])) r.ref_max = std::max(r.ref_max, std::fabs(y[i]));
   }
   return r;

@@ -64,12 +64,6 @@ void check_not_input(const std::string& out, const std::string& out_flag,
                                name == "trainer_state.json" || name == "model.safetensors.index.json" ||
                                name == "latest" || name == ".meshtrain.lock" || ext == ".safetensors";
   const fs::path parent = parent_or_cwd(out);
-  // The same directory: by identity when both exist, else by their normalized paths (a checkpoint
-  // directory the run has not created yet).
-  const auto same_dir = [&](const fs::path& a, const fs::path& b) {
-    if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
-    return fs::weakly_canonical(fs::absolute(a, ec), ec) == fs::weakly_canonical(fs::absolute(b, ec), ec);
-  };
   for (const auto& [flag, path] : inputs) {
     if (path.empty()) continue;
     const bool exists = fs::exists(path, ec);
@@ -77,15 +71,15 @@ void check_not_input(const std::string& out, const std::string& out_flag,
     const bool dir = !exists || fs::is_directory(path, ec);
     // In the directory, or in one of its step directories (any file there is the checkpoint's).
     const bool in_step_dir =
-        parent.filename().string().rfind("step-", 0) == 0 && same_dir(parent_or_cwd(parent), path);
-    const bool same = dir ? (checkpoint_file && same_dir(parent, path)) || in_step_dir
+        parent.filename().string().rfind("step-", 0) == 0 && same_path(parent_or_cwd(parent).string(), path);
+    const bool same = dir ? (checkpoint_file && same_path(parent.string(), path)) || in_step_dir
                           : out_exists && fs::equivalent(out, path, ec);
     MT_CHECK(!same, "{} {}: is {} {}{}: writing it would destroy the input; give another path", out_flag, out,
              dir ? "a checkpoint file of" : "the same file as", flag, dir || path != out ? " " + path : std::string());
   }
 }
 
-bool same_output_file(const std::string& a, const std::string& b) {
+bool same_path(const std::string& a, const std::string& b) {
   if (a.empty() || b.empty()) return false;
   std::error_code ec;
   if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);

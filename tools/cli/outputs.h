@@ -27,9 +27,10 @@ void check_output_file(const std::string& path, const std::string& flag);
 void check_not_input(const std::string& out, const std::string& out_flag,
                      const std::vector<std::pair<std::string, std::string>>& inputs);
 
-// Two output paths name the same file: by identity (device and inode) when both exist, else by
-// their normalized absolute paths (`m.jsonl` and `./m.jsonl`, before either is written).
-bool same_output_file(const std::string& a, const std::string& b);
+// Two paths name the same file or directory: by identity (device and inode) when both exist,
+// else by their normalized absolute paths (`m.jsonl` and `./m.jsonl`, before either is written).
+// check_not_input compares directories so.
+bool same_path(const std::string& a, const std::string& b);
 
 // `path` is, or will be created as, a directory: it must not be a file, and it (or, when it does
 // not exist yet, the nearest existing directory it will be created under) must be writable.

@@ -53,6 +53,11 @@ double relative_diff(double abs_diff, double scale) {
   return scale > 0 ? abs_diff / scale : kInf;
 }
 
+double element_diff(double a, double b) {
+  if (a == b) return 0;
+  return std::isfinite(a) && std::isfinite(b) ? std::fabs(a - b) : kInf;
+}
+
 double scale_floor(const std::vector<double>& ref_max) {
   double top = 0;
   for (double m : ref_max) top = std::max(top, m);
@@ -132,12 +137,10 @@ std::vector<TensorDiff> compare_tensors(const NamedTensors& parallel, const Name
     double worst = 0;
     int64_t at = 0;
     for (size_t k = 0; k < a.size(); ++k) {
-      double diff = a[k] == b[k] ? 0 : std::fabs(a[k] - b[k]);  // equal infinities differ by 0
-      if (std::isnan(diff)) diff = kInf;
+      const double diff = element_diff(a[k], b[k]);
       if (diff > worst) worst = diff, at = static_cast<int64_t>(k);
     }
-    // The scale: the reference's largest finite magnitude (an inf would make every tensor's floor
-    // inf, and every difference pass; meshtrain compare did until 2026-12-07).
+    // The scale: the reference's largest finite magnitude (element_diff).
     for (double v : ref.to_vector<double>())
       if (std::isfinite(v)) d.ref_max = std::max(d.ref_max, std::fabs(v));
     const size_t slot = static_cast<size_t>((i * world + ctx.rank) * 2);

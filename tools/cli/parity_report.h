@@ -22,6 +22,12 @@ namespace mt::cli {
 // any nan makes it inf).
 double relative_diff(double abs_diff, double scale);
 
+// One element's difference, as parity and compare count it: 0 for equal values (infinities of one
+// sign included), inf for a NaN or an infinity the other side lacks, else |a - b|. A tensor's
+// scale is its reference's largest finite magnitude (an inf there made every difference pass until
+// 2026-12-07).
+double element_diff(double a, double b);
+
 // A tensor's differences are relative to its largest |reference|, but never to less than this
 // fraction of the largest |reference| among the tensors compared with it (the step's gradients,
 // the weights): a gradient that is zero in exact arithmetic (q and k at a sequence of one token)

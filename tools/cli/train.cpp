@@ -183,7 +183,7 @@ int run_train(int argc, char** argv) {
     for (const std::string& f : data_files(args.str(flag + 2), flag)) inputs.emplace_back(flag, f);
   check_not_input(args.str("metrics"), "--metrics", inputs);
   check_not_input(args.str("profile"), "--profile", inputs);
-  MT_CHECK(!same_output_file(args.str("metrics"), args.str("profile")),
+  MT_CHECK(!same_path(args.str("metrics"), args.str("profile")),
            "meshtrain train: --metrics {} and --profile {} are the same file: give each its own file",
            args.str("metrics"), args.str("profile"));
   if (!ckpt_dir.empty())

@@ -151,12 +151,10 @@ void check_resume_settings(const TrainState& s, const std::vector<std::pair<std:
   // applied to the config), and a resumed run starts from that config, so a flag not given keeps
   // them; a flag given is a change when it differs from them. (The recorded flag strings were
   // compared until 2026-12-07: a resume without the flags was called a change that was none.)
-  for (const char* flag : {"moe-aux-loss", "moe-z-loss", "moe-capacity-factor"}) {
+  for (const FlagSpec& f : moe_loss_flags()) {
+    const std::string& flag = f.name;
     if (args.str(flag).empty() || !saved_config.is_moe()) continue;  // apply_moe_loss_flags refuses the latter
-    const std::string_view f = flag;
-    const double was = f == "moe-aux-loss" ? (saved_config.output_router_logits ? saved_config.router_aux_loss_coef : 0)
-                       : f == "moe-z-loss" ? saved_config.router_z_loss_coef
-                                           : saved_config.moe_capacity_factor;
+    const double was = moe_setting(saved_config, flag);
     double v = 0;
     if (as_number(args.str(flag), &v) && v != was)
       changes.push_back(fmt::format("--{} {} (the checkpoint's: {})", flag, args.str(flag), was));

@@ -215,6 +215,13 @@ std::optional<ExpertTokenRange> expert_token_range(Module& model) {
   return r;
 }
 
+double moe_setting(const ModelConfig& cfg, const std::string& flag) {
+  if (flag == "moe-aux-loss") return cfg.output_router_logits ? cfg.router_aux_loss_coef : 0;
+  if (flag == "moe-z-loss") return cfg.router_z_loss_coef;
+  MT_CHECK(flag == "moe-capacity-factor", "moe_setting: '{}' is not an MoE flag", flag);
+  return cfg.moe_capacity_factor;
+}
+
 void apply_moe_loss_flags(const Args& args, ModelConfig& cfg, const std::string& command) {
   for (const char* flag : {"moe-aux-loss", "moe-z-loss", "moe-capacity-factor"}) {
     if (args.str(flag).empty()) continue;

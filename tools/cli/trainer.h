@@ -52,6 +52,10 @@ double min_lr_of(const Args& args);
 // so that its checks and estimates see the run's loss and routing).
 std::vector<FlagSpec> moe_loss_flags();
 
+// The value of one of moe_loss_flags() that `cfg` trains with (--moe-aux-loss: 0 unless
+// output_router_logits), as apply_moe_loss_flags sets it.
+double moe_setting(const ModelConfig& cfg, const std::string& flag);
+
 // --moe-aux-loss / --moe-z-loss / --moe-capacity-factor into a Mixtral config (given flags only; errors name `command`
 // and the flag). `eval` and `grad` never read them: their loss is the cross-entropy alone.
 void apply_moe_loss_flags(const Args& args, ModelConfig& cfg, const std::string& command);

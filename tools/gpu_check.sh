@@ -23,6 +23,9 @@ elapsed() { echo "$(( $(date +%s) - T0 )) s"; }
 # One deadline for the whole check (MT_GPU_CHECK_SECONDS, default 560: a device call is cut at 600 s
 # and then returns only what is in OUTDIR): each step's own limit is capped by the time left, so a
 # hang costs the steps after it, never the summary. cap S: the smaller of S and the seconds left.
+case "${MT_GPU_CHECK_SECONDS:-560}" in
+  ''|*[!0-9]*|0) echo "gpu_check: MT_GPU_CHECK_SECONDS='${MT_GPU_CHECK_SECONDS}' must be a whole number of seconds > 0" >&2; exit 2 ;;
+esac
 DEADLINE=$(( T0 + ${MT_GPU_CHECK_SECONDS:-560} ))
 cap() { local left=$(( DEADLINE - $(date +%s) )); [ "$left" -lt 5 ] && left=5; echo $(( $1 < left ? $1 : left )); }
 

@@ -294,8 +294,7 @@ std::vector<Tensor> CausalLM::forward(const std::vector<Tensor>& inputs) {
   const auto n = static_cast<int64_t>(pipeline_units().size());
   if (span_last_ >= 0 && span_last_ < n) {  // a pipeline stage that ends before the logits
     if (span_first_ > config_.num_hidden_layers + 1) return {inputs.at(0)};  // nothing of model (lm_head only: n/a)
-    std::vector<Tensor> o = (*model_)(inputs);
-    return {o[0]};
+    return (*model_)(inputs);  // the hidden state, then the router logits of its MoE layers
   }
   if (span_first_ > config_.num_hidden_layers + 1) {  // lm_head alone
     Tensor logits = (*lm_head_)(inputs.at(0));
@@ -344,20 +343,32 @@ Tensor CausalLM::loss(const Tensor& input_ids, const Tensor& targets, bool route
   return causal_lm_loss(config_, o, targets, router_losses);
 }
 
+namespace {
+
+bool uses_balance(const ModelConfig& c) { return c.is_moe() && c.output_router_logits && c.router_aux_loss_coef != 0; }
+bool uses_z(const ModelConfig& c) { return c.is_moe() && c.router_z_loss_coef != 0; }
+
+}  // namespace
+
+RouterSums causal_lm_router_sums(const ModelConfig& config, RouterSums sums, const std::vector<Tensor>& outputs) {
+  if ((!uses_balance(config) && !uses_z(config)) || outputs.size() < 2) return sums;
+  const std::vector<Tensor> rl(outputs.begin() + 1, outputs.end());
+  return add_router_sums(std::move(sums), rl, config.num_local_experts, config.num_experts_per_tok,
+                         uses_balance(config), uses_z(config));
+}
+
+Tensor causal_lm_loss(const ModelConfig& config, const Tensor& logits, const Tensor& targets, const RouterSums& sums) {
+  Tensor l = cross_entropy(logits, targets);
+  if (uses_balance(config))
+    l = add(l, mul(load_balancing_loss_of(sums, config.num_local_experts).to(l.dtype()), config.router_aux_loss_coef));
+  if (uses_z(config)) l = add(l, mul(router_z_loss_of(sums).to(l.dtype()), config.router_z_loss_coef));
+  return l;
+}
+
 Tensor causal_lm_loss(const ModelConfig& config, const std::vector<Tensor>& outputs, const Tensor& targets,
                       bool router_losses) {
-  Tensor l = cross_entropy(outputs.at(0), targets);
-  const bool use_aux =
-      router_losses && config.is_moe() && config.output_router_logits && config.router_aux_loss_coef != 0;
-  const bool use_z = router_losses && config.is_moe() && config.router_z_loss_coef != 0;
-  if (!use_aux && !use_z) return l;
-  const std::vector<Tensor> rl(outputs.begin() + 1, outputs.end());
-  if (use_aux) {
-    Tensor aux = load_balancing_loss(rl, config.num_local_experts, config.num_experts_per_tok);
-    l = add(l, mul(aux.to(l.dtype()), config.router_aux_loss_coef));
-  }
-  if (use_z) l = add(l, mul(router_z_loss(rl).to(l.dtype()), config.router_z_loss_coef));
-  return l;
+  if (!router_losses || (!uses_balance(config) && !uses_z(config))) return cross_entropy(outputs.at(0), targets);
+  return causal_lm_loss(config, outputs.at(0), targets, causal_lm_router_sums(config, {}, outputs));
 }
 
 std::shared_ptr<CausalLM> build_causal_lm(const ModelConfig& config, DType dtype) {

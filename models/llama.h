@@ -13,6 +13,7 @@
 
 #include "models/config.h"
 #include "models/kv_cache.h"
+#include "models/router_loss.h"
 #include "tensor/module.h"
 #include "tensor/tensor.h"
 
@@ -168,7 +169,8 @@ class CausalLM : public Module {
   std::vector<std::pair<std::string, bool>> pipeline_units() const;
   // forward() then runs only units [first, last): input 0 is the ids when first == 0, else the
   // hidden state [B, T, H] unit first - 1 produced; output 0 is the logits when `last` is the
-  // unit count, else the hidden state (no router logits). (0, unit count) is the whole model.
+  // unit count, else the hidden state, followed by the router logits of the span's MoE layers
+  // (for the router losses: causal_lm_router_sums). (0, unit count) is the whole model.
   // With tied embeddings the last stage's logits use model.embed_tokens.weight: that stage must
   // keep the embedding module (prune_to_stage's `keep`).
   void set_pipeline_span(int64_t first, int64_t last);
@@ -197,5 +199,13 @@ std::shared_ptr<CausalLM> build_causal_lm(const ModelConfig& config, DType dtype
 // CausalLM::loss defines it; also what the start-up checks evaluate after a forward on meta.
 Tensor causal_lm_loss(const ModelConfig& config, const std::vector<Tensor>& outputs, const Tensor& targets,
                       bool router_losses = true);
+
+// The same loss in two parts, for pipeline stages: each chunk adds the router statistics of its
+// outputs (outputs[1..], its MoE layers' router logits) to the sums the chunks before it carried,
+// for the router losses the config turns on (none: `sums` unchanged), and the chunk with the
+// logits adds the losses of the totals to the cross-entropy. The result is causal_lm_loss's, bit
+// for bit.
+RouterSums causal_lm_router_sums(const ModelConfig& config, RouterSums sums, const std::vector<Tensor>& outputs);
+Tensor causal_lm_loss(const ModelConfig& config, const Tensor& logits, const Tensor& targets, const RouterSums& sums);
 
 }  // namespace mt

@@ -1,5 +1,5 @@
-// Mixtral's sparse mixture-of-experts MLP (HF MixtralSparseMoeBlock) and the router
-// load-balancing loss (HF load_balancing_loss_func without attention mask). The block computes the
+// Mixtral's sparse mixture-of-experts MLP (HF MixtralSparseMoeBlock); its router losses are in
+// models/router_loss.h. The block computes the
 // routing; its experts run through the layer's dispatcher (tensor/moe.h): by default each expert
 // here on the tokens routed to it (index_select, expert MLP, times routing weight, index_add back),
 // under a plan with `dispatch ... all_to_all` on the ranks that own them. Gradients reach the
@@ -11,6 +11,7 @@
 
 #include "models/config.h"
 #include "models/llama.h"
+#include "models/router_loss.h"
 #include "tensor/module.h"
 #include "tensor/moe.h"
 
@@ -39,14 +40,5 @@ class MixtralSparseMoeBlock : public MoeModule {
   std::shared_ptr<ModuleList> experts_;
   int64_t num_experts_, top_k_;
 };
-
-// num_experts * sum_{k,e} tokens_per_expert[k, e] * router_prob_per_expert[e] over the
-// concatenated router logits of all layers (softmax in the logits' dtype, as HF). f32 (f64 when
-// the logits are f64).
-Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k);
-
-// The router z-loss of ST-MoE (Zoph et al. 2022, eq. 5): the mean over every token of every layer
-// of logsumexp(router logits)^2, in f32 (f64 for f64 logits). Keeps the router's logits small.
-Tensor router_z_loss(const std::vector<Tensor>& router_logits);
 
 }  // namespace mt

@@ -14,11 +14,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Header of an activation: [ndim, is_dtensor, dtype, nplacements, local shape (8), global shape (8),
-// (kind, dim) per placement (8 x 2)].
-constexpr int64_t kMaxActDims = 8;
-constexpr int64_t kHeader = 4 + 2 * kMaxActDims + 2 * kMaxActDims;
-// Tags: 4 per (micro-batch, receiving global chunk): header, activation, gradient.
+// Header of each tensor a chunk sends: [ndim, is_dtensor, dtype, nplacements, requires_grad, count
+// (of the tensors sent, in the first header), local shape (8), global shape (8), (kind, dim) per
+// placement (8 x 2)].
+constexpr int64_t kMaxActDims = 8, kHeadFields = 6;
+constexpr int64_t kHeader = kHeadFields + 2 * kMaxActDims + 2 * kMaxActDims;
+constexpr int64_t kMaxSent = 16;  // tensors a chunk sends (a sanity bound on a received count)
+// Tags: 4 per (micro-batch, receiving global chunk): header, activation, gradient. The tensors of
+// one chunk's output share them, sent and received in order.
 constexpr int kHeaderTag = 0, kActTag = 1, kGradTag = 2;
 
 // Placement kinds in the header: 0 R, 1 S(dim), 2 P(sum), 3 ZS(dim) (context parallelism's
@@ -71,26 +74,75 @@ void PipelineRunner::wait_sends() {
   pending_.clear();
 }
 
-Tensor PipelineRunner::recv_activation(int peer, int tag, Tensor* leaf) {
-  Tensor h = empty(Shape{kHeader}, DType::kI64);
-  comm_.recv(h, peer, tag + kHeaderTag);
-  std::vector<int64_t> v = h.to_vector<int64_t>();
-  const int64_t nd = v[0];
-  Shape local, global;
-  for (int64_t i = 0; i < nd; ++i) {
-    local.push_back(v[static_cast<size_t>(4 + i)]);
-    global.push_back(v[static_cast<size_t>(4 + kMaxActDims + i)]);
+void PipelineRunner::send_activations(const std::vector<Tensor>& ys, int peer, int tag) {
+  MT_CHECK(!ys.empty() && static_cast<int64_t>(ys.size()) <= kMaxSent,
+           "pipeline stage {}: a chunk sends 1 to {} tensors, got {}", stage_, kMaxSent, ys.size());
+  for (size_t k = 0; k < ys.size(); ++k) {
+    const Tensor& y = ys[k];
+    MT_CHECK(y.defined(), "pipeline stage {}: output {} of the chunk is undefined", stage_, k);
+    const Tensor local = y.is_distributed() ? to_local(y.detach()) : y.detach();
+    MT_CHECK(local.dim() <= kMaxActDims, "pipeline: activation of {} dims (at most {})", local.dim(), kMaxActDims);
+    std::vector<int64_t> hv(static_cast<size_t>(kHeader), 0);
+    hv[0] = local.dim();
+    hv[1] = y.is_distributed() ? 1 : 0;
+    hv[2] = static_cast<int64_t>(local.dtype());
+    hv[4] = y.requires_grad() ? 1 : 0;
+    hv[5] = static_cast<int64_t>(ys.size());
+    for (int i = 0; i < local.dim(); ++i) {
+      hv[static_cast<size_t>(kHeadFields + i)] = local.size(i);
+      hv[static_cast<size_t>(kHeadFields + kMaxActDims + i)] =
+          y.is_distributed() ? dtensor_spec(y, "pipeline").global_shape()[static_cast<size_t>(i)] : local.size(i);
+    }
+    if (y.is_distributed()) {
+      const Placements& ps = dtensor_spec(y, "pipeline").placements();
+      hv[3] = static_cast<int64_t>(ps.size());
+      for (size_t i = 0; i < ps.size(); ++i) {
+        hv[kHeadFields + 2 * kMaxActDims + 2 * i] = encode_placement(ps[i]);
+        hv[kHeadFields + 2 * kMaxActDims + 2 * i + 1] = ps[i].dim();
+      }
+    }
+    send(from_vector<int64_t>(hv, Shape{kHeader}), peer, tag + kHeaderTag);
+    send(local, peer, tag + kActTag);
+    stats_.messages += 1;
+    stats_.bytes += local.numel() * dtype_size(local.dtype());
   }
-  Tensor x = empty(local, TensorOptions(static_cast<DType>(v[2])).with_device(device_));
-  comm_.recv(x, peer, tag + kActTag);
-  x.requires_grad_(true);
-  *leaf = x;
-  if (v[1] == 0) return x;
-  Placements ps;
-  for (int64_t i = 0; i < v[3]; ++i)
-    ps.push_back(decode_placement(v[static_cast<size_t>(4 + 2 * kMaxActDims + 2 * i)],
-                                  v[static_cast<size_t>(4 + 2 * kMaxActDims + 2 * i + 1)]));
-  return from_local(x, stage_mesh_, ps, global);
+}
+
+std::vector<Tensor> PipelineRunner::recv_activations(int peer, int tag, std::vector<Tensor>* leaves) {
+  std::vector<Tensor> out;
+  leaves->clear();
+  for (int64_t k = 0, count = 1; k < count; ++k) {
+    Tensor h = empty(Shape{kHeader}, DType::kI64);
+    comm_.recv(h, peer, tag + kHeaderTag);
+    std::vector<int64_t> v = h.to_vector<int64_t>();
+    if (k == 0) {
+      count = v[5];
+      MT_CHECK(count >= 1 && count <= kMaxSent, "pipeline stage {}: stage {} announced {} tensors (1 to {})", stage_,
+               peer, count, kMaxSent);
+    }
+    const int64_t nd = v[0];
+    Shape local, global;
+    for (int64_t i = 0; i < nd; ++i) {
+      local.push_back(v[static_cast<size_t>(kHeadFields + i)]);
+      global.push_back(v[static_cast<size_t>(kHeadFields + kMaxActDims + i)]);
+    }
+    Tensor x = empty(local, TensorOptions(static_cast<DType>(v[2])).with_device(device_));
+    comm_.recv(x, peer, tag + kActTag);
+    // The activation's gradient always goes back (as before carried tensors existed); a carried
+    // tensor's where the sender's tensor requires one.
+    if (k == 0 || v[4] != 0) x.requires_grad_(true);
+    leaves->push_back(x);
+    if (v[1] == 0) {
+      out.push_back(x);
+      continue;
+    }
+    Placements ps;
+    for (int64_t i = 0; i < v[3]; ++i)
+      ps.push_back(decode_placement(v[static_cast<size_t>(kHeadFields + 2 * kMaxActDims + 2 * i)],
+                                    v[static_cast<size_t>(kHeadFields + 2 * kMaxActDims + 2 * i + 1)]));
+    out.push_back(from_local(x, stage_mesh_, ps, global));
+  }
+  return out;
 }
 
 Tensor PipelineRunner::recv_like(const Tensor& like, int peer, int tag) {
@@ -114,60 +166,58 @@ void PipelineRunner::run(const Step& step) {
   auto global = [&](int64_t v) { return v * p + stage_; };
   auto stage_of = [&](int64_t c) { return static_cast<int>(c % p); };
   auto tag = [&](int64_t m, int64_t c) { return static_cast<int>((m * chunks + c) * 4); };
-  std::map<std::pair<int64_t, int64_t>, Tensor> inputs, outputs;  // per (micro-batch, chunk), until its backward
+  // Per (micro-batch, chunk), until its backward: the received leaves and the chunk's outputs.
+  std::map<std::pair<int64_t, int64_t>, std::vector<Tensor>> inputs, outputs;
   for (const PipelineAction& a : pipeline_schedule(schedule_, p, stage_, step.micros, V)) {
     const int64_t m = a.micro, v = a.chunk, c = global(v);
     if (a.forward) {
-      Tensor leaf;
-      Tensor x = takes_input(v) ? step.input(m) : recv_activation(stage_of(c - 1), tag(m, c), &leaf);
+      std::vector<Tensor> leaves;
+      const std::vector<Tensor> x = takes_input(v) ? std::vector<Tensor>{step.input(m)}
+                                                   : recv_activations(stage_of(c - 1), tag(m, c), &leaves);
       const auto t0 = Clock::now();
-      Tensor y = step.forward(m, v, x);
+      std::vector<Tensor> y = step.forward(m, v, x);
       stats_.compute_s += since(t0);
-      if (!makes_loss(v)) {
-        const Tensor local = y.is_distributed() ? to_local(y.detach()) : y.detach();
-        MT_CHECK(local.dim() <= kMaxActDims, "pipeline: activation of {} dims (at most {})", local.dim(), kMaxActDims);
-        std::vector<int64_t> hv(static_cast<size_t>(kHeader), 0);
-        hv[0] = local.dim();
-        hv[1] = y.is_distributed() ? 1 : 0;
-        hv[2] = static_cast<int64_t>(local.dtype());
-        for (int i = 0; i < local.dim(); ++i) {
-          hv[static_cast<size_t>(4 + i)] = local.size(i);
-          hv[static_cast<size_t>(4 + kMaxActDims + i)] =
-              y.is_distributed() ? dtensor_spec(y, "pipeline").global_shape()[static_cast<size_t>(i)] : local.size(i);
-        }
-        if (y.is_distributed()) {
-          const Placements& ps = dtensor_spec(y, "pipeline").placements();
-          hv[3] = static_cast<int64_t>(ps.size());
-          for (size_t i = 0; i < ps.size(); ++i) {
-            hv[4 + 2 * kMaxActDims + 2 * i] = encode_placement(ps[i]);
-            hv[4 + 2 * kMaxActDims + 2 * i + 1] = ps[i].dim();
-          }
-        }
-        send(from_vector<int64_t>(hv, Shape{kHeader}), stage_of(c + 1), tag(m, c + 1) + kHeaderTag);
-        send(local, stage_of(c + 1), tag(m, c + 1) + kActTag);
-        stats_.messages += 1;
-        stats_.bytes += local.numel() * dtype_size(local.dtype());
-      }
+      MT_CHECK(!y.empty() && (!makes_loss(v) || y.size() == 1),
+               "pipeline stage {}: the chunk that makes the loss returns the loss alone, got {} tensors", stage_,
+               y.size());
+      if (!makes_loss(v)) send_activations(y, stage_of(c + 1), tag(m, c + 1));
       if (step.forward_only) continue;
-      if (!takes_input(v)) inputs[{m, v}] = leaf;
-      outputs[{m, v}] = y;
+      if (!takes_input(v)) inputs[{m, v}] = std::move(leaves);
+      outputs[{m, v}] = std::move(y);
     } else {
       if (step.forward_only) continue;
-      Tensor y = outputs.at({m, v});
+      std::vector<Tensor> y = std::move(outputs.at({m, v}));
       outputs.erase({m, v});
-      Tensor g = makes_loss(v) ? Tensor() : recv_like(y, stage_of(c + 1), tag(m, c) + kGradTag);
+      // The gradients of what this chunk sent, in the order sent: the activation's, then those of
+      // the carried tensors that require one.
+      std::vector<Tensor> roots{y[0]}, grads{makes_loss(v) ? Tensor() : recv_like(y[0], stage_of(c + 1), tag(m, c) + kGradTag)};
+      for (size_t k = 1; k < y.size(); ++k) {
+        if (!y[k].requires_grad()) continue;
+        roots.push_back(y[k]);
+        grads.push_back(recv_like(y[k], stage_of(c + 1), tag(m, c) + kGradTag));
+      }
       if (step.before_backward) step.before_backward(m);
       const auto t0 = Clock::now();
-      y.backward(g);
+      if (roots.size() == 1)
+        y[0].backward(grads[0]);
+      else
+        backward(roots, grads);
       stats_.compute_s += since(t0);
       if (!takes_input(v)) {
-        // The received local tensor is the leaf (from_local's input): its gradient is local.
-        Tensor gx = inputs.at({m, v}).grad();
+        // The received local tensors are the leaves (from_local's input): their gradients are local.
+        const std::vector<Tensor> leaves = std::move(inputs.at({m, v}));
         inputs.erase({m, v});
-        MT_CHECK(gx.defined(), "pipeline stage {}: micro-batch {}: the input got no gradient", stage_, m);
-        send(gx, stage_of(c - 1), tag(m, c - 1) + kGradTag);
-        stats_.messages += 1;
-        stats_.bytes += gx.numel() * dtype_size(gx.dtype());
+        for (size_t k = 0; k < leaves.size(); ++k) {
+          if (!leaves[k].requires_grad()) continue;
+          Tensor gx = leaves[k].grad();
+          if (k == 0)
+            MT_CHECK(gx.defined(), "pipeline stage {}: micro-batch {}: the input got no gradient", stage_, m);
+          else if (!gx.defined())  // a carried tensor this chunk did not use
+            gx = zeros(leaves[k].shape(), leaves[k].options().with_grad(false));
+          send(gx, stage_of(c - 1), tag(m, c - 1) + kGradTag);
+          stats_.messages += 1;
+          stats_.bytes += gx.numel() * dtype_size(gx.dtype());
+        }
       }
     }
   }

@@ -5,7 +5,9 @@
 // end of the step), receives block, and every message carries its micro-batch in its tag, so no
 // schedule can deadlock. A distributed activation travels as its local shard plus a small header
 // (shapes, placements, dtype); the receiver wraps it as the same DTensor on its own stage mesh
-// (the stage meshes are alike), so the other plan entries compose.
+// (the stage meshes are alike), so the other plan entries compose. A chunk may send more than its
+// activation (Step::forward): each tensor travels the same way, in order, on the same tags (MPI
+// and NCCL both match one sender's messages in the order sent).
 #pragma once
 
 #include <cstdint>
@@ -54,9 +56,13 @@ class PipelineRunner {
     int64_t micros = 1;
     // The first stage's input of micro-batch m (placed on the stage mesh).
     std::function<Tensor(int64_t m)> input;
-    // Runs this stage's modules (of its chunk v) on x: the output to send on, or where
-    // makes_loss(v) the (scaled) scalar loss to run backward from.
-    std::function<Tensor(int64_t m, int64_t v, const Tensor& x)> forward;
+    // Runs this stage's modules (of its chunk v) on what the chunk before sent (x[0]: its
+    // activation, or input(m) on the first chunk; x[1..]: what else it sent) and returns what to
+    // send on the same way: [0] the activation, then any tensors carried to the next chunk
+    // beside it (e.g. the MoE router statistics summed over the layers so far), whose gradients
+    // come back where they require one. Where makes_loss(v): the (scaled) scalar loss to run
+    // backward from, alone.
+    std::function<std::vector<Tensor>(int64_t m, int64_t v, const std::vector<Tensor>& x)> forward;
     // Called before micro-batch m's backward (e.g. GradReducer::set_sync on the last one).
     std::function<void(int64_t m)> before_backward;
     // Forwards only (`meshtrain eval`): the schedule's backwards are skipped and nothing is kept
@@ -69,7 +75,8 @@ class PipelineRunner {
 
  private:
   void send(const Tensor& t, int peer, int tag);
-  Tensor recv_activation(int peer, int tag, Tensor* leaf);
+  void send_activations(const std::vector<Tensor>& y, int peer, int tag);
+  std::vector<Tensor> recv_activations(int peer, int tag, std::vector<Tensor>* leaves);
   Tensor recv_like(const Tensor& like, int peer, int tag);
   void wait_sends();
 

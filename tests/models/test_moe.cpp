@@ -269,6 +269,58 @@ TEST_CASE("mixtral: router z-loss equals a naive computation and joins the loss"
   REQUIRE(m->loss(ids, tg).item() == Approx(ce + 0.01 * z).epsilon(1e-13));
 }
 
+TEST_CASE("mixtral: router losses summed stage by stage (a pipeline) equal one device's, bit for bit", "[cpu]") {
+  ModelConfig c = tiny_mixtral();
+  c.output_router_logits = true;
+  c.router_aux_loss_coef = 0.02;
+  c.router_z_loss_coef = 0.001;
+  auto m = build_causal_lm(c, DType::kF32);
+  randomize(*m, 5);
+  Tensor ids = ids_tensor(kIds, 2, 5), tg = ids_tensor(kTargets, 2, 5);
+  Tensor whole = m->loss(ids, tg);
+  whole.backward();
+  std::vector<std::pair<std::string, Tensor>> want;
+  for (const auto& [name, p] : m->named_parameters()) want.emplace_back(name, p.grad().clone());
+  m->zero_grad();
+
+  // Two stages: the embedding and layer 0, then layer 1, the norm and lm_head. What the first
+  // sends (its hidden state and router sums) arrives as leaves, as pipeline_run.cpp receives it.
+  const int64_t units = static_cast<int64_t>(m->pipeline_units().size());
+  m->set_pipeline_span(0, 2);
+  std::vector<Tensor> o0 = m->forward({ids});
+  REQUIRE(o0.size() == 2);  // the hidden state, then layer 0's router logits
+  std::vector<Tensor> sent{o0[0]};
+  for (const Tensor& t : router_sums_tensors(causal_lm_router_sums(c, {}, o0), Device::cpu())) sent.push_back(t);
+  REQUIRE(sent.size() == 5);  // hidden, [k, E], [E], z, the count
+  std::vector<Tensor> leaves;
+  for (const Tensor& t : sent) {
+    Tensor leaf = t.detach().clone();
+    if (t.requires_grad()) leaf.requires_grad_(true);
+    leaves.push_back(leaf);
+  }
+  REQUIRE(!leaves[1].requires_grad());  // the expert counts need no gradient
+  m->set_pipeline_span(2, units);
+  std::vector<Tensor> o1 = m->forward({leaves[0]});
+  const RouterSums sums = causal_lm_router_sums(c, router_sums_of({leaves.begin() + 1, leaves.end()}), o1);
+  REQUIRE(sums.tokens == 20);  // 10 tokens x 2 layers
+  Tensor staged = causal_lm_loss(c, o1[0], tg, sums);
+  REQUIRE(staged.item() == whole.item());
+  staged.backward();
+  std::vector<Tensor> roots{sent[0]}, grads{leaves[0].grad()};
+  for (size_t i = 1; i < sent.size(); ++i)
+    if (sent[i].requires_grad()) {
+      roots.push_back(sent[i]);
+      grads.push_back(leaves[i].grad());
+    }
+  REQUIRE(roots.size() == 3);  // the hidden state, the probability sums, z
+  backward(roots, grads);
+  for (const auto& [name, g] : want) {
+    INFO(name);
+    REQUIRE_CLOSE(m->get_parameter(name).grad(), g, 0, 0);
+  }
+  REQUIRE_THROWS_WITH(router_sums_of({zeros(Shape{2})}), Contains("row count last"));
+}
+
 TEST_CASE("mixtral: loss gradients match finite differences (f64)", "[cpu]") {
   ModelConfig c = tiny_mixtral();
   c.output_router_logits = GENERATE(false, true);

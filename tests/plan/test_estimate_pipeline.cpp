@@ -121,13 +121,13 @@ Measured run_real(const ModelConfig& cfg, const Plan& plan, const PlanMesh& pm, 
       PipelineRunner::Step ps;
       ps.micros = o.accum;
       ps.input = [&](int64_t k) { return distribute_tensor(ids[static_cast<size_t>(k)], stage_mesh, in_ps); };
-      ps.forward = [&](int64_t k, int64_t v, const Tensor& x) {
+      ps.forward = [&](int64_t k, int64_t v, const std::vector<Tensor>& x) -> std::vector<Tensor> {
         const PipelineStage& ch = layout.chunk(stage, v);
         if (layout.virtual_stages > 1) model->set_pipeline_span(ch.first, ch.last);
-        Tensor y = (*model)(std::vector<Tensor>{x})[0];
-        if (!pipe.makes_loss(v)) return y;
+        Tensor y = (*model)(std::vector<Tensor>{x[0]})[0];
+        if (!pipe.makes_loss(v)) return {y};
         Tensor loss = cross_entropy(y, distribute_tensor(targets[static_cast<size_t>(k)], stage_mesh, in_ps));
-        return o.accum > 1 ? div(loss, static_cast<double>(o.accum)) : loss;
+        return {o.accum > 1 ? div(loss, static_cast<double>(o.accum)) : loss};
       };
       ps.before_backward = [&](int64_t k) { reducer.set_sync(k + 1 == o.accum); };
       pipe.run(ps);

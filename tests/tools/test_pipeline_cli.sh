@@ -13,6 +13,8 @@
 #   eval, grad, init: one device's loss, and its gradient and init files byte for byte, under
 #           llama_pp and llama_pp_interleaved (tied embeddings under the latter); slow: grads under pp x tp,
 #           pp x dp x tp and pp x FSDP within 1e-5, mixtral-tiny over 2 stages byte for byte;
+#   MoE router losses: mixtral-tiny under pp 2 (1F1B and interleaved) with the load-balancing and
+#           z-losses trains like one device; slow: pp x ep;
 #   bad input (exit 2, naming the flag or plan line): --accum below the stage count under 1F1B,
 #           a pp size that does not divide the layer count, an entry naming the pipeline dim.
 # MODE fast (suite cli/mpi, ~60 s with the pp x FSDP rows) or slow (pp 4, pp x tp, pp x dp x tp and pp x FSDP x tp at np 8, pp x ZeRO-3,
@@ -264,6 +266,20 @@ PY
   cmp -s "$WORK/ev_tied/model.safetensors" "$WORK/ev_tied_pp/model.safetensors" \
     && pass "init under llama_pp_interleaved (tied): byte-identical to one device's" \
     || fail "init under llama_pp_interleaved differs: $(tail -n 2 "$WORK/err")"
+  # MoE router losses over the stages (refused until 2026-12-08): each stage adds its layers' router
+  # statistics to the sums the stage before sent, the last turns the totals into the losses, and
+  # the sums' gradients travel back. Same sums in the same order as one device: the losses and
+  # weights equal to rounding of the grad norm's cross-stage sum.
+  printf 'mesh pp=2\nstages pp=even\n' > "$WORK/mx_pp.plan"
+  MOE_LOSSES="--config mixtral-tiny --moe-aux-loss 0.02 --moe-z-loss 0.001"
+  parity "$WORK/mx_pp.plan" 2 3 2 1e-12 1e-9 $MOE_LOSSES
+  # Interleaved (4 layers, 2 chunks per stage): the sums go stage 0, 1, 0, 1 and back.
+  "$BIN" init --config mixtral-tiny --out "$WORK/mx4" >/dev/null || fail "mixtral init exit"
+  python3 -c 'import json, sys
+c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 4; json.dump(c, open(sys.argv[2], "w"))' \
+    "$WORK/mx4/config.json" "$WORK/mx4.json"
+  printf 'mesh pp=2\nstages pp=even\nschedule pp=interleaved(2)\n' > "$WORK/mx_pp_il.plan"
+  parity "$WORK/mx_pp_il.plan" 2 3 2 1e-12 1e-9 --config "$WORK/mx4.json" --moe-aux-loss 0.02 --moe-z-loss 0.001
 else
   # eval/grad under pp x tp, pp x dp x tp and pp x FSDP: TP and dp sums round differently from
   # one device (as without stages): gradients within 1e-5 of the largest magnitude.
@@ -321,6 +337,10 @@ open(sys.argv[1], "w").write("".join(",".join(str(random.randrange(256)) for _ i
   parity "$PLANS/llama_pp_cp.plan" 4 20 4 1e-5 5e-2
   sed 's/pp=1f1b/pp=gpipe/' "$PLANS/llama_pp_cp.plan" > "$WORK/llama_pp_cp_gpipe.plan"
   parity "$WORK/llama_pp_cp_gpipe.plan" 4 5 2 1e-5 5e-2
+  # pp x ep with router losses: the router sums are Partial over ep on each stage and cross the
+  # stages as such; made whole once, after the last layer (as one device under mixtral_ep).
+  { printf 'mesh pp=2 ep=*\nstages pp=even\n'; grep -v '^mesh' "$PLANS/mixtral_ep.plan"; } > "$WORK/mx_pp_ep.plan"
+  parity "$WORK/mx_pp_ep.plan" 4 3 2 1e-5 5e-2 --config mixtral-tiny --moe-aux-loss 0.02 --moe-z-loss 0.001
   # --per-module --tol 0 under pp 2 x tp 2 names the first module that differs: a tensor-parallel
   # projection of the first layer, found by the ranks of stage 0.
   mpi 4 "$BIN" parity --plan "$PLANS/llama_pp_tp.plan" $SMALL --steps 1 --accum 2 --per-module --tol 0 > "$WORK/t.txt" 2>&1

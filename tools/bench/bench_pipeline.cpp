@@ -92,13 +92,13 @@ int main(int argc, char** argv) {
       s.micros = m;
       const Placements rep(1, Placement::replicate());
       s.input = [&](int64_t k) { return distribute_tensor(ids(B, T, cfg.vocab_size, k), stage_mesh, rep); };
-      s.forward = [&](int64_t k, int64_t v, const Tensor& x) {
+      s.forward = [&](int64_t k, int64_t v, const std::vector<Tensor>& x) -> std::vector<Tensor> {
         const PipelineStage& ch = layout.chunk(stage, v);
         model->set_pipeline_span(ch.first, ch.last);
-        Tensor y = (*model)(std::vector<Tensor>{x})[0];
-        if (!runner.makes_loss(v)) return y;
+        Tensor y = (*model)(std::vector<Tensor>{x[0]})[0];
+        if (!runner.makes_loss(v)) return {y};
         Tensor l = cross_entropy(y, distribute_tensor(ids(B, T, cfg.vocab_size, k + 1), stage_mesh, rep));
-        return div(l, static_cast<double>(m));
+        return {div(l, static_cast<double>(m))};
       };
       double best = 1e30, bubble = 0;
       for (int i = 0; i <= steps; ++i) {

@@ -61,11 +61,6 @@ namespace {
 // A pipeline plan's stages for the whole `model` (resolve_pipeline), after the model checks of
 // pipelines.
 PipelineLayout pipeline_of(const PlanContext& ctx, CausalLM& model) {
-  const ModelConfig& cfg = model.config();
-  MT_CHECK(!(cfg.is_moe() && ((cfg.output_router_logits && cfg.router_aux_loss_coef != 0) ||
-                              cfg.router_z_loss_coef != 0)),
-           "{}: the MoE router losses need every layer's router logits on the last pipeline stage; not supported "
-           "under pipeline parallelism (set --moe-aux-loss 0 --moe-z-loss 0)", ctx.path);
   return resolve_pipeline(ctx.full_plan, ctx.full_mesh, pipeline_units_of(model, model.pipeline_units()));
 }
 
@@ -422,14 +417,14 @@ double pipeline_cross_entropy(PipelineRunner& pipe, const PlanContext& ctx, cons
   step.micros = static_cast<int64_t>(batches.size());
   step.forward_only = !backward;
   step.input = [&](int64_t m) { return place_input(batches[static_cast<size_t>(m)].inputs, par, ctx); };
-  step.forward = [&](int64_t m, int64_t v, const Tensor& x) {
+  step.forward = [&](int64_t m, int64_t v, const std::vector<Tensor>& x) -> std::vector<Tensor> {
     const PipelineStage& ch = ctx.pipeline->chunk(ctx.stage, v);
     if (pipe.virtual_stages() > 1) model.set_pipeline_span(ch.first, ch.last);
-    Tensor y = model(std::vector<Tensor>{x})[0];
-    if (!pipe.makes_loss(v)) return y;
+    Tensor y = model(std::vector<Tensor>{x[0]})[0];  // the router logits after it are not needed here
+    if (!pipe.makes_loss(v)) return {y};
     Tensor l = cross_entropy(y, place_input(batches[static_cast<size_t>(m)].targets, par, ctx));
     losses[static_cast<size_t>(m)] = scalar_value(l);
-    return l;
+    return {l};
   };
   pipe.run(step);
   double sum = 0;

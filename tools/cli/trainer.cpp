@@ -337,16 +337,26 @@ StepResult Trainer::pipeline_gradients(const std::function<TokenBatch()>& next) 
   PipelineRunner::Step s;
   s.micros = accum_;
   s.input = [&](int64_t m) { return place_input(batches[static_cast<size_t>(m)].inputs, *par_, *plan_); };
-  s.forward = [&](int64_t m, int64_t v, const Tensor& x) {
+  s.forward = [&](int64_t m, int64_t v, const std::vector<Tensor>& x) -> std::vector<Tensor> {
     const PipelineStage& ch = plan_->pipeline->chunk(plan_->stage, v);
     if (pipe_->virtual_stages() > 1) model_.set_pipeline_span(ch.first, ch.last);
     // Dropout draws exactly the blocks the single-device run draws for these units (pipeline_rng.h).
     gen.set_offset(base + static_cast<uint64_t>(m) * off.forward + off.unit_start[static_cast<size_t>(ch.first)]);
-    Tensor y = model_(std::vector<Tensor>{x})[0];
-    if (!pipe_->makes_loss(v)) return y;
-    Tensor loss = cross_entropy(y, place_input(batches[static_cast<size_t>(m)].targets, *par_, *plan_));
+    const std::vector<Tensor> o = model_(std::vector<Tensor>{x[0]});
+    // The MoE router losses: this chunk's layers' statistics added to the sums the chunks before
+    // carried (x[1..]), in layer order; the losses of the totals join the cross-entropy on the
+    // last chunk, and the sums' gradients travel back (docs/pipeline.md).
+    const RouterSums sums =
+        causal_lm_router_sums(model_.config(), router_sums_of(std::vector<Tensor>(x.begin() + 1, x.end())), o);
+    if (!pipe_->makes_loss(v)) {
+      std::vector<Tensor> out{o[0]};
+      for (const Tensor& t : router_sums_tensors(sums, x[0].device())) out.push_back(t);
+      return out;
+    }
+    Tensor loss =
+        causal_lm_loss(model_.config(), o[0], place_input(batches[static_cast<size_t>(m)].targets, *par_, *plan_), sums);
     losses[static_cast<size_t>(m)] = scalar_value(loss);
-    return accum_ > 1 ? div(loss, static_cast<double>(accum_)) : loss;
+    return {accum_ > 1 ? div(loss, static_cast<double>(accum_)) : loss};
   };
   s.before_backward = [&](int64_t m) { reducer_->set_sync(m + 1 == accum_); };
   pipe_->run(s);

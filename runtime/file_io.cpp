@@ -2,12 +2,16 @@
 #include "runtime/file_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <utility>
 
 #include "runtime/error.h"
 
@@ -45,6 +49,20 @@ void write_file_atomically(const std::string& path_in, const std::function<void(
     // A device, pipe or socket (/dev/null, a FIFO), or anything reached through /dev or /proc
     // (/dev/stdout redirected to a file, maybe with >>), is written in place: a temporary renamed
     // over it would replace the device node, or the file a shell appends to.
+    // The process's own stdout (or stderr) is written through that stream: a second descriptor
+    // of a file the shell opened with `>` has an offset of its own, so what each wrote overwrote
+    // the other's (a table on stdout and `--json /dev/stdout`, until 2026-12-08).
+    for (auto [fd, stream] : {std::pair<int, std::ostream*>{1, &std::cout}, {2, &std::cerr}}) {
+      struct stat mine{}, named{};
+      if (::fstat(fd, &mine) != 0 || ::stat(path_in.c_str(), &named) != 0 || mine.st_dev != named.st_dev ||
+          mine.st_ino != named.st_ino)
+        continue;
+      std::fflush(fd == 1 ? stdout : stderr);
+      fill(*stream);
+      stream->flush();
+      MT_CHECK(stream->good(), "cannot write '{}': {}", path_in, errno_text());
+      return;
+    }
     std::ofstream out(path_in, std::ios::binary | std::ios::app);  // no O_TRUNC: a >> redirect keeps its file
     MT_CHECK(out.is_open(), "cannot write '{}': {}", path_in, errno_text());
     fill(out);

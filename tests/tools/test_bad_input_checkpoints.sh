@@ -91,6 +91,29 @@ echo before >"$WORK/appended.txt"
 "$BIN" compare "$WORK/g.safetensors" "$WORK/g2.safetensors" --json /dev/stdout >>"$WORK/appended.txt" 2>/dev/null \
   && [ -c /dev/null ] && [ "$(head -n 1 "$WORK/appended.txt")" = before ] && grep -q '"pass": true' "$WORK/appended.txt" \
   && pass "compare --json /dev/stdout >> FILE: appended in place" || fail "--json /dev/stdout >>: $(head -n 3 "$WORK/appended.txt")"
+# ... and with `>`: the JSON goes through the process's own stdout, in order with the table (the
+# two descriptors' offsets overwrote each other's text until 2026-12-08).
+"$BIN" compare "$WORK/g.safetensors" "$WORK/g2.safetensors" --json /dev/stdout >"$WORK/truncated.txt" 2>/dev/null
+python3 - "$WORK/truncated.txt" <<'PY' && pass "compare --json /dev/stdout > FILE: the table, then the whole JSON report" \
+  || fail "--json /dev/stdout >: $(head -c 300 "$WORK/truncated.txt")"
+import json, sys
+text = open(sys.argv[1]).read()
+start = text.index("{")
+report, end = json.JSONDecoder().raw_decode(text[start:])
+assert report["pass"] and report["tensors"], report
+assert "PASS" in text[:start] + text[start + end:], text[-300:]
+PY
+# A link whose file is a checkpoint directory's is that file: refused as the file would be (grad's
+# gradients replaced the weights of --hf through such a link until 2026-12-08), also a link to a
+# file not written yet (the fresh run's `latest`).
+ln -sf "$WORK/hf/model.safetensors" "$WORK/weights_link.safetensors"
+bad_case "grad --out a link to the checkpoint's weights" --watch "$WORK/hf" "--out $WORK/weights_link.safetensors" \
+  "is a checkpoint file of --hf $WORK/hf" -- \
+  "$BIN" grad --hf "$WORK/hf" --tokens "$WORK/tokens.txt" --out "$WORK/weights_link.safetensors"
+ln -sf "$WORK/fresh_ck/latest" "$WORK/latest_link.jsonl"
+bad_case "train --metrics a link to a fresh checkpoint directory's latest" --watch "$WORK/fresh_ck" \
+  "is a checkpoint file of --checkpoint-dir" -- "$BIN" "${T[@]}" --steps 2 --checkpoint-dir "$WORK/fresh_ck" \
+  --metrics "$WORK/latest_link.jsonl"
 bad_case "plan --calibrate --out in a missing directory: refused before measuring" "--out /nonexistent_ro/hw.json" \
   "does not exist" -- "$BIN" plan --calibrate --out /nonexistent_ro/hw.json
 bad_case "--val-batches x --batch x --seq past 2^63" "--val-batches 1099511627776 x --batch 8388608 x --seq 2" -- \

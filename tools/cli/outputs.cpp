@@ -29,6 +29,19 @@ void probe_directory(const fs::path& dir, const std::string& path, const std::st
 
 fs::path parent_or_cwd(const fs::path& p) { return p.has_parent_path() ? p.parent_path() : fs::path("."); }
 
+// `out` as the file a write reaches: symbolic links followed, the last one too when the file it
+// names does not exist yet (weakly_canonical stops at a dangling link).
+fs::path written_path(const std::string& out) {
+  std::error_code ec;
+  fs::path p = fs::absolute(out, ec);
+  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  return fs::weakly_canonical(p, ec);
+}
+
 }  // namespace
 
 void check_output_file(const std::string& path, const std::string& flag) {
@@ -55,7 +68,10 @@ void check_not_input(const std::string& out, const std::string& out_flag,
   if (out.empty()) return;
   const bool out_exists = fs::is_regular_file(out, ec);
   if (!out_exists && fs::exists(out, ec)) return;  // a device or pipe: written in place, never an input
-  const fs::path name = fs::path(out).filename();
+  // Judged by the file a write reaches: a link named in a checkpoint directory's place is that
+  // directory's file (such a link replaced the weights of `grad --hf` until 2026-12-08).
+  const fs::path real = written_path(out);
+  const fs::path name = real.filename();
   const std::string ext = name.extension().string();
   // A training checkpoint directory's own files too: `latest` (a metrics line appended to it made
   // the directory unresumable) and the run lock. These are refused by name whether or not they
@@ -63,7 +79,7 @@ void check_not_input(const std::string& out, const std::string& out_flag,
   const bool checkpoint_file = name == "config.json" || name == "tokenizer.json" || name == "index.json" ||
                                name == "trainer_state.json" || name == "model.safetensors.index.json" ||
                                name == "latest" || name == ".meshtrain.lock" || ext == ".safetensors";
-  const fs::path parent = parent_or_cwd(out);
+  const fs::path parent = parent_or_cwd(real);
   for (const auto& [flag, path] : inputs) {
     if (path.empty()) continue;
     const bool exists = fs::exists(path, ec);

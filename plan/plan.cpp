@@ -278,6 +278,21 @@ std::string PlanEntry::str() const {
 
 // ---- Plan ----
 
+Plan Plan::with_mesh_sizes(const std::map<std::string, int64_t>& sizes) const {
+  std::vector<MeshDimDecl> dims = mesh_;
+  for (auto& d : dims) {
+    const auto it = sizes.find(d.name);
+    if (it != sizes.end()) d.size = it->second;
+  }
+  Plan p = *this;
+  p.mesh_.clear();
+  std::vector<PlanEntry> entries = std::move(p.entries_);
+  p.entries_.clear();
+  p.set_mesh(std::move(dims), mesh_loc_);  // the same checks as a mesh line
+  p.entries_ = std::move(entries);
+  return p;
+}
+
 void Plan::set_mesh(std::vector<MeshDimDecl> dims, PlanLoc loc) {
   MT_CHECK(mesh_.empty(), "{}: the mesh is declared twice (first at {}); expected one mesh line", loc.str(),
            mesh_loc_.str());

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -162,6 +163,9 @@ class Plan {
   // that was the only dim), the entries as they are, no stage lines. A plan without a pipeline
   // dim is returned as it is.
   Plan without_pipeline() const;
+  // The plan with other sizes on some mesh dims (name -> size, -1 for "*"), every line where it
+  // was (so errors still name the plan file's lines): `plan --sweep` over tp sizes.
+  Plan with_mesh_sizes(const std::map<std::string, int64_t>& sizes) const;
   // The mesh for `world` ranks: "*" is world / (product of the others). Throws at the mesh line
   // when the world does not fit.
   PlanMesh resolve_mesh(int64_t world) const;

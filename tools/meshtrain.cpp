@@ -11,6 +11,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
+#include <system_error>
 #include <thread>
 #ifdef _OPENMP
 #include <omp.h>
@@ -111,6 +113,13 @@ int main(int argc, char** argv) {
     if (!e.agreed()) return mt::end_job_on_error(e.what(), e.code());
     MT_LOG_ERROR("{}", e.what());
     return e.code();
+  } catch (const std::system_error& e) {
+    // fmt::print's failure on stdout (a closed pipe, a full disk) says only "cannot write to
+    // file": name stdout and the command, as flush_stdout does.
+    if (std::string_view(e.what()).starts_with("cannot write to file"))
+      return mt::end_job_on_error(fmt::format("meshtrain {}: cannot write the result to stdout: {}",
+                                              argc > 1 ? argv[1] : "", e.code().message()));
+    return mt::end_job_on_error(e.what());
   } catch (const std::exception& e) {
     return mt::end_job_on_error(e.what());
   }

@@ -493,6 +493,28 @@ python3 -c 'import json,sys; p=sys.argv[1]; c=json.load(open(p)); c["router_jitt
 expect_error "negative router loss coefficient" "--moe-aux-loss" ">= 0" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-aux-loss -1
 expect_error "router loss coefficient beyond f32" "--moe-z-loss 1e39" "at most 3.4e38" -- "$BIN" train --config mixtral-tiny --steps 1 --moe-z-loss 1e39
 
+# Flags with nothing to apply to are refused, naming the flag and what it needs (they were
+# accepted and did nothing until 2026-12-08).
+for spec in "--keep 1:--checkpoint-dir" "--checkpoint-every 1:--checkpoint-dir" "--overwrite:--checkpoint-dir" \
+    "--allow-changes:--resume" "--no-fuse:--plan" "--bucket-mb 1:--plan"; do
+  flags=${spec%%:*}
+  expect_error "train $flags alone" "meshtrain train: ${flags%% *} applies to" "${spec##*:}" -- \
+    "$BIN" train --steps 1 --batch 2 --seq 16 --metrics "" $flags
+done
+"$BIN" init --config llama-tiny --out "$WORK/pt_ck" >/dev/null 2>&1
+printf '1,2,3,4,5\n6,7,8,9,10\n' > "$WORK/pt_tokens.txt"
+expect_error "parity --tokens with --batch" "--batch does not go with --tokens" -- \
+  "$BIN" parity --plan "$(dirname "$0")/../../plans/llama_dp.plan" --hf "$WORK/pt_ck" --tokens "$WORK/pt_tokens.txt" --batch 4
+expect_error "plan --memory-gb without --sweep" "--memory-gb is the budget of --sweep" -- \
+  "$BIN" plan --plan "$(dirname "$0")/../../plans/llama_dp.plan" --world 2 --estimate --memory-gb 1
+expect_error "plan --estimate --fsdp-layout" "--fsdp-layout prints the plan's FSDP buffer layouts" -- \
+  "$BIN" plan --plan "$(dirname "$0")/../../plans/llama_fsdp.plan" --world 2 --estimate --fsdp-layout
+# smoke's failure is an error line and exit 2 (it printed "LOSS DID NOT FALL" for a loss that fell).
+"$BIN" smoke --steps 2 >"$WORK/out" 2>"$WORK/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "not below half of the first step's" "$WORK/err" \
+  && pass "smoke --steps 2: exit 2, the error names the halving it checks" || fail "smoke --steps 2: exit $rc, $(tail -n 1 "$WORK/err")"
+"$BIN" smoke >"$WORK/out" 2>&1 && grep -q ": ok$" "$WORK/out" && pass "smoke: ok" || fail "smoke: $(tail -n 1 "$WORK/out")"
+
 # A train --checkpoint-dir given as --hf: the error names a step directory to give instead.
 "$BIN" train --steps 1 --batch 2 --seq 16 --metrics "" --checkpoint-dir "$WORK/hf_ckdir" >/dev/null || fail "train for --hf"
 expect_error "generate --hf of a checkpoint directory" "is a train --checkpoint-dir" "its latest: $WORK/hf_ckdir/step-00000001" -- \

@@ -112,6 +112,12 @@ meshes=$(json "$tmp/sweep_3d.json" "sorted(r['mesh'] for r in d['rows'])")
 [ "$(json "$tmp/sweep_3d.json" "len(set(r['mesh'] for r in d['rows'])) == len(d['rows']) == 2")" = True ] \
   || fail "3-dim sweep rows: $meshes"
 grep -qF "# plans that fit" "$tmp/sweep.txt" || fail "sweep text"
+# A plan whose tp size the sweep changes keeps its lines: a left-out row names the plan file's own
+# line (it named the line of the plan's printed form, :2:1, until 2026-12-08).
+"$bin" plan --config llama-tiny --plan "$plans/llama_dp_tp.plan" --sweep "world=8 tp=4" --batch 8 --seq 64 \
+  > "$tmp/sweep_line.txt" 2>&1
+grep -q "llama_dp_tp.plan:6:" "$tmp/sweep_line.txt" && ! grep -q "llama_dp_tp.plan:2:1" "$tmp/sweep_line.txt" \
+  || fail "sweep line numbers: $(grep -m 2 'llama_dp_tp.plan:' "$tmp/sweep_line.txt")"
 
 # FSDP with --accum 2: the predicted peak is a real run's from its second step on (the scratch
 # gradient shard the first accumulated backward makes stays; one warm-up micro-batch missed it

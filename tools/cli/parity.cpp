@@ -194,6 +194,10 @@ Setup prepare(int argc, char** argv) {
   const std::string plan_path = args.required("plan");
   MT_CHECK(!(args.has("config") && args.has("hf")), "meshtrain parity: give --config or --hf, not both");
   MT_CHECK(!(args.has("tokens") && args.has("data")), "meshtrain parity: give --tokens or --data, not both");
+  for (const char* flag : {"batch", "seq"})
+    MT_CHECK(!(args.has("tokens") && args.has(flag)),
+             "meshtrain parity: --{} does not go with --tokens {}: the token file's lines are the batch (one sequence "
+             "of T+1 ids per line)", flag, args.str("tokens"));
   MT_CHECK(!args.has("data") || !args.str("data").empty(),
            "meshtrain parity: --data is empty; give a token shard (or a pattern of shards), or leave --data out to "
            "train on the embedded corpus");

@@ -66,6 +66,7 @@ std::string local_shapes(const Shape& global, const Placements& ps, const PlanMe
 int run_plan(int argc, char** argv) {
   Args args("plan", plan_flags(), argc, argv, 2);
   if (wants_estimate(args)) return run_plan_estimate(args);
+  MT_CHECK(!args.has("memory-gb"), "meshtrain plan: --memory-gb is the budget of --sweep, which is not given");
   const std::string plan_path = args.required("plan");
   const int64_t world = args.integer("world", 1, kMaxPlanWorld);  // every mesh coordinate is listed
   ModelConfig config = resolve_config(args.str("config"));

@@ -244,8 +244,8 @@ void print_text(const PlanRun& r, const std::string& config_name, const ModelCon
                           t.sharing > 1 ? ", the schedule run with the ranks' sharing" : "", seconds_str(t.optimizer_s),
                           sharing)
             : seconds_str(compute) + sharing;
-    fmt::print("  {:<28} {:>14}  {}  (compute {} + communication {}, no overlap; {:.0f} tokens/s per model "
-               "replica group)\n",
+    fmt::print("  {:<28} {:>14}  {}  (compute {} + communication {}, no overlap; {:.0f} tokens/s for the job: "
+               "--batch x --seq x --accum per step)\n",
                "step time", seconds_str(t.total_s), kModel, compute_str, seconds_str(t.comm_s), tokens / t.total_s);
   }
   fmt::print("# estimated {} coordinate(s) in {:.3f} s\n", r.ranks.size(), r.elapsed_s);
@@ -325,8 +325,9 @@ std::map<std::string, std::vector<int64_t>> parse_sweep(const std::string& spec)
 
 // The plan with tp ranks on its tp dim (0: the plan as it is) and its mesh for `world` ranks, or
 // nothing with the reason. A plan without tp takes only tp 1; a plan whose only dim is tp only
-// tp = world. Otherwise the plan text is re-read with its mesh line's tp size replaced; a plan
-// with a tp dim and one other dim gets the other dim as '*', larger meshes keep their other dims.
+// tp = world. Otherwise the plan takes tp on its tp dim (Plan::with_mesh_sizes: its lines stay
+// where they are, so errors name the file's lines); a plan with a tp dim and one other dim gets
+// the other dim as '*', larger meshes keep their other dims.
 std::optional<std::pair<Plan, PlanMesh>> sweep_plan(const Plan& plan, int64_t world, int64_t tp, std::string& why) {
   Plan p = plan;
   const auto& dims = plan.mesh_dims();
@@ -341,22 +342,16 @@ std::optional<std::pair<Plan, PlanMesh>> sweep_plan(const Plan& plan, int64_t wo
     return std::nullopt;
   }
   if (tp > 0 && has_tp && dims.size() >= 2) {
-    std::string text = plan.str(), out;
-    std::stringstream in(text);
-    std::string l;
-    while (std::getline(in, l)) {
-      if (l.rfind("mesh ", 0) == 0) {
-        std::stringstream words(l.substr(5));
-        std::string w;
-        l = "mesh";
-        while (words >> w) {
-          const std::string name = w.substr(0, w.find('='));
-          l += " " + (name == "tp" ? fmt::format("tp={}", tp) : dims.size() == 2 ? name + "=*" : w);
-        }
-      }
-      out += l + "\n";
+    std::map<std::string, int64_t> sizes{{"tp", tp}};
+    if (dims.size() == 2)
+      for (const auto& d : dims)
+        if (d.name != "tp") sizes[d.name] = -1;
+    try {
+      p = plan.with_mesh_sizes(sizes);
+    } catch (const Error& e) {
+      why = e.what();
+      return std::nullopt;
     }
-    p = parse_plan(out, plan.source());
   }
   try {
     PlanMesh m = p.resolve_mesh(world);
@@ -503,6 +498,10 @@ bool wants_estimate(const Args& args) {
 }
 
 int run_plan_estimate(const Args& args) {
+  MT_CHECK(!args.flag("fsdp-layout"),
+           "meshtrain plan: --fsdp-layout prints the plan's FSDP buffer layouts, not an estimate: give it without "
+           "--estimate, --sweep and --calibrate");
+  MT_CHECK(!args.has("memory-gb") || args.has("sweep"), "meshtrain plan: --memory-gb is the budget of --sweep, which is not given");
   if (args.flag("calibrate")) {
     check_output_file(args.required("out"), "--out");  // before the measurements, not after them
     return run_calibrate(args.required("out"));

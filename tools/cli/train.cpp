@@ -66,7 +66,7 @@ std::vector<FlagSpec> train_flags() {
       {"val-every", "validation loss every N steps and at the end (0: at the end only)", "0", false},
       {"val-batches", "batches of --batch x --seq in the validation loss", "4", false},
       {"steps", "optimizer steps in the whole run (sets the LR schedule)", "300", false},
-      {"stop-at", "stop after this many steps (0: run all --steps); with --resume this continues", "0", false},
+      {"stop-at", "stop after this many steps (0, or past --steps: run all --steps); with --resume this continues", "0", false},
       {"precision", "f32, or bf16 (bf16 compute, f32 master weights)", "f32", false},
       {"device", "cpu, cuda (under mpirun: GPU local rank % GPUs) or cuda:N", "cpu", false},
       {"checkpoint-dir", "directory for checkpoints (empty: none)", "", false},

@@ -26,6 +26,8 @@ World::World() {
   MT_LOG_DEBUG("world of {} rank(s), transport {}", size_, transport_);
 }
 
+int launcher_world_size() { return detail::backend_launcher_world().size; }
+
 World& world() {
   static World w;
   return w;

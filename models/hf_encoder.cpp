@@ -153,6 +153,18 @@ std::shared_ptr<hf_pretok::Pattern> compile_regex(const std::string& src, const 
       if (i + 1 < src.size() && src[i + 1] == ']') cur += src[++i];  // a leading ']' is a member
       continue;
     }
+    if (c == '(' && i + 2 < src.size() && src[i + 1] == '?') {
+      // A bare flag group, `(?i)`: in Oniguruma it applies to the rest of the pattern, across its
+      // `|` (so to every later alternative), where RE2 scopes it to the alternative meshtrain
+      // compiles it in. Refused rather than encoded otherwise; `(?i:...)` says its scope.
+      size_t j = i + 2;
+      while (j < src.size() && std::string_view("imsxU-").find(src[j]) != std::string_view::npos) ++j;
+      MT_CHECK(!(j > i + 2 && j < src.size() && src[j] == ')'),
+               "{}: the regex '{}' has the flag group '{}', which applies to the rest of the pattern across its "
+               "alternatives; meshtrain cannot reproduce that (write the flags over what they cover, e.g. "
+               "'(?i:...)')",
+               where, src.substr(0, 200), src.substr(i, j + 1 - i));
+    }
     if (c == '(') ++depth;
     if (c == ')') --depth;
     if (c == '|' && depth == 0) {

@@ -1,6 +1,8 @@
 // Byte tokenizer: a byte is its own token.
 #include "models/tokenizer.h"
 
+#include <filesystem>
+
 #include "runtime/error.h"
 
 namespace mt {
@@ -22,6 +24,12 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& tokens) const {
     text.push_back(static_cast<char>(static_cast<unsigned char>(tokens[i])));
   }
   return text;
+}
+
+bool ByteTokenizer::is_byte_vocabulary(int64_t vocab_size, const std::string& hf_dir) {
+  std::error_code ec;
+  return vocab_size == kVocabSize &&
+         (hf_dir.empty() || !std::filesystem::exists(std::filesystem::path(hf_dir) / "tokenizer.json", ec));
 }
 
 }  // namespace mt

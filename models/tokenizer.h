@@ -19,6 +19,11 @@ class ByteTokenizer {
   std::vector<int32_t> encode(std::string_view text) const;
   // Throws naming the position and id when a token is outside [0, 256).
   std::string decode(const std::vector<int32_t>& tokens) const;
+
+  // Whether a model of `vocab_size` tokens whose checkpoint is `hf_dir` ("" for a built-in or
+  // --config model) reads and writes bytes: 256 tokens and no tokenizer.json in the directory
+  // (a BPE of 256 tokens trained on the data names itself there, and is used).
+  static bool is_byte_vocabulary(int64_t vocab_size, const std::string& hf_dir);
 };
 
 }  // namespace mt

@@ -67,6 +67,16 @@ TEST_CASE("hf encoder: refusals name the file and the field", "[cpu]") {
           "pre_tokenizer.pattern.Regex");
   refused("word", [](auto& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}}}; },
           "\\w");
+  // A bare flag group reaches every later alternative in Oniguruma, one alternative in RE2: refused
+  // (encoded differently from the tokenizers library until 2026-12-08); a scoped one is taken.
+  for (const char* re : {"(?i)q|z+", "x(?i)q|z+", "(?-i)a|b"})
+    refused("flags", [re](auto& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", "Isolated"}}; },
+            "has the flag group");
+  {
+    nlohmann::json j = base;
+    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(?i:q)|z+"}}}, {"behavior", "Isolated"}};
+    CHECK_NOTHROW(HfTokenEncoder::from_file(tmp.write("scoped_flags.json", j.dump())));
+  }
   // Added tokens matched after the normalizer (tokenizer.add_tokens' default): refused with one.
   refused("normalized_added",
           [](auto& j) {

@@ -224,6 +224,37 @@ expect_error "tokenize onto the --tokenizer directory's weights" "is a checkpoin
 cmp -s "$WORK/v600/model.safetensors" "$WORK/v600_weights.bak" && pass "the --tokenizer directory's weights unchanged" \
   || fail "tokenize changed the --tokenizer directory's weights"
 
+# ---- 256 ids with a tokenizer.json: the tokenizer's, not bytes -------------------------------------------
+# A byte-level BPE of exactly 256 tokens, id = (byte + 1) mod 256 and no merges, beside a 256-id
+# checkpoint: --prompt is encoded and the output decoded by it (they were taken as bytes until
+# 2026-12-08, silently, whenever a vocabulary had 256 ids).
+python3 - "$FIX/gpt2.json" "$WORK/tok256.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+def byte_chars():  # GPT-2's byte-to-character table (the ByteLevel pre-tokenizer's alphabet)
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b); cs.append(256 + n); n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+chars = byte_chars()
+j["model"]["vocab"] = {chars[b]: (b + 1) % 256 for b in range(256)}
+j["model"]["merges"] = []
+j["added_tokens"] = []
+json.dump(j, open(sys.argv[2], "w"))
+PY
+"$BIN" init --config llama-tiny --seed 2 --out "$WORK/v256" >/dev/null || fail "init v256"
+cp "$WORK/tok256.json" "$WORK/v256/tokenizer.json"
+out=$("$BIN" generate --hf "$WORK/v256" --prompt "ab" --max-new-tokens 3 --temperature 0 --eos none 2>"$WORK/err")
+python3 - "$(tail -n 1 <<<"$out")" <<'PY' && pass "256 ids with a tokenizer.json: --prompt encoded and the text decoded by it" \
+  || fail "256 ids with a tokenizer.json: $out $(tail -n 1 "$WORK/err")"
+import json, sys
+j = json.loads(sys.argv[1])
+assert j["prompt"] == [98, 99], j["prompt"]
+assert j["text"] == "".join(chr((t - 1) % 256) for t in j["tokens"]), j
+PY
+
 # ---- bad input --------------------------------------------------------------------------------------
 expect_error "--prompt text without a tokenizer.json" "needs a tokenizer.json (--config has none: use --hf DIR)" -- \
   "$BIN" generate --config "$WORK/small.json" --prompt "hello"
@@ -250,6 +281,27 @@ expect_error "train --sample-prompt text without a tokenizer.json" "needs a toke
   "$BIN" train --config "$WORK/small.json" --seq 16 --batch 2 --steps 1 --sample-every 1 --sample-prompt hi --metrics ""
 expect_error "--eos outside the vocabulary" "--eos 9 is out of range" -- \
   "$BIN" generate --hf "$WORK/small" --prompt-ids 0 --max-new-tokens 4 --eos 9
+# Flags are checked before the checkpoint is read: a broken checkpoint does not hide them.
+mkdir -p "$WORK/broken" && cp "$WORK/small/config.json" "$WORK/broken/" && head -c 100 "$WORK/small/model.safetensors" \
+  > "$WORK/broken/model.safetensors"
+expect_error "a malformed --prompt-ids before the checkpoint" "item 2 ('') is not a token id" -- \
+  "$BIN" generate --hf "$WORK/broken" --prompt-ids "1,,2"
+expect_error "--no-special-tokens without --prompt before the checkpoint" "applies to a --prompt" -- \
+  "$BIN" generate --hf "$WORK/broken" --prompt-ids 1 --no-special-tokens
+expect_error "a switch with a value it does not take" "--no-cache is a switch" -- \
+  "$BIN" generate --hf "$CK" --prompt a --no-cache=maybe
+expect_error "generate under mpirun -np 2 (the launcher's size)" "runs in one process, but mpirun started 2" -- \
+  env OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 "$BIN" generate --hf "$CK" --prompt a
+# A subnormal number is a number (it was "out of the range of a double").
+"$BIN" generate --hf "$CK" --prompt a --max-new-tokens 2 --temperature 1e-320 >/dev/null 2>"$WORK/err" \
+  && pass "--temperature 1e-320 is taken" || fail "--temperature 1e-320: $(tail -n 1 "$WORK/err")"
+# tokenize: inputs after the flags get the hint; its result line is checked as written.
+expect_error "tokenize with the inputs after the flags" "give the input files before the flags" -- \
+  "$BIN" tokenize --tokenizer "$FIX/llama3.json" --out "$WORK/t.bin" "$WORK/rep.bin"
+printf 'hello world\n' > "$WORK/hello.txt"
+"$BIN" tokenize "$WORK/hello.txt" --tokenizer "$FIX/llama3.json" --out "$WORK/hello.bin" >/dev/full 2>"$WORK/err"
+[ $? -ne 0 ] && grep -q "cannot write the result to stdout" "$WORK/err" \
+  && pass "tokenize > /dev/full: an error, not exit 0" || fail "tokenize > /dev/full: $(tail -n 1 "$WORK/err")"
 
 echo "failures: $fails"
 [ $fails -eq 0 ]

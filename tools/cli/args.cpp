@@ -2,8 +2,10 @@
 #include "tools/cli/args.h"
 
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 
@@ -39,7 +41,13 @@ Args::Args(const std::string& command, const std::vector<FlagSpec>& specs, int a
     MT_CHECK(it != specs_.end(), "meshtrain {}: unknown flag --{} (flags: {}; --help explains them)", command, name,
              flag_list(specs));
     if (it->second.is_switch) {
-      values_[name] = inline_value ? value : "1";
+      // `--no-cache=no` turned the cache off until 2026-12-08 (any value but 0 or false was true).
+      MT_CHECK(!inline_value || value == "1" || value == "true" || value == "yes" || value == "0" || value == "false" ||
+                   value == "no",
+               "meshtrain {}: --{} is a switch: give it alone, or as --{}=true / --{}=false (1/0, yes/no), not '{}'",
+               command, name, name, name, value);
+      const bool on = !inline_value || value == "1" || value == "true" || value == "yes";
+      values_[name].assign(1, on ? '1' : '0');
       continue;
     }
     if (!inline_value) {
@@ -87,16 +95,14 @@ int64_t Args::integer(const std::string& name, int64_t lo, int64_t hi) const {
 
 double Args::real(const std::string& name) const {
   const std::string v = str(name);
-  double x = 0;
-  bool parsed = false;
-  try {
-    size_t used = 0;
-    x = std::stod(v, &used);
-    parsed = used == v.size() && !v.empty() && !std::isspace(static_cast<unsigned char>(v[0]));
-  } catch (const std::out_of_range&) {
-    MT_FAIL("meshtrain {}: --{} {} is out of the range of a double", command_, name, v);
-  } catch (const std::exception&) {
-  }
+  // strtod, not stod: a value below the smallest normal double (1e-320) is a number, which stod
+  // refused as "out of range" until 2026-12-08; only one beyond the largest is.
+  errno = 0;
+  char* end = nullptr;
+  const double x = v.empty() ? 0 : std::strtod(v.c_str(), &end);
+  const bool parsed = !v.empty() && end == v.c_str() + v.size() && !std::isspace(static_cast<unsigned char>(v[0]));
+  MT_CHECK(!(parsed && errno == ERANGE && std::fabs(x) > 1), "meshtrain {}: --{} {} is out of the range of a double",
+           command_, name, v);
   MT_CHECK(parsed, "meshtrain {}: --{} expects a number, got '{}'", command_, name, v);
   MT_CHECK(std::isfinite(x), "meshtrain {}: --{} must be a finite number, got '{}'", command_, name, v);
   return x;

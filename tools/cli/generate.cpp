@@ -20,6 +20,7 @@
 #include "models/hf_tokenizer.h"
 #include "models/llama.h"
 #include "models/tokenizer.h"
+#include "mesh/world.h"
 #include "optim/master_weights.h"
 #include "runtime/error.h"
 #include "tensor/ops.h"
@@ -115,11 +116,25 @@ int run_generate(int argc, char** argv) {
   MT_CHECK(!args.has("prompt") || !args.str("prompt").empty(), "meshtrain generate: --prompt is empty");
   const DType dtype = parse_precision(args.str("precision"), "generate");
   const Device device = resolve_device("generate", args.str("device"));
+  // One process (under `mpirun -np 2` every rank generated and printed the same text until
+  // 2026-12-08).
+  MT_CHECK(launcher_world_size() == 1,
+           "meshtrain generate: runs in one process, but mpirun started {}: run it without mpirun (or with -np 1)",
+           launcher_world_size());
+  // What the flags say by themselves, before a checkpoint of any size is read (these came after
+  // the load until 2026-12-08): the ids' syntax, --eos's, --no-special-tokens without --prompt.
+  const std::vector<int64_t> prompt_ids = args.has("prompt-ids") ? parse_ids(args.str("prompt-ids")) : std::vector<int64_t>{};
+  const std::string eos = args.str("eos");
+  if (eos != "auto" && eos != "none") (void)args.integer("eos", 0, std::numeric_limits<int64_t>::max());
+  MT_CHECK(!args.flag("no-special-tokens") || args.has("prompt"),
+           "meshtrain generate: --no-special-tokens applies to a --prompt encoded by a tokenizer.json");
 
   ModelConfig cfg;
   std::string dir;
   std::shared_ptr<CausalLM> model = load_model(args, cfg, dir);
-  const bool bytes = cfg.vocab_size == ByteTokenizer::kVocabSize;
+  // 256 ids are bytes unless the checkpoint brings a tokenizer.json (a BPE of 256 tokens trained on
+  // the data: its prompt went in as bytes, silently, until 2026-12-08).
+  const bool bytes = ByteTokenizer::is_byte_vocabulary(cfg.vocab_size, dir);
   std::vector<int64_t> prompt;
   MT_CHECK(!args.flag("no-special-tokens") || (args.has("prompt") && !bytes),
            "meshtrain generate: --no-special-tokens applies to a --prompt encoded by a tokenizer.json");
@@ -131,10 +146,14 @@ int run_generate(int argc, char** argv) {
              "meshtrain generate: --prompt text for a vocabulary of {} tokens needs a tokenizer.json {}; give the "
              "prompt's token ids with --prompt-ids instead",
              cfg.vocab_size, dir.empty() ? std::string("(--config has none: use --hf DIR)") : "in " + dir);
-    prompt = enc->encode(args.str("prompt"), !args.flag("no-special-tokens"));
+    try {
+      prompt = enc->encode(args.str("prompt"), !args.flag("no-special-tokens"));
+    } catch (const Error& e) {  // e.g. text that is not UTF-8: name the flag too
+      MT_FAIL("meshtrain generate: --prompt: {}", e.what());
+    }
     MT_CHECK(!prompt.empty(), "meshtrain generate: --prompt encodes to no tokens");
   } else {
-    prompt = parse_ids(args.str("prompt-ids"));
+    prompt = prompt_ids;
   }
   for (size_t i = 0; i < prompt.size(); ++i)
     MT_CHECK(prompt[i] < cfg.vocab_size, "meshtrain generate: prompt token {} (position {}) is outside the vocabulary [0, {})",
@@ -145,7 +164,6 @@ int run_generate(int argc, char** argv) {
            "meshtrain generate: the prompt's {} tokens and --max-new-tokens {} need {} positions (the last new "
            "token is not fed back), which pass the model's max_position_embeddings of {}",
            T, opts.max_new_tokens, T + opts.max_new_tokens - 1, cfg.max_position_embeddings);
-  const std::string eos = args.str("eos");
   if (eos == "auto" && !bytes && cfg.eos_token_id >= 0) {
     opts.eos_token_ids = {cfg.eos_token_id};  // with every id of a list-valued eos_token_id
     opts.eos_token_ids.insert(opts.eos_token_ids.end(), cfg.extra_eos_token_ids.begin(), cfg.extra_eos_token_ids.end());

@@ -475,8 +475,8 @@ std::vector<FlagSpec> estimate_flags() {
   return {
       {"estimate", "print per-rank memory, communication and step time instead of the IR (docs/estimate.md)", "", true},
       {"batch", "--estimate: global batch per micro-batch", "8", false},
-      {"seq", "--estimate: tokens per sequence", "128", false},
-      {"accum", "--estimate: micro-batches per optimizer step", "1", false},
+      {"seq", "tokens per sequence (--estimate; without it, checked against context-parallel splits)", "128", false},
+      {"accum", "micro-batches per optimizer step (--estimate; without it, the pipeline schedule printed)", "1", false},
       {"precision", "--estimate: f32, bf16 or f16 (16-bit adds f32 master weights)", "bf16", false},
       {"accum-dtype", "--estimate: with --accum > 1 and 16-bit --precision, the dtype gradients are summed in: f32 "
                       "(as `meshtrain train`) or the precision", "f32", false},

@@ -14,6 +14,7 @@
 #include "models/hf_encoder.h"
 #include "runtime/error.h"
 #include "tools/cli/args.h"
+#include "tools/cli/checks.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/outputs.h"
 
@@ -38,9 +39,12 @@ int run_tokenize(int argc, char** argv) {
   std::vector<std::string> inputs;
   int first = 2;
   while (first < argc && std::string(argv[first]).rfind("--", 0) != 0) inputs.push_back(argv[first++]);
+  // Before the flags are parsed: inputs given after them are "unexpected arguments" to the parser.
+  bool help = false;
+  for (int i = first; i < argc; ++i) help = help || std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
+  MT_CHECK(!inputs.empty() || help, "meshtrain tokenize: give the input files before the flags: meshtrain tokenize "
+           "A.txt B.txt --tokenizer DIR --out data.bin");
   const Args args("tokenize", kTokenizeFlags, argc, argv, first);
-  MT_CHECK(!inputs.empty(), "meshtrain tokenize: give the input files before the flags: meshtrain tokenize A.txt "
-           "B.txt --tokenizer DIR --out data.bin");
   const std::string tok = args.required("tokenizer"), out = args.required("out"), format = args.str("format");
   MT_CHECK(format == "text" || format == "lines" || format == "jsonl",
            "meshtrain tokenize: --format must be text, lines or jsonl, got '{}'", format);
@@ -122,6 +126,7 @@ int run_tokenize(int argc, char** argv) {
              "wrote {}\n",
              docs, bytes, ids.size(), static_cast<double>(bytes) / static_cast<double>(ids.size()), sec,
              static_cast<double>(ids.size()) / std::max(sec, 1e-9), out);
+  flush_stdout("tokenize");  // the result line is part of the contract (docs/cli.md)
   return 0;
 }
 

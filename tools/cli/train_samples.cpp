@@ -44,7 +44,7 @@ std::optional<TrainSampler> TrainSampler::from_args(const Args& args, const Mode
   MT_CHECK(s.opts_.sampling.temperature >= 0, "meshtrain train: --sample-temperature {} must be >= 0 (0: greedy)",
            s.opts_.sampling.temperature);
   s.seed_ = seed;
-  s.bytes_ = cfg.vocab_size == ByteTokenizer::kVocabSize;
+  s.bytes_ = ByteTokenizer::is_byte_vocabulary(cfg.vocab_size, hf_dir);
   const std::string text = args.str("sample-prompt");
   if (s.bytes_) {
     for (int32_t t : ByteTokenizer().encode(text.empty() ? std::string("\n") : text)) s.prompt_.push_back(t);
@@ -55,7 +55,11 @@ std::optional<TrainSampler> TrainSampler::from_args(const Args& args, const Mode
                "meshtrain train: --sample-prompt text for a vocabulary of {} tokens needs a tokenizer.json in the --hf "
                "directory{}; leave it empty to start the samples from bos_token_id",
                cfg.vocab_size, hf_dir.empty() ? std::string(" (there is no --hf)") : " " + hf_dir);
-      s.prompt_ = enc->encode(text);
+      try {
+        s.prompt_ = enc->encode(text);
+      } catch (const Error& e) {  // e.g. text that is not UTF-8: name the flag too
+        MT_FAIL("meshtrain train: --sample-prompt: {}", e.what());
+      }
       MT_CHECK(!s.prompt_.empty(), "meshtrain train: --sample-prompt encodes to no tokens");
       for (int64_t id : s.prompt_)
         MT_CHECK(id >= 0 && id < cfg.vocab_size, "meshtrain train: --sample-prompt encodes to token {}, outside the "

@@ -200,7 +200,10 @@ int run_generate(int argc, char** argv) {
   if (bytes || decoder) fmt::print("{}\n", text);
   fmt::print(stderr, "generate: {} tokens in {:.3f} s ({:.1f} tokens/s, {}{})\n", tokens.size(), sec,
              static_cast<double>(tokens.size()) / std::max(sec, 1e-9), opts.kv_cache ? "KV cache" : "no cache",
-             bytes || decoder ? "" : "; no tokenizer: token ids only");
+             bytes || decoder                                   ? ""
+             : ByteTokenizer::is_byte_vocabulary(256, dir)  // no tokenizer.json in the directory
+                 ? "; no tokenizer: token ids only"
+                 : "; the tokenizer.json cannot decode (the notice above): token ids only");
   nlohmann::ordered_json j;
   j["prompt"] = prompt;
   j["tokens"] = tokens;

@@ -13,6 +13,7 @@
 #include "plan/grad_reducer.h"
 #include "plan/parallelize.h"
 #include "plan/pipeline.h"
+#include "plan/pipeline_run.h"
 #include "tensor/ops_pointwise.h"
 #include "runtime/error.h"
 #include "tensor/autograd.h"
@@ -227,10 +228,11 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
   // with the trainer's step (tools/cli/trainer.cpp pipeline_gradients): every action of the
   // stage's schedule; a forward keeps its graph (outputs) and received leaf until its backward;
   // sent tensors stay alive until the end of the run (the runner's pending sends). Messages are
-  // counted as the runner's communicator counts them: a header of 36 i64 and the activation per
-  // forward that does not make the loss, the gradient per backward that does not take the ids.
+  // counted as the runner's communicator counts them: a header (PipelineRunner::kHeaderElements
+  // i64) and the activation per forward that does not make the loss, the gradient per backward
+  // that does not take the ids. (MoE router sums carried beside the activation are not counted.)
   auto pipeline_step = [&](int64_t micros) {
-    constexpr int64_t kHeader = 36;
+    constexpr int64_t kHeader = PipelineRunner::kHeaderElements;
     const int64_t p = est.stages, V = est.virtual_stages, chunks = p * V;
     const std::string grp = pp_dim;
     // A stage's waits for its neighbours are the schedule's bubble, which the roofline charges

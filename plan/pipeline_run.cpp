@@ -19,6 +19,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 // placement (8 x 2)].
 constexpr int64_t kMaxActDims = 8, kHeadFields = 6;
 constexpr int64_t kHeader = kHeadFields + 2 * kMaxActDims + 2 * kMaxActDims;
+static_assert(kHeader == PipelineRunner::kHeaderElements);
 constexpr int64_t kMaxSent = 16;  // tensors a chunk sends (a sanity bound on a received count)
 // Tags: 4 per (micro-batch, receiving global chunk): header, activation, gradient. The tensors of
 // one chunk's output share them, sent and received in order.

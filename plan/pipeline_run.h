@@ -33,6 +33,9 @@ struct PipelineStats {
 
 class PipelineRunner {
  public:
+  // The i64 elements of the header each sent tensor is preceded by (for the estimate's counts).
+  static constexpr int64_t kHeaderElements = 38;
+
   // `mesh`: the plan's whole mesh; `dim`: the pipeline dim; `stage_mesh`: mesh without `dim` as
   // this rank sees it (DeviceMesh::select of the other dims). Received tensors go to `device`.
   // `virtual_stages`: chunks per stage under interleaved 1F1B (chunk v of stage s is global chunk

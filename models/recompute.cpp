@@ -23,7 +23,7 @@ const char* recompute_name(RecomputeMode mode) {
   return "?";
 }
 
-int64_t apply_recompute(Module& model, RecomputeMode mode) {
+int64_t apply_recompute(Module& model, RecomputeMode mode, bool may_hold_none) {
   int64_t layers = 0, marked = 0;
   for (auto& [path, m] : model.named_modules()) {
     m->set_recompute(Recompute::kNo);
@@ -43,7 +43,7 @@ int64_t apply_recompute(Module& model, RecomputeMode mode) {
           ++marked;
         }
     }
-  MT_CHECK(mode == RecomputeMode::kNone || layers > 0,
+  MT_CHECK(mode == RecomputeMode::kNone || layers > 0 || may_hold_none,
            "recompute {}: the model has no decoder layers (LlamaDecoderLayer) to recompute", recompute_name(mode));
   return marked;
 }

@@ -23,7 +23,8 @@ const char* recompute_name(RecomputeMode mode);
 
 // Marks the modules of `mode` in a built-in model (CausalLM or LlamaModel) and returns how many;
 // modules not named by the mode are set back to no recomputation. A model without decoder
-// layers is an error for full and selective.
-int64_t apply_recompute(Module& model, RecomputeMode mode);
+// layers is an error for full and selective, unless `may_hold_none`: a pipeline stage may hold
+// the embedding or the head alone, and then marks nothing.
+int64_t apply_recompute(Module& model, RecomputeMode mode, bool may_hold_none = false);
 
 }  // namespace mt

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -143,12 +144,28 @@ std::string Profiler::summary(int top) const {
     double us = 0, flops = 0, bytes = 0;
   };
   double region_us = 0, op_us = 0, first = 1e300, last = 0;
-  int64_t regions = 0, ops = 0;
+  int64_t regions = 0, ops = 0, outside = 0;
   std::map<std::string, Row> by_op, by_module;
   std::map<std::pair<std::string, std::string>, Row> by_coll;
+  // With marked regions (train's steps), the tables count what ran inside them: the shares are of
+  // the steps' time, and work between the steps (a validation loss, samples) would push them past
+  // 100% (it did until 2026-12-08). The trace keeps every event.
+  std::vector<std::pair<double, double>> spans;
+  for (const ProfileEvent& e : events_)
+    if (e.kind == ProfileEvent::Kind::kRegion) spans.emplace_back(e.ts_us, e.ts_us + e.dur_us);
+  std::sort(spans.begin(), spans.end());
+  auto inside = [&](const ProfileEvent& e) {
+    if (spans.empty()) return true;
+    auto it = std::upper_bound(spans.begin(), spans.end(), std::make_pair(e.ts_us, 1e300));
+    return it != spans.begin() && e.ts_us + e.dur_us <= std::prev(it)->second;
+  };
   for (const ProfileEvent& e : events_) {
     first = std::min(first, e.ts_us);
     last = std::max(last, e.ts_us + e.dur_us);
+    if (e.kind != ProfileEvent::Kind::kRegion && !inside(e)) {
+      outside += e.kind == ProfileEvent::Kind::kOp ? 1 : 0;
+      continue;
+    }
     if (e.kind == ProfileEvent::Kind::kRegion) {
       region_us += e.dur_us;
       ++regions;
@@ -171,8 +188,10 @@ std::string Profiler::summary(int top) const {
   const double total_us = regions > 0 ? region_us : std::max(0.0, last - (first > last ? last : first));
   const char* total_what = regions > 0 ? "marked steps" : "recorded span";
   auto share = [&](double us) { return total_us > 0 ? 100.0 * us / total_us : 0.0; };
-  std::string out = fmt::format("profile: {} {:.1f} ms; {} op calls {:.1f} ms ({:.1f}%)\n", total_what,
-                                total_us / 1e3, ops, op_us / 1e3, share(op_us));
+  std::string out = fmt::format("profile: {} {:.1f} ms; {} op calls {:.1f} ms ({:.1f}%){}\n", total_what,
+                                total_us / 1e3, ops, op_us / 1e3, share(op_us),
+                                outside > 0 ? fmt::format("; {} op calls between them left out (in the trace)", outside)
+                                            : std::string());
   auto table = [&](const char* title, const std::map<std::string, Row>& rows) {
     std::vector<std::pair<std::string, Row>> v(rows.begin(), rows.end());
     std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.us > b.second.us; });

@@ -31,7 +31,11 @@ ExpertLists expert_lists(const std::vector<int64_t>& selected, int64_t n_tokens,
 
 int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts) {
   if (capacity_factor <= 0) return std::numeric_limits<int64_t>::max();
-  const double c = std::ceil(capacity_factor * static_cast<double>(tokens * top_k) / static_cast<double>(experts));
+  // F is meant as written: 1.1 x 50 rows / 5 experts is 11 rows, though the double nearest 1.1 is
+  // above it and the product 11.000000000000002 (12 rows until 2026-12-08). A relative 1e-12 below
+  // the product absorbs the decimal's binary rounding, far below any real fraction of a row.
+  const double x = capacity_factor * static_cast<double>(tokens * top_k) / static_cast<double>(experts);
+  const double c = std::ceil(x * (1.0 - 1e-12));
   // No expert can get more than every (token, slot) row: a capacity above that is dropless, and
   // capping it here keeps a huge factor (1e19) from overflowing the conversion (which gave
   // INT64_MIN, a capacity of 1, until 2026-12-07).

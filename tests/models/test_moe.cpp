@@ -173,6 +173,10 @@ TEST_CASE("mixtral: a capacity factor however large is dropless, not an overflow
   REQUIRE(expert_capacity(0.5, 10, 2, 4) == 3);   // ceil(0.5 * 20 / 4)
   REQUIRE(expert_capacity(1e-9, 10, 2, 4) == 1);  // at least one row
   REQUIRE(expert_capacity(8, 10, 2, 4) == 20);    // 40 capped at every row
+  // The factor as written: 1.1 x 50 / 5 is 11 rows (the product of the doubles is 11.000000000000002).
+  REQUIRE(expert_capacity(1.1, 50, 1, 5) == 11);
+  REQUIRE(expert_capacity(1.1, 25, 2, 5) == 11);
+  REQUIRE(expert_capacity(1.1, 51, 1, 5) == 12);  // 11.22
   for (double f : {1e18, 1e19, 1e30, 1e300}) REQUIRE(expert_capacity(f, 10, 2, 4) == 20);
   // Training with a factor of 1e19 drops nothing: the dropless output (a capacity of 1 until
   // 2026-12-07, from a conversion that overflowed).

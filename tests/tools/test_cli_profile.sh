@@ -63,6 +63,22 @@ if "$bin" train --steps 1 --metrics "" --profile "$tmp/no/such/dir/t.json" 2> "$
 fi
 grep -qF -- "--profile" "$tmp/err.txt" || fail "error does not name --profile: $(cat "$tmp/err.txt")"
 
+# Work between the steps (a validation loss) is in the trace but not in the tables, whose shares
+# are of the steps' time (the op calls' share passed 100% until 2026-12-08).
+python3 -c 'import struct, sys
+t = [i % 200 for i in range(3000)]
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, len(t), *([0] * 253)) + struct.pack(f"<{len(t)}H", *t))' \
+  "$tmp/val.bin"
+"$bin" train --steps 2 --batch 2 --seq 16 --metrics "" --val-data "$tmp/val.bin" --val-every 1 --val-batches 20 \
+  --profile "$tmp/val.json" > "$tmp/val.txt" || fail "--profile with --val-data failed"
+python3 - "$tmp/val.txt" <<'PY' || fail "profile with validation: $(head -n 1 "$tmp/val.txt")"
+import re, sys
+line = next(l for l in open(sys.argv[1]) if l.startswith("profile: marked steps"))
+share = float(re.search(r"\(([0-9.]+)%\)", line).group(1))
+assert share <= 100, line
+assert "between them left out" in line, line
+PY
+
 # Under a plan: every rank's trace, with the gradient all-reduces over dp.
 if [ -n "$mpirun" ]; then
   "$mpirun" --oversubscribe -np 2 "$bin" train --plan "$root/plans/llama_dp.plan" --steps 1 --batch 2 --seq 16 \
@@ -76,5 +92,19 @@ assert any(e["name"] == "all_reduce" and e["args"]["dims"] == "dp" and e["args"]
     (sys.argv[1], coll[:3])
 PY
   done
+  # Rank 1's FILE.rank1 is checked at start-up like FILE: here it is the --data shard.
+  cp "$tmp/val.bin" "$tmp/d.rank1"
+  if "$mpirun" --oversubscribe -np 2 "$bin" train --plan "$root/plans/llama_dp.plan" --steps 1 --batch 2 --seq 16 \
+      --metrics "" --data "$tmp/d.rank1" --profile "$tmp/d" > "$tmp/dr.txt" 2>&1; then
+    fail "--profile whose rank-1 file is the --data shard accepted"
+  fi
+  grep -qF "rank 1's trace" "$tmp/dr.txt" && grep -qF "is the same file as --data" "$tmp/dr.txt" \
+    || fail "rank-1 trace over --data: $(tail -n 2 "$tmp/dr.txt")"
+  cmp -s "$tmp/val.bin" "$tmp/d.rank1" || fail "the --data shard was changed"
+  # A device: rank 0 writes it in place, the others none (no /dev/null.rank1 is created).
+  rm -f /dev/null.rank1 2>/dev/null || true
+  "$mpirun" --oversubscribe -np 2 "$bin" train --plan "$root/plans/llama_dp.plan" --steps 1 --batch 2 --seq 16 \
+    --metrics "" --profile /dev/null > "$tmp/dn.txt" 2>&1 || fail "--profile /dev/null under a plan: $(tail -n 2 "$tmp/dn.txt")"
+  [ ! -e /dev/null.rank1 ] || fail "/dev/null.rank1 was created"
 fi
 echo "cli_profile: ok"

@@ -141,6 +141,19 @@ std::vector<std::string> names_of(const NamedTensors& t) {
   return out;
 }
 
+// Where rank `rank` writes its --profile trace: FILE on rank 0, FILE.rank<r> on the others; none
+// on the others when FILE is a device or pipe (/dev/null, /dev/stdout), which rank 0 writes in
+// place (`/dev/null.rank1` was created as a file, or refused after the run, until 2026-12-08).
+std::string rank_trace_path(const std::string& file, int rank) {
+  if (rank == 0) return file;
+  std::error_code ec;
+  const auto st = std::filesystem::status(file, ec);
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st) &&
+      !std::filesystem::is_directory(st))
+    return "";
+  return fmt::format("{}.rank{}", file, rank);
+}
+
 // The routing figures of every MoE layer of the model: under a pipeline plan each stage counts
 // only its own layers (expert_token_range), so the fewest and most rows and the dropped rows are
 // combined over the pipeline dim (two collectives on it, every rank of the dim, every step;
@@ -159,6 +172,7 @@ std::optional<ExpertTokenRange> over_stages(const std::optional<ExpertTokenRange
 }
 
 }  // namespace
+
 
 int run_train(int argc, char** argv) {
   Args args("train", train_flags(), argc, argv, 2);
@@ -194,6 +208,20 @@ int run_train(int argc, char** argv) {
     // A plan file's errors (the same on every rank) end each rank with exit 1, without MPI_Abort.
     agree_on_start("train", 1, [&] { plan = std::make_unique<PlanContext>(load_plan_context(args.str("plan"))); });
     quiet_non_root(*plan);
+    // Rank r > 0 writes its trace to FILE.rank<r>: checked here as FILE is above (it could name
+    // the --data shard or the metrics file, or be a directory, found only after the run until
+    // 2026-12-08). Each rank checks its own, and the ranks agree.
+    if (!args.str("profile").empty()) {
+      const std::string mine = rank_trace_path(args.str("profile"), plan->rank);
+      const std::string flag = fmt::format("--profile (rank {}'s trace)", plan->rank);
+      agree_on_start("train", 1, [&] {
+        if (plan->rank == 0 || mine.empty()) return;
+        check_output_file(mine, flag);
+        check_not_input(mine, flag, inputs);
+        MT_CHECK(!same_path(args.str("metrics"), mine), "meshtrain train: --metrics {} and {} {} are the same file: give "
+                 "each its own file", args.str("metrics"), flag, mine);
+      });
+    }
   }
   const bool root = !plan || plan->is_root();
   // One run per checkpoint directory: the root, which commits every step directory, holds its lock
@@ -498,7 +526,14 @@ int run_train(int argc, char** argv) {
       profiled_step.reset();
       double tok_s = static_cast<double>(batch * seq * accum) / secs;
       double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
+      // The largest peak of any rank (under a plan rank 0's alone was printed, which under a
+      // pipeline can be the stage holding least; until 2026-12-08).
       double mem = static_cast<double>(memory_stats(device).peak) / (1 << 20);
+      if (plan && plan->world > 1) {
+        Tensor m = from_vector<double>({mem}, Shape{1});
+        (plan->world_mesh ? plan->world_mesh : plan->mesh)->comm().all_reduce(m, CommReduceOp::kMax);
+        mem = m.to_vector<double>()[0];
+      }
       // The reducer's collectives and the FSDP units' reduce-scatters and HSDP all-reduces.
       const GradReducer* reducer = trainer.reducer();
       const FsdpCounters fsdp_after = fsdp_counters();
@@ -576,8 +611,8 @@ int run_train(int argc, char** argv) {
   // pending one, until 2026-11-28).
   if (profiler) {
     const int rank = plan ? plan->rank : 0;
-    const std::string path = args.str("profile") + (rank > 0 ? fmt::format(".rank{}", rank) : "");
-    profiler->write_chrome_trace(path, rank);
+    const std::string path = rank_trace_path(args.str("profile"), rank);
+    if (!path.empty()) profiler->write_chrome_trace(path, rank);
     if (root) fmt::print("{}profile: trace written to {}\n", profiler->summary(), path);
   }
   if (stop_signal != 0 && root) {

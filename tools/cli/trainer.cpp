@@ -254,7 +254,10 @@ Trainer::Trainer(CausalLM& model, const Args& args, const std::string& command, 
       grad_clip_(args.real("grad-clip")),
       // A run shorter than the warmup warms up over the whole run.
       sched_{args.real("lr"), min_lr_of(args), std::min(args.integer("warmup"), total_steps), total_steps} {
-  apply_recompute(model, parse_recompute(args.str("recompute"), "meshtrain " + command + " --recompute"));
+  // A pipeline stage holding no decoder layer (the embedding alone) has nothing to recompute (it
+  // was an error on that stage, with MPI_Abort, until 2026-12-08).
+  apply_recompute(model, parse_recompute(args.str("recompute"), "meshtrain " + command + " --recompute"),
+                  plan && plan->is_pipeline());
   if (plan) {
     GradReducerOptions ro;
     ro.fuse = !args.flag("no-fuse");

@@ -173,7 +173,6 @@ std::optional<ExpertTokenRange> over_stages(const std::optional<ExpertTokenRange
 
 }  // namespace
 
-
 int run_train(int argc, char** argv) {
   Args args("train", train_flags(), argc, argv, 2);
   validate_train_flags(args);  // every flag in its range before anything is read

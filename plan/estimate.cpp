@@ -269,8 +269,10 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
           x = from_local(leaf, sim, in_ps, act_global);
         }
         Tensor y;
+        std::vector<Tensor> ys;
         try {
-          y = em.forward(*model, x);
+          ys = em.forward(*model, x);
+          y = ys.at(0);
         } catch (const Error& e) {
           if (takes_input(v)) throw;
           // The received hidden state is taken placed like the ids (above); a plan that places it
@@ -282,7 +284,7 @@ RankEstimate estimate_rank(const EstimateModel& em, const Plan& plan, const Plan
         }
         if (makes_loss(v)) {
           Tensor targets = distribute_tensor(empty(Shape{o.batch, o.seq}, ids_opts), sim, in_ps);
-          y = em.logits_loss(y, targets);
+          y = em.logits_loss(ys, targets);
           if (micros > 1) y = div(y, static_cast<double>(micros));
         } else {
           const Tensor local = y.is_distributed() ? to_local(y.detach()) : y.detach();

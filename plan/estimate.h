@@ -50,13 +50,14 @@ struct EstimateModel {
   std::function<Tensor(Module& model, const Tensor& ids, const Tensor& targets)> loss;
   // Pipeline plans only (docs/estimate.md "Pipeline plans"): the model's pipeline units (path,
   // is_layer) in forward order, its span setter (CausalLM::set_pipeline_span), the forward of the
-  // current span (token ids or the received activation in, the span's output out), the loss of
-  // the last stage's logits, the hidden size (a stage sends [batch, seq, hidden] in the compute
-  // precision) and whether the first and last stage share the tied embedding.
+  // current span (token ids or the received activation in; the span's outputs out: [0] the
+  // activation or logits, then e.g. its MoE layers' router logits), the loss of the last stage's
+  // outputs, the hidden size (a stage sends [batch, seq, hidden] in the compute precision) and
+  // whether the first and last stage share the tied embedding.
   std::function<std::vector<std::pair<std::string, bool>>(Module& model)> pipeline_units;
   std::function<void(Module& model, int64_t first, int64_t last)> set_span;
-  std::function<Tensor(Module& model, const Tensor& x)> forward;
-  std::function<Tensor(const Tensor& logits, const Tensor& targets)> logits_loss;
+  std::function<std::vector<Tensor>(Module& model, const Tensor& x)> forward;
+  std::function<Tensor(const std::vector<Tensor>& outputs, const Tensor& targets)> logits_loss;
   int64_t hidden = 0;
   bool tied_embeddings = false;
   // The optimizer's matrix work on this rank per step (flops) from the parallelized model's f32

@@ -78,7 +78,9 @@ PipelineLayout resolve_pipeline(const Plan& plan, const PlanMesh& mesh, const st
              "divides {} (or 'stage REGEX {}=K' lines)",
              e.loc.str(), l.dim, L, l.dim, p, l.dim, L, l.dim);
     MT_CHECK(L % P == 0, "{}: interleaved({}) needs the {} layers to split evenly into {}={} x {} chunks; expected V "
-             "with {} x V dividing {}", plan.schedule_loc().str(), V, L, l.dim, p, V, p, L);
+             "with {} x V dividing {}{}", plan.schedule_loc().str(), V, L, l.dim, p, V, p, L,
+             L < 2 * p ? fmt::format(" (no V >= 2 does: {} layers are fewer than 2 x {}; use 1f1b or gpipe)", L, p)
+                       : std::string());
     const int64_t per = L / P;
     for (int64_t i = 0; i < n; ++i) {
       // Units before the first layer go with stage 0, units after the last with the last stage.

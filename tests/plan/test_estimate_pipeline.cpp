@@ -56,8 +56,8 @@ EstimateModel estimate_model(const ModelConfig& cfg) {
   em.loss = [](Module& m, const Tensor& ids, const Tensor& t) { return static_cast<CausalLM&>(m).loss(ids, t); };
   em.pipeline_units = [](Module& m) { return static_cast<CausalLM&>(m).pipeline_units(); };
   em.set_span = [](Module& m, int64_t a, int64_t b) { static_cast<CausalLM&>(m).set_pipeline_span(a, b); };
-  em.forward = [](Module& m, const Tensor& x) { return m(std::vector<Tensor>{x})[0]; };
-  em.logits_loss = [](const Tensor& logits, const Tensor& t) { return cross_entropy(logits, t); };
+  em.forward = [](Module& m, const Tensor& x) { return m(std::vector<Tensor>{x}); };
+  em.logits_loss = [](const std::vector<Tensor>& out, const Tensor& t) { return cross_entropy(out.at(0), t); };
   em.hidden = cfg.hidden_size;
   em.tied_embeddings = cfg.tie_word_embeddings;
   return em;

@@ -112,6 +112,26 @@ meshes=$(json "$tmp/sweep_3d.json" "sorted(r['mesh'] for r in d['rows'])")
 [ "$(json "$tmp/sweep_3d.json" "len(set(r['mesh'] for r in d['rows'])) == len(d['rows']) == 2")" = True ] \
   || fail "3-dim sweep rows: $meshes"
 grep -qF "# plans that fit" "$tmp/sweep.txt" || fail "sweep text"
+# MoE router losses under pp: the last stage's whole-batch all-reduces are modelled (3 per
+# micro-batch: two for the load-balancing loss, one for the z-loss), as a run does.
+printf 'mesh pp=2 ep=*\nstages pp=even\ndispatch model\\.layers\\.\\d+\\.block_sparse_moe experts ep=all_to_all\nplace model <in>:0 ep=S(0)\nfactory model rope ep=R\n' \
+  > "$tmp/pp_ep.plan"
+for f in "" "--moe-aux-loss 0.02 --moe-z-loss 0.001"; do
+  "$bin" plan --config mixtral-tiny --plan "$tmp/pp_ep.plan" --world 4 --estimate --batch 4 --seq 16 --accum 4 $f --json
+done > "$tmp/pp_router.json"
+python3 - "$tmp/pp_router.json" <<'PY' || fail "router losses under pp in the estimate"
+import json, sys
+dec, text, docs, i = json.JSONDecoder(), open(sys.argv[1]).read(), [], 0
+while i < len(text):
+    if text[i].isspace(): i += 1; continue
+    d, i = dec.raw_decode(text, i); docs.append(d)
+def ar(d, coord):
+    r = next(r for r in d["ranks"] if r["coord"] == coord)
+    return sum(c["calls"] for c in r["comm"] if c["kind"] == "all_reduce" and c["dims"] == "ep")
+assert ar(docs[1], [1, 0]) - ar(docs[0], [1, 0]) == 12, (ar(docs[0], [1, 0]), ar(docs[1], [1, 0]))
+assert ar(docs[1], [0, 0]) == ar(docs[0], [0, 0])
+PY
+
 # A plan whose tp size the sweep changes keeps its lines: a left-out row names the plan file's own
 # line (it named the line of the plan's printed form, :2:1, until 2026-12-08).
 "$bin" plan --config llama-tiny --plan "$plans/llama_dp_tp.plan" --sweep "world=8 tp=4" --batch 8 --seq 64 \

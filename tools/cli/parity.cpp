@@ -222,6 +222,23 @@ Setup prepare(int argc, char** argv) {
   validate_train_flags(args, s.cfg, s.cfg_source, "parity");
   check_model_fits_memory(s.cfg, ModelUse::kTraining, "parity", s.cfg_source);
   s.ref = load_reference(args, s.cfg, s.cfg_source, s.steps);
+  if (s.ref.kind == Reference::Kind::kGradients && s.cfg.is_moe()) {
+    // `grad` computes the cross-entropy alone, dropless, whatever the config says: so does the
+    // parallel side against its file. Flags asking otherwise are refused (as --dropout is); the
+    // config's own settings are switched off with a note (a checkpoint exported from a run with
+    // router losses reported a false FAIL until 2026-12-08).
+    for (const char* flag : {"moe-aux-loss", "moe-z-loss", "moe-capacity-factor"})
+      MT_CHECK(!args.has(flag) || args.real(flag) == 0,
+               "meshtrain parity: --{} {} with a gradient reference ({}): meshtrain grad runs without router losses "
+               "and capacity", flag, args.str(flag), s.ref.path);
+    const bool on = (s.cfg.output_router_logits && s.cfg.router_aux_loss_coef != 0) || s.cfg.router_z_loss_coef != 0 ||
+                    s.cfg.moe_capacity_factor > 0;
+    if (on && s.plan->is_root())
+      fmt::print(stderr, "parity: note: {}'s router losses and capacity factor are off against the gradient reference "
+                 "{} (meshtrain grad runs without them)\n", s.cfg_source, s.ref.path);
+    s.cfg.router_aux_loss_coef = s.cfg.router_z_loss_coef = s.cfg.moe_capacity_factor = 0;
+    s.cfg.output_router_logits = false;
+  }
   const bool fixed = !args.str("tokens").empty();
   if (fixed)
     s.fixed = read_token_batch(args.str("tokens"), s.cfg, s.cfg_source);

@@ -96,8 +96,14 @@ std::vector<std::string> one_sided_gradients(const NamedTensors& parallel, const
 
 NamedTensors gradients_of(const NamedTensors& params) {
   NamedTensors out;
-  for (const auto& [name, p] : params)
-    out.emplace_back(name, p.grad().defined() ? p.grad().detach() : zeros_like(p.detach()));
+  for (const auto& [name, p] : params) {
+    Tensor g = p.grad().defined() ? p.grad().detach() : zeros_like(p.detach());
+    // 16-bit gradients widened (exactly) to f32: with f32 accumulation a rank whose shard got
+    // gradients holds them in f32 and one whose shard is empty (an expert it does not own) in
+    // bf16, and gathering the two failed (pp x ep, --precision bf16 --accum 2; until 2026-12-08).
+    if (g.dtype() == DType::kBF16 || g.dtype() == DType::kF16) g = g.to(DType::kF32);
+    out.emplace_back(name, g);
+  }
   return out;
 }
 

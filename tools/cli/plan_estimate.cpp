@@ -93,8 +93,14 @@ EstimateModel model_of(const ModelConfig& cfg, RecomputeMode recompute) {
   // Pipeline plans: the stage's span and forward as parallelize_run and the trainer run them.
   em.pipeline_units = [](Module& m) { return static_cast<CausalLM&>(m).pipeline_units(); };
   em.set_span = [](Module& m, int64_t first, int64_t last) { static_cast<CausalLM&>(m).set_pipeline_span(first, last); };
-  em.forward = [](Module& m, const Tensor& x) { return m(std::vector<Tensor>{x})[0]; };
-  em.logits_loss = [](const Tensor& logits, const Tensor& targets) { return cross_entropy(logits, targets); };
+  em.forward = [](Module& m, const Tensor& x) { return m(std::vector<Tensor>{x}); };
+  // The MoE router losses of the last stage's own layers: their ops and the whole-batch
+  // all-reduces the losses end with are the job's (the trainer's losses take every stage's sums,
+  // of the same shapes; the other stages' few per-layer sums and the carried bytes are left out:
+  // docs/estimate.md). The cross-entropy alone when the last stage has no MoE layer.
+  em.logits_loss = [cfg](const std::vector<Tensor>& outputs, const Tensor& targets) {
+    return outputs.size() > 1 ? causal_lm_loss(cfg, outputs, targets) : cross_entropy(outputs.at(0), targets);
+  };
   em.hidden = cfg.hidden_size;
   em.tied_embeddings = cfg.tie_word_embeddings;
   // Muon's Newton-Schulz work on this rank: the trainer's Muon (default options) on the shards.

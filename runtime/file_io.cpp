@@ -34,18 +34,33 @@ void fsync_path(const std::string& p) {
   MT_CHECK(rc == 0 || err == EINVAL, "cannot sync {}: {}", p, std::strerror(err));
 }
 
-void write_file_atomically(const std::string& path_in, const std::function<void(std::ostream&)>& fill) {
+namespace {
+
+// `path_in` with a symbolic link followed: the file it names is replaced, the link stays.
+std::string link_target(const std::string& path_in) {
   std::error_code ec;
-  // A symbolic link is followed: the file it names is replaced, the link stays.
-  std::string path = path_in;
   if (fs::is_symlink(fs::symlink_status(path_in, ec))) {
     const fs::path target = fs::canonical(path_in, ec);
-    if (!ec) path = target.string();
+    if (!ec) return target.string();
   }
+  return path_in;
+}
+
+}  // namespace
+
+bool written_in_place(const std::string& path_in) {
+  std::error_code ec;
+  const std::string path = link_target(path_in);
   const fs::file_status st = fs::status(path, ec);
   const bool special = !ec && fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st);
-  if (special || path_in.starts_with("/dev/") || path_in.starts_with("/proc/") || path.starts_with("/dev/") ||
-      path.starts_with("/proc/")) {
+  return special || path_in.starts_with("/dev/") || path_in.starts_with("/proc/") || path.starts_with("/dev/") ||
+         path.starts_with("/proc/");
+}
+
+void write_file_atomically(const std::string& path_in, const std::function<void(std::ostream&)>& fill) {
+  std::error_code ec;
+  const std::string path = link_target(path_in);
+  if (written_in_place(path_in)) {
     // A device, pipe or socket (/dev/null, a FIFO), or anything reached through /dev or /proc
     // (/dev/stdout redirected to a file, maybe with >>), is written in place: a temporary renamed
     // over it would replace the device node, or the file a shell appends to.

@@ -22,4 +22,8 @@ void fsync_path(const std::string& path);
 // redirect appends to).
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& fill);
 
+// Whether write_file_atomically writes `path` in place: a device, pipe or socket, or any path
+// under /dev or /proc (followed through a symbolic link), rather than a file it replaces.
+bool written_in_place(const std::string& path);
+
 }  // namespace mt

@@ -154,6 +154,16 @@ std::string Profiler::summary(int top) const {
   for (const ProfileEvent& e : events_)
     if (e.kind == ProfileEvent::Kind::kRegion) spans.emplace_back(e.ts_us, e.ts_us + e.dur_us);
   std::sort(spans.begin(), spans.end());
+  {  // their union: regions may nest (the library's scopes), train's steps do not
+    std::vector<std::pair<double, double>> merged;
+    for (const auto& sp : spans) {
+      if (!merged.empty() && sp.first <= merged.back().second)
+        merged.back().second = std::max(merged.back().second, sp.second);
+      else
+        merged.push_back(sp);
+    }
+    spans = std::move(merged);
+  }
   auto inside = [&](const ProfileEvent& e) {
     if (spans.empty()) return true;
     auto it = std::upper_bound(spans.begin(), spans.end(), std::make_pair(e.ts_us, 1e300));

@@ -501,6 +501,8 @@ for spec in "--keep 1:--checkpoint-dir" "--checkpoint-every 1:--checkpoint-dir" 
   expect_error "train $flags alone" "meshtrain train: ${flags%% *} applies to" "${spec##*:}" -- \
     "$BIN" train --steps 1 --batch 2 --seq 16 --metrics "" $flags
 done
+"$BIN" train --steps 1 --batch 2 --seq 16 --metrics "" --overwrite=false --no-fuse=false >/dev/null 2>"$WORK/err" \
+  && pass "switches turned off (--overwrite=false) ask for nothing" || fail "--overwrite=false: $(tail -n 1 "$WORK/err")"
 "$BIN" init --config llama-tiny --out "$WORK/pt_ck" >/dev/null 2>&1
 printf '1,2,3,4,5\n6,7,8,9,10\n' > "$WORK/pt_tokens.txt"
 expect_error "parity --tokens with --batch" "--batch does not go with --tokens" -- \

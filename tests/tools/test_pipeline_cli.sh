@@ -273,7 +273,7 @@ PY
   printf 'mesh pp=2\nstages pp=even\n' > "$WORK/mx_pp.plan"
   MOE_LOSSES="--config mixtral-tiny --moe-aux-loss 0.02 --moe-z-loss 0.001"
   parity "$WORK/mx_pp.plan" 2 3 2 1e-12 1e-9 $MOE_LOSSES
-  # Interleaved (4 layers, 2 chunks per stage): the sums go stage 0, 1, 0, 1 and back.
+  # A 4-layer mixtral-tiny for the cases below.
   "$BIN" init --config mixtral-tiny --out "$WORK/mx4" >/dev/null || fail "mixtral init exit"
   python3 -c 'import json, sys
 c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 4; json.dump(c, open(sys.argv[2], "w"))' \
@@ -282,7 +282,25 @@ c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 4; json.dump(c, open(
   # recompute (an error with MPI_Abort until 2026-12-08), the other recomputes its four.
   printf 'mesh pp=2\nstage model\\.embed_tokens pp=0\nstage model\\.layers\\.[0-3]|model\\.norm|lm_head pp=1\n' \
     > "$WORK/embed_alone.plan"
-  parity "$WORK/embed_alone.plan" 2 3 2 1e-12 1e-9 --recompute full
+  parity "$WORK/embed_alone.plan" 2 3 2 1e-12 1e-9 --recompute full --config "$WORK/mx4.json" --moe-aux-loss 0.02 \
+    --moe-z-loss 0.001
+  # The step line's memory is the largest rank's: here stage 1, which holds every layer (rank 0's,
+  # the embedding's alone, was printed until 2026-12-08).
+  "$BIN" train --batch 2 --seq 16 --steps 1 --metrics "$WORK/mem1.jsonl" >/dev/null 2>&1
+  mpi 2 "$BIN" train --plan "$WORK/embed_alone.plan" --batch 2 --seq 16 --steps 1 --accum 2 --metrics "$WORK/mem2.jsonl" \
+    >/dev/null 2>&1
+  python3 - "$WORK/mem1.jsonl" "$WORK/mem2.jsonl" <<'PY' && pass "pp with an embedding-only stage: mem is the layers' stage's" \
+    || fail "pp mem: $(cat "$WORK/mem1.jsonl" "$WORK/mem2.jsonl" | head -c 400)"
+import json, sys
+one, pp = (json.loads(open(p).readline())["mem_peak_mib"] for p in sys.argv[1:3])
+assert pp > 0.5 * one, (one, pp)
+PY
+  # A last stage of norm and lm_head alone, under GPipe: it holds no MoE layer, and makes the losses
+  # from the sums it receives.
+  printf 'mesh pp=2\nstage model\\.embed_tokens|model\\.layers\\.[0-3] pp=0\nstage model\\.norm|lm_head pp=1\nschedule pp=gpipe\n' \
+    > "$WORK/head_alone.plan"
+  parity "$WORK/head_alone.plan" 2 3 2 1e-12 1e-9 --config "$WORK/mx4.json" --moe-aux-loss 0.02 --moe-z-loss 0.001
+  # Interleaved (4 layers, 2 chunks per stage): the sums go stage 0, 1, 0, 1 and back.
   printf 'mesh pp=2\nstages pp=even\nschedule pp=interleaved(2)\n' > "$WORK/mx_pp_il.plan"
   parity "$WORK/mx_pp_il.plan" 2 3 2 1e-12 1e-9 --config "$WORK/mx4.json" --moe-aux-loss 0.02 --moe-z-loss 0.001
   # A gradient reference (grad: cross-entropy alone, dropless) of a checkpoint whose config turns

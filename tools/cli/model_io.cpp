@@ -167,7 +167,7 @@ std::pair<std::shared_ptr<CausalLM>, double> pipeline_loss(const std::string& co
   HfCheckpoint ck;
   TokenBatch batch;
   read_inputs(command, &parallel.ctx, dir, tokens, ck, batch);
-  // The loss is the cross-entropy alone (no router losses, which a pipeline could not gather).
+  // The loss is the cross-entropy alone (eval's and grad's contract: no router losses).
   ck.config.router_aux_loss_coef = 0;
   ck.config.router_z_loss_coef = 0;
   PlanContext& ctx = parallel.ctx;

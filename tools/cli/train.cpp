@@ -34,6 +34,7 @@
 #include "plan/grad_reducer.h"
 #include "runtime/allocator.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "runtime/profiler.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -142,16 +143,12 @@ std::vector<std::string> names_of(const NamedTensors& t) {
 }
 
 // Where rank `rank` writes its --profile trace: FILE on rank 0, FILE.rank<r> on the others; none
-// on the others when FILE is a device or pipe (/dev/null, /dev/stdout), which rank 0 writes in
-// place (`/dev/null.rank1` was created as a file, or refused after the run, until 2026-12-08).
+// on the others when FILE is written in place (a device or pipe, anything under /dev or /proc:
+// /dev/null, /dev/stdout even when a rank's stdout is a file), which rank 0 writes
+// (`/dev/null.rank1` was created as a file, or refused after the run, until 2026-12-08).
 std::string rank_trace_path(const std::string& file, int rank) {
   if (rank == 0) return file;
-  std::error_code ec;
-  const auto st = std::filesystem::status(file, ec);
-  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st) &&
-      !std::filesystem::is_directory(st))
-    return "";
-  return fmt::format("{}.rank{}", file, rank);
+  return written_in_place(file) ? "" : fmt::format("{}.rank{}", file, rank);
 }
 
 // The routing figures of every MoE layer of the model: under a pipeline plan each stage counts
@@ -527,12 +524,7 @@ int run_train(int argc, char** argv) {
       double mfu = tok_s * fpt / (peak * (plan ? plan->world : 1));  // --plan: every rank's peak
       // The largest peak of any rank (under a plan rank 0's alone was printed, which under a
       // pipeline can be the stage holding least; until 2026-12-08).
-      double mem = static_cast<double>(memory_stats(device).peak) / (1 << 20);
-      if (plan && plan->world > 1) {
-        Tensor m = from_vector<double>({mem}, Shape{1});
-        (plan->world_mesh ? plan->world_mesh : plan->mesh)->comm().all_reduce(m, CommReduceOp::kMax);
-        mem = m.to_vector<double>()[0];
-      }
+      const double mem = static_cast<double>(max_over_job(memory_stats(device).peak, plan.get())) / (1 << 20);
       // The reducer's collectives and the FSDP units' reduce-scatters and HSDP all-reduces.
       const GradReducer* reducer = trainer.reducer();
       const FsdpCounters fsdp_after = fsdp_counters();

@@ -26,7 +26,10 @@ World::World() {
   MT_LOG_DEBUG("world of {} rank(s), transport {}", size_, transport_);
 }
 
-int launcher_world_size() { return detail::backend_launcher_world().size; }
+LauncherWorld launcher_world() {
+  const detail::BackendWorld w = detail::backend_launcher_world();
+  return {w.rank, w.size};
+}
 
 World& world() {
   static World w;

@@ -31,9 +31,13 @@ World& world();
 // pick each rank's GPU and tell whether ranks share one (mesh/communicator.h, host staging).
 int local_rank();
 int local_size();
-// The job's size as the launcher gives it (1 without one), without starting the transport: for
-// commands that run in one process and refuse a job of several.
-int launcher_world_size();
+// This process's rank and the job's size as the launcher gives them (0 and 1 without one), without
+// starting the transport: for the log prefix of lines before world() (meshtrain's main sets it)
+// and for commands that run in one process and refuse a job of several.
+struct LauncherWorld {
+  int rank = 0, size = 1;
+};
+LauncherWorld launcher_world();
 
 // Logs `why` with the rank and ends every rank of the job (MPI_Abort). For failures a rank cannot
 // recover from alone, such as a peer that never joins a collective: never a silent hang.

@@ -343,31 +343,29 @@ Tensor CausalLM::loss(const Tensor& input_ids, const Tensor& targets, bool route
   return causal_lm_loss(config_, o, targets, router_losses);
 }
 
-namespace {
-
-bool uses_balance(const ModelConfig& c) { return c.is_moe() && c.output_router_logits && c.router_aux_loss_coef != 0; }
-bool uses_z(const ModelConfig& c) { return c.is_moe() && c.router_z_loss_coef != 0; }
-
-}  // namespace
+bool uses_balance_loss(const ModelConfig& c) {
+  return c.is_moe() && c.output_router_logits && c.router_aux_loss_coef != 0;
+}
+bool uses_z_loss(const ModelConfig& c) { return c.is_moe() && c.router_z_loss_coef != 0; }
 
 RouterSums causal_lm_router_sums(const ModelConfig& config, RouterSums sums, const std::vector<Tensor>& outputs) {
-  if ((!uses_balance(config) && !uses_z(config)) || outputs.size() < 2) return sums;
+  if ((!uses_balance_loss(config) && !uses_z_loss(config)) || outputs.size() < 2) return sums;
   const std::vector<Tensor> rl(outputs.begin() + 1, outputs.end());
   return add_router_sums(std::move(sums), rl, config.num_local_experts, config.num_experts_per_tok,
-                         uses_balance(config), uses_z(config));
+                         uses_balance_loss(config), uses_z_loss(config));
 }
 
 Tensor causal_lm_loss(const ModelConfig& config, const Tensor& logits, const Tensor& targets, const RouterSums& sums) {
   Tensor l = cross_entropy(logits, targets);
-  if (uses_balance(config))
+  if (uses_balance_loss(config))
     l = add(l, mul(load_balancing_loss_of(sums, config.num_local_experts).to(l.dtype()), config.router_aux_loss_coef));
-  if (uses_z(config)) l = add(l, mul(router_z_loss_of(sums).to(l.dtype()), config.router_z_loss_coef));
+  if (uses_z_loss(config)) l = add(l, mul(router_z_loss_of(sums).to(l.dtype()), config.router_z_loss_coef));
   return l;
 }
 
 Tensor causal_lm_loss(const ModelConfig& config, const std::vector<Tensor>& outputs, const Tensor& targets,
                       bool router_losses) {
-  if (!router_losses || (!uses_balance(config) && !uses_z(config))) return cross_entropy(outputs.at(0), targets);
+  if (!router_losses || (!uses_balance_loss(config) && !uses_z_loss(config))) return cross_entropy(outputs.at(0), targets);
   return causal_lm_loss(config, outputs.at(0), targets, causal_lm_router_sums(config, {}, outputs));
 }
 

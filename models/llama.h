@@ -206,6 +206,9 @@ Tensor causal_lm_loss(const ModelConfig& config, const std::vector<Tensor>& outp
 // logits adds the losses of the totals to the cross-entropy. The result is causal_lm_loss's, bit
 // for bit.
 RouterSums causal_lm_router_sums(const ModelConfig& config, RouterSums sums, const std::vector<Tensor>& outputs);
+// Whether the config turns on the load-balancing loss / the z-loss (what causal_lm_loss adds).
+bool uses_balance_loss(const ModelConfig& config);
+bool uses_z_loss(const ModelConfig& config);
 Tensor causal_lm_loss(const ModelConfig& config, const Tensor& logits, const Tensor& targets, const RouterSums& sums);
 
 }  // namespace mt

@@ -7,17 +7,8 @@
 
 namespace mt {
 namespace {
-
-// Before set_log_rank (lines logged before MPI starts: the first CUDA device query), the rank the
-// launcher gives (Open MPI's mpirun, then MPICH's Hydra), so that such a line does not say rank 0
-// on every rank.
-int launcher_value(const char* ompi, const char* pmi, int fallback) {
-  for (const char* name : {ompi, pmi})
-    if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
-  return fallback;
-}
-int g_rank = launcher_value("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0);
-int g_world = launcher_value("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", 1);
+int g_rank = 0;
+int g_world = 1;
 
 LogLevel parse_level() {
   const char* s = std::getenv("MT_LOG_LEVEL");

@@ -78,6 +78,10 @@ void check_process_environment() {
 
 int main(int argc, char** argv) {
   try {
+    // Lines logged before MPI starts (the first CUDA device query) carry the launcher's rank, not
+    // rank 0 on every rank; world() sets the prefix again once it has started.
+    const mt::LauncherWorld launcher = mt::launcher_world();
+    mt::set_log_rank(launcher.rank, launcher.size);
     check_process_environment();
     // No command: the usage, exit 2 (it ran 300 training steps and truncated ./metrics.jsonl until
     // 2026-12-07, an odd answer to a bare `meshtrain`).

@@ -42,11 +42,10 @@ Args::Args(const std::string& command, const std::vector<FlagSpec>& specs, int a
              flag_list(specs));
     if (it->second.is_switch) {
       // `--no-cache=no` turned the cache off until 2026-12-08 (any value but 0 or false was true).
-      MT_CHECK(!inline_value || value == "1" || value == "true" || value == "yes" || value == "0" || value == "false" ||
-                   value == "no",
+      const bool on = !inline_value || value == "1" || value == "true" || value == "yes";
+      MT_CHECK(on || value == "0" || value == "false" || value == "no",
                "meshtrain {}: --{} is a switch: give it alone, or as --{}=true / --{}=false (1/0, yes/no), not '{}'",
                command, name, name, name, value);
-      const bool on = !inline_value || value == "1" || value == "true" || value == "yes";
       values_[name].assign(1, on ? '1' : '0');
       continue;
     }
@@ -106,6 +105,11 @@ double Args::real(const std::string& name) const {
   MT_CHECK(parsed, "meshtrain {}: --{} expects a number, got '{}'", command_, name, v);
   MT_CHECK(std::isfinite(x), "meshtrain {}: --{} must be a finite number, got '{}'", command_, name, v);
   return x;
+}
+
+bool Args::asks(const std::string& name) const {
+  const auto s = specs_.find(name);
+  return has(name) && (s == specs_.end() || !s->second.is_switch || flag(name));
 }
 
 bool Args::flag(const std::string& name) const {

@@ -51,6 +51,8 @@ class Args {
   // A finite number (nan and inf are refused: no flag means anything by them).
   double real(const std::string& name) const;
   bool flag(const std::string& name) const;  // switches
+  // Given on the command line, and for a switch turned on (`--overwrite=false` asks for nothing).
+  bool asks(const std::string& name) const;
   // Throws unless `name` was given or has a default.
   std::string required(const std::string& name) const;
   static std::string usage(const std::string& command, const std::vector<FlagSpec>& specs);

@@ -49,21 +49,14 @@ void validate_train_flags(const Args& args) {
   // Checkpoint and plan flags with nothing to apply to (a script's `--keep 3` with a forgotten
   // --checkpoint-dir kept nothing, silently, until 2026-12-08).
   const bool ckpt = args.has("checkpoint-dir") && !args.str("checkpoint-dir").empty();
-  // A value given, or a switch turned on (`--overwrite=false` asks for nothing).
-  auto asks = [&args](const char* flag) {
-    const std::string f = flag;
-    const bool is_switch = f == "overwrite" || f == "sync-save" || f == "gather-save" || f == "allow-changes" ||
-                           f == "no-fuse";
-    return is_switch ? args.flag(f) : args.has(f);
-  };
   for (const char* flag : {"checkpoint-every", "keep", "overwrite", "sync-save", "gather-save"})
-    MT_CHECK(!asks(flag) || ckpt, "meshtrain train: --{} applies to the checkpoints of --checkpoint-dir, which is not given",
+    MT_CHECK(!args.asks(flag) || ckpt, "meshtrain train: --{} applies to the checkpoints of --checkpoint-dir, which is not given",
              flag);
-  MT_CHECK(!asks("allow-changes") || args.flag("resume"),
+  MT_CHECK(!args.asks("allow-changes") || args.flag("resume"),
            "meshtrain train: --allow-changes applies to a --resume's settings; this run does not resume");
   const bool plan = args.has("plan") && !args.str("plan").empty();
   for (const char* flag : {"sync-save", "gather-save", "no-fuse", "bucket-mb"})
-    MT_CHECK(!asks(flag) || plan, "meshtrain train: --{} applies to a run under --plan, which is not given", flag);
+    MT_CHECK(!args.asks(flag) || plan, "meshtrain train: --{} applies to a run under --plan, which is not given", flag);
   // The validation rows, n x batch x seq tokens (+1), must be a count before any file is read.
   int64_t need = 0;
   MT_CHECK(!__builtin_mul_overflow(n, args.integer("batch"), &need) &&

@@ -118,9 +118,9 @@ int run_generate(int argc, char** argv) {
   const Device device = resolve_device("generate", args.str("device"));
   // One process (under `mpirun -np 2` every rank generated and printed the same text until
   // 2026-12-08).
-  MT_CHECK(launcher_world_size() == 1,
+  MT_CHECK(launcher_world().size == 1,
            "meshtrain generate: runs in one process, but mpirun started {}: run it without mpirun (or with -np 1)",
-           launcher_world_size());
+           launcher_world().size);
   // What the flags say by themselves, before a checkpoint of any size is read (these came after
   // the load until 2026-12-08): the ids' syntax, --eos's, --no-special-tokens without --prompt.
   const std::vector<int64_t> prompt_ids = args.has("prompt-ids") ? parse_ids(args.str("prompt-ids")) : std::vector<int64_t>{};
@@ -171,11 +171,13 @@ int run_generate(int argc, char** argv) {
     opts.eos_token_ids = {args.integer("eos", 0, cfg.vocab_size - 1)};
   }
   std::optional<HfTokenDecoder> decoder;
+  bool undecodable = false;  // a tokenizer.json whose decoder is not supported (its notice printed)
   if (!bytes && !dir.empty()) {
     try {
       decoder = HfTokenDecoder::from_dir(dir);  // nullopt without tokenizer.json
     } catch (const Error& e) {  // the ids are still the answer: say why there is no text
       fmt::print(stderr, "generate: notice: {}; printing token ids only\n", e.what());
+      undecodable = true;
     }
   }
 
@@ -200,10 +202,9 @@ int run_generate(int argc, char** argv) {
   if (bytes || decoder) fmt::print("{}\n", text);
   fmt::print(stderr, "generate: {} tokens in {:.3f} s ({:.1f} tokens/s, {}{})\n", tokens.size(), sec,
              static_cast<double>(tokens.size()) / std::max(sec, 1e-9), opts.kv_cache ? "KV cache" : "no cache",
-             bytes || decoder                                   ? ""
-             : ByteTokenizer::is_byte_vocabulary(256, dir)  // no tokenizer.json in the directory
-                 ? "; no tokenizer: token ids only"
-                 : "; the tokenizer.json cannot decode (the notice above): token ids only");
+             bytes || decoder ? ""
+             : undecodable    ? "; the tokenizer.json cannot decode (the notice above): token ids only"
+                              : "; no tokenizer: token ids only");
   nlohmann::ordered_json j;
   j["prompt"] = prompt;
   j["tokens"] = tokens;

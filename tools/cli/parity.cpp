@@ -231,8 +231,7 @@ Setup prepare(int argc, char** argv) {
       MT_CHECK(!args.has(flag) || args.real(flag) == 0,
                "meshtrain parity: --{} {} with a gradient reference ({}): meshtrain grad runs without router losses "
                "and capacity", flag, args.str(flag), s.ref.path);
-    const bool on = (s.cfg.output_router_logits && s.cfg.router_aux_loss_coef != 0) || s.cfg.router_z_loss_coef != 0 ||
-                    s.cfg.moe_capacity_factor > 0;
+    const bool on = uses_balance_loss(s.cfg) || uses_z_loss(s.cfg) || s.cfg.moe_capacity_factor > 0;
     if (on && s.plan->is_root())
       fmt::print(stderr, "parity: note: {}'s router losses and capacity factor are off against the gradient reference "
                  "{} (meshtrain grad runs without them)\n", s.cfg_source, s.ref.path);

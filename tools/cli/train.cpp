@@ -186,16 +186,20 @@ int run_train(int argc, char** argv) {
   // Every output path and the checkpoint history rules, on every rank, before anything is built.
   const Overwrite overwrite = args.flag("overwrite") ? Overwrite::kAllow : Overwrite::kRefuse;
   check_output_file(args.str("metrics"), "--metrics");
-  check_output_file(args.str("profile"), "--profile");
   std::vector<std::pair<std::string, std::string>> inputs = {
       {"--hf", args.str("hf")}, {"--config", args.str("config")}, {"--checkpoint-dir", ckpt_dir}};
   for (const char* flag : {"--data", "--val-data"})
     for (const std::string& f : data_files(args.str(flag + 2), flag)) inputs.emplace_back(flag, f);
   check_not_input(args.str("metrics"), "--metrics", inputs);
-  check_not_input(args.str("profile"), "--profile", inputs);
-  MT_CHECK(!same_path(args.str("metrics"), args.str("profile")),
-           "meshtrain train: --metrics {} and --profile {} are the same file: give each its own file",
-           args.str("metrics"), args.str("profile"));
+  // A --profile trace file (FILE here; FILE.rank<r> of rank r > 0 in the start-up block below).
+  auto check_trace = [&](const std::string& path, const std::string& flag) {
+    check_output_file(path, flag);
+    check_not_input(path, flag, inputs);
+    MT_CHECK(!same_path(args.str("metrics"), path),
+             "meshtrain train: --metrics {} and {} {} are the same file: give each its own file", args.str("metrics"),
+             flag, path);
+  };
+  check_trace(args.str("profile"), "--profile");
   if (!ckpt_dir.empty())
     check_checkpoint_history({ckpt_dir, resume ? RunKind::kResume : RunKind::kFresh, overwrite, stop_at,
                               args.integer("checkpoint-every")});
@@ -204,20 +208,6 @@ int run_train(int argc, char** argv) {
     // A plan file's errors (the same on every rank) end each rank with exit 1, without MPI_Abort.
     agree_on_start("train", 1, [&] { plan = std::make_unique<PlanContext>(load_plan_context(args.str("plan"))); });
     quiet_non_root(*plan);
-    // Rank r > 0 writes its trace to FILE.rank<r>: checked here as FILE is above (it could name
-    // the --data shard or the metrics file, or be a directory, found only after the run until
-    // 2026-12-08). Each rank checks its own, and the ranks agree.
-    if (!args.str("profile").empty()) {
-      const std::string mine = rank_trace_path(args.str("profile"), plan->rank);
-      const std::string flag = fmt::format("--profile (rank {}'s trace)", plan->rank);
-      agree_on_start("train", 1, [&] {
-        if (plan->rank == 0 || mine.empty()) return;
-        check_output_file(mine, flag);
-        check_not_input(mine, flag, inputs);
-        MT_CHECK(!same_path(args.str("metrics"), mine), "meshtrain train: --metrics {} and {} {} are the same file: give "
-                 "each its own file", args.str("metrics"), flag, mine);
-      });
-    }
   }
   const bool root = !plan || plan->is_root();
   // One run per checkpoint directory: the root, which commits every step directory, holds its lock
@@ -244,6 +234,12 @@ int run_train(int argc, char** argv) {
   // ranks agree (agree_on_start), so that a file or setting every rank finds bad (a missing --data
   // or --hf, a resume that differs) ends each rank with exit 1 and its error, without MPI_Abort.
   auto start_up = [&] {
+    // Rank r > 0 writes its trace to FILE.rank<r>: checked as FILE is above (it could name the
+    // --data shard or the metrics file, or be a directory, found only after the run until
+    // 2026-12-08). Each rank checks its own.
+    const std::string mine =
+        plan && plan->rank > 0 && !args.str("profile").empty() ? rank_trace_path(args.str("profile"), plan->rank) : "";
+    if (!mine.empty()) check_trace(mine, fmt::format("--profile (rank {}'s trace)", plan->rank));
     // The settings a checkpoint records, read once (the --data fingerprint reads the file's ends).
     settings = resume_settings(args);
     if (!args.str("val-data").empty())
